@@ -1,0 +1,204 @@
+/* common/file.c — see file.h. */
+#include "common/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+
+sparq_status sparq_file_read_all(const char *path, size_t max_size, char **out, size_t *out_len)
+{
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return sparq_err(SPARQ_E_IO, "%s: not a regular file", path);
+    }
+    if (max_size && (uint64_t)st.st_size > max_size) {
+        close(fd);
+        return sparq_err(SPARQ_E_RANGE, "%s: file is %lld bytes, more than the %zu allowed", path,
+                         (long long)st.st_size, max_size);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = sparq_malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            sparq_free(buf);
+            return sparq_err(SPARQ_E_IO, "%s: read failed at byte %zu: %s", path, got,
+                             r < 0 ? strerror(errno) : "unexpected end of file");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    *out = buf;
+    if (out_len) *out_len = n;
+    return SPARQ_OK;
+}
+
+sparq_status sparq_mmap_open(sparq_mmap *m, const char *path)
+{
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return sparq_err(SPARQ_E_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return SPARQ_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    RETURN_IF(p == MAP_FAILED, SPARQ_E_IO, "%s: mmap failed: %s", path, strerror(errno));
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return SPARQ_OK;
+}
+
+void sparq_mmap_close(sparq_mmap *m)
+{
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+sparq_status sparq_atomic_open(sparq_atomic_file *f, const char *path)
+{
+    memset(f, 0, sizeof *f);
+    size_t n = strlen(path) + 32;
+    f->path = sparq_strdup(path);
+    f->tmp_path = sparq_malloc(n);
+    if (!f->path || !f->tmp_path) {
+        sparq_free(f->path);
+        sparq_free(f->tmp_path);
+        memset(f, 0, sizeof *f);
+        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    f->fp = fopen(f->tmp_path, "wbe");
+    if (!f->fp) {
+        int e = errno;
+        sparq_free(f->path);
+        sparq_free(f->tmp_path);
+        memset(f, 0, sizeof *f);
+        return sparq_err(SPARQ_E_IO, "%s: cannot create temporary file: %s", path, strerror(e));
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sparq_atomic_write(sparq_atomic_file *f, const void *buf, size_t n)
+{
+    RETURN_IF(!f->fp, SPARQ_E_STATE, "atomic write on a closed file");
+    if (n && fwrite(buf, 1, n, f->fp) != n)
+        return sparq_err(SPARQ_E_IO, "%s: write failed: %s", f->path, strerror(errno));
+    return SPARQ_OK;
+}
+
+static void atomic_release(sparq_atomic_file *f)
+{
+    sparq_free(f->path);
+    sparq_free(f->tmp_path);
+    memset(f, 0, sizeof *f);
+}
+
+sparq_status sparq_atomic_commit(sparq_atomic_file *f)
+{
+    RETURN_IF(!f->fp, SPARQ_E_STATE, "atomic commit on a closed file");
+    sparq_status st = SPARQ_OK;
+    if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0)
+        st = sparq_err(SPARQ_E_IO, "%s: flush failed: %s", f->path, strerror(errno));
+    if (fclose(f->fp) != 0 && st == SPARQ_OK)
+        st = sparq_err(SPARQ_E_IO, "%s: close failed: %s", f->path, strerror(errno));
+    f->fp = NULL;
+    if (st == SPARQ_OK && rename(f->tmp_path, f->path) != 0)
+        st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", f->path, f->tmp_path,
+                       strerror(errno));
+    if (st != SPARQ_OK) unlink(f->tmp_path);
+    atomic_release(f);
+    return st;
+}
+
+void sparq_atomic_abort(sparq_atomic_file *f)
+{
+    if (f->fp) fclose(f->fp);
+    if (f->tmp_path) unlink(f->tmp_path);
+    atomic_release(f);
+}
+
+sparq_status sparq_file_write_atomic(const char *path, const void *buf, size_t n)
+{
+    sparq_atomic_file f;
+    FORWARD_IF(sparq_atomic_open(&f, path));
+    sparq_status st = sparq_atomic_write(&f, buf, n);
+    if (st != SPARQ_OK) {
+        sparq_atomic_abort(&f);
+        return st;
+    }
+    return sparq_atomic_commit(&f);
+}
+
+int sparq_path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int sparq_path_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+sparq_status sparq_mkdirs(const char *path)
+{
+    char *p = sparq_strdup(path);
+    RETURN_IF(!p, SPARQ_E_NOMEM, "%s: out of memory", path);
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == 0) {
+            char c = *s;
+            *s = 0;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                int e = errno;
+                sparq_status st = sparq_err(SPARQ_E_IO, "%s: cannot create directory: %s", p, strerror(e));
+                sparq_free(p);
+                return st;
+            }
+            *s = c;
+            if (!c) break;
+        }
+    }
+    sparq_free(p);
+    return SPARQ_OK;
+}
+
+char *sparq_path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *r = sparq_malloc(a + b + 2);
+    if (!r) return NULL;
+    memcpy(r, dir, a);
+    size_t o = a;
+    if (a && dir[a - 1] != '/') r[o++] = '/';
+    memcpy(r + o, name, b + 1);
+    return r;
+}

@@ -40,4 +40,17 @@ static inline bool sparq_add_u64(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* Saturating variants: UINT64_MAX on overflow (for size estimates that must
+ * never wrap to something small). */
+static inline uint64_t sparq_sat_mul_u64(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return sparq_mul_u64(a, b, &r) ? r : UINT64_MAX;
+}
+static inline uint64_t sparq_sat_add_u64(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return sparq_add_u64(a, b, &r) ? r : UINT64_MAX;
+}
+
 #endif

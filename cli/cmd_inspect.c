@@ -1,0 +1,382 @@
+/* cli/cmd_inspect.c — `sparq inspect PATH [--tensors] [--json]`: what a model
+ * directory or safetensors file holds.
+ *
+ * Reads config.json (when present) for the architecture and the MoE shape,
+ * and the safetensors tensors for counts. Parameters are counted the way
+ * transformers' num_parameters() counts them: every stored tensor's elements,
+ * an EXL3 linear (<key>.trellis + .suh + .svh + .mul1/.mcg, reference.md §1.4)
+ * as the k×n weight it stands for, and lm_head.weight skipped when the config
+ * ties it to the embeddings. Active parameters per token replace each MoE
+ * layer's experts by num_experts_per_tok of them (embeddings included).
+ * Bytes by dtype are the stored bytes. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/alloc.h"
+#include "common/file.h"
+#include "formats/hfconfig.h"
+#include "formats/safetensors.h"
+
+static const cli_opt opts[] = {
+    {"tensors", 't', NULL, "also list every tensor: name, dtype, shape, bytes (EXL3 linears as one line with bits per weight)"},
+    {"json", 0, NULL, "print JSON instead of a table"},
+    {0}};
+static const cli_spec spec = {
+    "inspect", "PATH [--tensors] [--json]",
+    "Describe a model: PATH is a Hugging Face model directory (config.json plus model.safetensors or "
+    "sharded model-*.safetensors with model.safetensors.index.json) or one .safetensors file. Prints the "
+    "architecture, layers, experts, total parameters and active parameters per token (counted like "
+    "transformers' num_parameters(): tied embeddings once, an EXL3 linear as its k x n weight), and "
+    "stored bytes by dtype.",
+    opts,
+    "examples:\n  sparq inspect tests/data/exl3-model/exl3-3.0bpw\n"
+    "  sparq inspect model-dir --tensors --json\n"};
+
+/* One line of the tensor listing: a stored tensor, or an EXL3 linear folding
+ * its .trellis/.suh/.svh/.mul1/.mcg parts. */
+typedef struct inspect_row {
+    char *name;            /* owned */
+    const sf_tensor *t;    /* the stored tensor (the .trellis one for EXL3) */
+    bool exl3;
+    int K;                 /* EXL3 bits per trellis weight */
+    uint64_t in, out;      /* EXL3 logical weight: k (in) × n (out) */
+    uint64_t bytes;        /* stored bytes (all parts for EXL3) */
+    uint64_t params;       /* logical parameters (0 for parts folded elsewhere) */
+    const char *codebook;  /* "mul1", "mcg", "3inst" */
+} inspect_row;
+
+typedef struct inspect_info {
+    sq_model_config cfg;
+    bool have_cfg;
+    char cfg_note[512];     /* why config.json was not used, if not */
+    inspect_row *rows;
+    size_t nrows;
+    uint64_t total, active, expert_params, stored_bytes;
+    uint64_t dtype_bytes[SF_DTYPE_COUNT];
+    uint64_t dtype_count[SF_DTYPE_COUNT];
+    uint64_t exl3_linears, exl3_bits_num, exl3_weights; /* weighted mean bpw */
+} inspect_info;
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Find "<key><suffix>" in m. */
+static const sf_tensor *find_part(const sf_model *m, const char *key, size_t keylen, const char *suffix)
+{
+    char buf[1024];
+    if (keylen + strlen(suffix) + 1 > sizeof buf) return NULL;
+    memcpy(buf, key, keylen);
+    strcpy(buf + keylen, suffix);
+    return sf_find(m, buf);
+}
+
+/* Is t an EXL3 trellis: "<key>.trellis", I16, (k/16, n/16, 16·K), K in 1..8? */
+static bool is_trellis(const sf_tensor *t)
+{
+    return ends_with(t->name, ".trellis") && t->dtype == SF_I16 && t->ndim == 3 && t->shape[2] % 16 == 0 &&
+           t->shape[2] >= 16 && t->shape[2] <= 128;
+}
+
+/* Is t a part folded into an EXL3 linear (.suh/.svh/.mul1/.mcg next to a .trellis)? */
+static bool is_exl3_part(const sf_model *m, const sf_tensor *t)
+{
+    static const char *const parts[] = {".suh", ".svh", ".mul1", ".mcg"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (ends_with(t->name, parts[i])) {
+            const sf_tensor *tr = find_part(m, t->name, strlen(t->name) - strlen(parts[i]), ".trellis");
+            return tr && is_trellis(tr);
+        }
+    return false;
+}
+
+/* Is the tensor an expert weight of a MoE layer ("...mlp.experts.")? */
+static bool is_expert_tensor(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+
+static int collect(inspect_info *in, const sf_model *m)
+{
+    const size_t n = sf_count(m);
+    in->rows = sparq_calloc(n ? n : 1, sizeof *in->rows);
+    if (!in->rows) return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    const bool tied = in->have_cfg && in->cfg.tie_word_embeddings;
+    for (size_t i = 0; i < n; i++) {
+        const sf_tensor *t = sf_at(m, i);
+        in->dtype_bytes[t->dtype] += t->nbytes;
+        in->dtype_count[t->dtype]++;
+        in->stored_bytes += t->nbytes;
+        if (is_exl3_part(m, t)) continue;
+        inspect_row *r = &in->rows[in->nrows];
+        r->t = t;
+        r->bytes = t->nbytes;
+        r->params = t->numel;
+        size_t namelen = strlen(t->name);
+        if (is_trellis(t)) {
+            const size_t kl = namelen - strlen(".trellis");
+            const sf_tensor *suh = find_part(m, t->name, kl, ".suh"), *svh = find_part(m, t->name, kl, ".svh");
+            const sf_tensor *mul1 = find_part(m, t->name, kl, ".mul1"), *mcg = find_part(m, t->name, kl, ".mcg");
+            r->exl3 = true;
+            r->K = (int)(t->shape[2] / 16);
+            r->in = t->shape[0] * 16;
+            r->out = t->shape[1] * 16;
+            r->params = r->in * r->out;
+            r->codebook = mul1 ? "mul1" : mcg ? "mcg" : "3inst";
+            r->bytes += (suh ? suh->nbytes : 0) + (svh ? svh->nbytes : 0) + (mul1 ? mul1->nbytes : 0) +
+                        (mcg ? mcg->nbytes : 0);
+            namelen = kl;
+            in->exl3_linears++;
+            /* bits per weight: K plus the suh/svh overhead (16 bits per channel) */
+            in->exl3_bits_num += (uint64_t)r->K * r->params + 16 * (r->in + r->out);
+            in->exl3_weights += r->params;
+        }
+        r->name = sparq_malloc(namelen + 1);
+        if (!r->name) return sparq_err(SPARQ_E_NOMEM, "out of memory");
+        memcpy(r->name, t->name, namelen);
+        r->name[namelen] = 0;
+        in->nrows++;
+        /* A tied lm_head is the embedding matrix: transformers counts it once. */
+        if (tied && !r->exl3 && !strcmp(r->name, "lm_head.weight") && sf_find(m, "model.embed_tokens.weight"))
+            continue;
+        in->total += r->params;
+        if (is_expert_tensor(r->name)) in->expert_params += r->params;
+    }
+    in->active = in->total;
+    if (in->have_cfg && in->cfg.num_experts > 0 && in->expert_params) {
+        const uint64_t E = (uint64_t)in->cfg.num_experts, k = (uint64_t)in->cfg.num_experts_per_tok;
+        const uint64_t used = in->expert_params / E * k + in->expert_params % E * k / E;
+        in->active = in->total - in->expert_params + used;
+    }
+    return SPARQ_OK;
+}
+
+static void info_free(inspect_info *in)
+{
+    for (size_t i = 0; i < in->nrows; i++) sparq_free(in->rows[i].name);
+    sparq_free(in->rows);
+    sq_config_free(&in->cfg);
+}
+
+static void human(char *buf, size_t cap, double v, const char *unit)
+{
+    const char *suf[] = {"", "K", "M", "G", "T", "P"};
+    int i = 0;
+    while (v >= 1000 && i < 5) v /= 1000, i++;
+    snprintf(buf, cap, i ? "%.2f %s%s" : "%.0f %s%s", v, suf[i], unit);
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const uint64_t *shape)
+{
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, d ? ", %llu" : "%llu", (unsigned long long)shape[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+static int count_moe_layers(const sq_model_config *c)
+{
+    int n = 0;
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) n += sq_config_is_moe_layer(c, L);
+    return n;
+}
+
+static double mean_bpw(const inspect_info *in)
+{
+    return in->exl3_weights ? (double)in->exl3_bits_num / (double)in->exl3_weights : 0;
+}
+
+/* K plus the suh/svh overhead: 16 bits per input and per output channel. */
+static double row_bpw(const inspect_row *r)
+{
+    return r->K + 16.0 * (double)(r->in + r->out) / (double)r->params;
+}
+
+static void print_table(const inspect_info *in, const sf_model *m, const char *path, bool tensors)
+{
+    char a[64], b[64];
+    printf("%-14s %s\n", "model", path);
+    if (in->have_cfg) {
+        const sq_model_config *c = &in->cfg;
+        const int moe = count_moe_layers(c);
+        printf("%-14s %s\n", "architecture", sq_arch_name(c->arch));
+        printf("%-14s %lld (%d MoE, %lld dense)\n", "layers", (long long)c->num_hidden_layers, moe,
+               (long long)(c->num_hidden_layers - moe));
+        printf("%-14s hidden %lld, %lld query heads / %lld kv heads x %lld, vocab %lld\n", "shape",
+               (long long)c->hidden_size, (long long)c->num_attention_heads, (long long)c->num_key_value_heads,
+               (long long)c->head_dim, (long long)c->vocab_size);
+        printf("%-14s %lld per MoE layer, %lld active per token, expert width %lld\n", "experts",
+               (long long)c->num_experts, (long long)c->num_experts_per_tok, (long long)c->moe_intermediate_size);
+        if (c->quant.present)
+            printf("%-14s %s %g bpw (head %g), codebook %s\n", "quantization", c->quant.quant_method, c->quant.bits,
+                   c->quant.head_bits, c->quant.codebook[0] ? c->quant.codebook : "mul1");
+    } else {
+        printf("%-14s unknown (%s)\n", "architecture", in->cfg_note);
+    }
+    printf("%-14s %d file%s, %zu tensors stored\n", "files", sf_file_count(m), sf_file_count(m) == 1 ? "" : "s",
+           sf_count(m));
+    human(a, sizeof a, (double)in->total, "");
+    printf("%-14s %llu (%s)\n", "parameters", (unsigned long long)in->total, a);
+    if (in->have_cfg) {
+        human(b, sizeof b, (double)in->active, "");
+        printf("%-14s %llu (%s)\n", "active/token", (unsigned long long)in->active, b);
+    }
+    if (in->exl3_linears)
+        printf("%-14s %llu linears, %.3f bits per weight on average (K plus suh/svh)\n", "EXL3",
+               (unsigned long long)in->exl3_linears, mean_bpw(in));
+    human(a, sizeof a, (double)in->stored_bytes, "B");
+    printf("%-14s %llu (%s)\n", "bytes", (unsigned long long)in->stored_bytes, a);
+    for (int d = 0; d < SF_DTYPE_COUNT; d++) {
+        if (!in->dtype_count[d]) continue;
+        human(a, sizeof a, (double)in->dtype_bytes[d], "B");
+        printf("  %-12s %12llu  (%s, %llu tensors)\n", sf_dtype_name((sf_dtype)d),
+               (unsigned long long)in->dtype_bytes[d], a, (unsigned long long)in->dtype_count[d]);
+    }
+    if (!tensors) return;
+    printf("\n%-60s %-10s %-20s %12s  %s\n", "tensor", "dtype", "shape", "bytes", "bpw");
+    for (size_t i = 0; i < in->nrows; i++) {
+        const inspect_row *r = &in->rows[i];
+        char sh[128], dt[16];
+        if (r->exl3) {
+            const uint64_t s[2] = {r->out, r->in}; /* the HF weight's [out, in] */
+            shape_str(sh, sizeof sh, 2, s);
+            snprintf(dt, sizeof dt, "EXL3 K=%d", r->K);
+            printf("%-60s %-10s %-20s %12llu  %.3f (%s)\n", r->name, dt, sh, (unsigned long long)r->bytes,
+                   row_bpw(r), r->codebook);
+        } else {
+            shape_str(sh, sizeof sh, r->t->ndim, r->t->shape);
+            printf("%-60s %-10s %-20s %12llu\n", r->name, sf_dtype_name(r->t->dtype), sh,
+                   (unsigned long long)r->bytes);
+        }
+    }
+}
+
+static json_t *shape_json(int ndim, const uint64_t *shape)
+{
+    json_t *a = json_array();
+    for (int d = 0; d < ndim; d++) json_array_append_new(a, json_integer((json_int_t)shape[d]));
+    return a;
+}
+
+static int print_json(const inspect_info *in, const sf_model *m, const char *path, bool tensors)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "path", json_string(path));
+    if (in->have_cfg) {
+        const sq_model_config *c = &in->cfg;
+        json_object_set_new(o, "architecture", json_string(sq_arch_name(c->arch)));
+        json_object_set_new(o, "layers", json_integer(c->num_hidden_layers));
+        json_object_set_new(o, "moe_layers", json_integer(count_moe_layers(c)));
+        json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+        json_object_set_new(o, "num_attention_heads", json_integer(c->num_attention_heads));
+        json_object_set_new(o, "num_key_value_heads", json_integer(c->num_key_value_heads));
+        json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+        json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+        json_object_set_new(o, "num_experts", json_integer(c->num_experts));
+        json_object_set_new(o, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
+        json_object_set_new(o, "active_parameters", json_integer((json_int_t)in->active));
+        if (c->quant.present) {
+            json_t *q = json_object();
+            json_object_set_new(q, "quant_method", json_string(c->quant.quant_method));
+            json_object_set_new(q, "bits", json_real(c->quant.bits));
+            json_object_set_new(q, "head_bits", json_real(c->quant.head_bits));
+            json_object_set_new(q, "codebook", json_string(c->quant.codebook[0] ? c->quant.codebook : "mul1"));
+            json_object_set_new(o, "quantization", q);
+        }
+    } else {
+        json_object_set_new(o, "architecture", json_null());
+        json_object_set_new(o, "config_note", json_string(in->cfg_note));
+    }
+    json_object_set_new(o, "files", json_integer(sf_file_count(m)));
+    json_object_set_new(o, "tensors_stored", json_integer((json_int_t)sf_count(m)));
+    json_object_set_new(o, "parameters", json_integer((json_int_t)in->total));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)in->stored_bytes));
+    if (in->exl3_linears) {
+        json_object_set_new(o, "exl3_linears", json_integer((json_int_t)in->exl3_linears));
+        json_object_set_new(o, "exl3_mean_bits_per_weight", json_real(mean_bpw(in)));
+    }
+    json_t *bd = json_object();
+    for (int d = 0; d < SF_DTYPE_COUNT; d++)
+        if (in->dtype_count[d])
+            json_object_set_new(bd, sf_dtype_name((sf_dtype)d), json_integer((json_int_t)in->dtype_bytes[d]));
+    json_object_set_new(o, "bytes_by_dtype", bd);
+    if (tensors) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < in->nrows; i++) {
+            const inspect_row *r = &in->rows[i];
+            json_t *t = json_object();
+            json_object_set_new(t, "name", json_string(r->name));
+            if (r->exl3) {
+                const uint64_t s[2] = {r->out, r->in};
+                json_object_set_new(t, "dtype", json_string("EXL3"));
+                json_object_set_new(t, "shape", shape_json(2, s));
+                json_object_set_new(t, "K", json_integer(r->K));
+                json_object_set_new(t, "codebook", json_string(r->codebook));
+                json_object_set_new(t, "bits_per_weight", json_real(row_bpw(r)));
+            } else {
+                json_object_set_new(t, "dtype", json_string(sf_dtype_name(r->t->dtype)));
+                json_object_set_new(t, "shape", shape_json(r->t->ndim, r->t->shape));
+            }
+            json_object_set_new(t, "bytes", json_integer((json_int_t)r->bytes));
+            json_array_append_new(arr, t);
+        }
+        json_object_set_new(o, "tensors", arr);
+    }
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    if (!s) return sparq_err(SPARQ_E_NOMEM, "out of memory formatting JSON");
+    printf("%s\n", s);
+    free(s);
+    return SPARQ_OK;
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    cli_args a;
+    const char *v;
+    int id;
+    bool tensors = false, as_json = false;
+    cli_args_init(&a, argc, argv, &spec);
+    while ((id = cli_next(&a, &v)) >= 0) {
+        if (id == 0) tensors = true;
+        else if (id == 1) as_json = true;
+    }
+    if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
+    if (a.npos != 1) return cli_usage_error(&spec, "expects exactly one PATH (see --help)");
+    const char *path = a.pos[0];
+
+    inspect_info in;
+    memset(&in, 0, sizeof in);
+    sf_model *m = NULL;
+    int st = sf_open(&m, path);
+    if (st != SPARQ_OK) return cli_fail(&spec, st);
+
+    /* config.json next to the weights, when there is one. */
+    char *cfg_path = NULL;
+    if (sparq_path_is_dir(path)) cfg_path = sparq_path_join(path, "config.json");
+    if (cfg_path && sparq_path_exists(cfg_path)) {
+        st = sq_config_load(&in.cfg, cfg_path);
+        if (st == SPARQ_OK) in.have_cfg = true;
+        else if (st == SPARQ_E_UNSUPPORTED) snprintf(in.cfg_note, sizeof in.cfg_note, "%s", sparq_errmsg());
+        else {
+            sparq_free(cfg_path);
+            sf_close(m);
+            return cli_fail(&spec, st);
+        }
+    } else {
+        snprintf(in.cfg_note, sizeof in.cfg_note, "no config.json");
+    }
+    sparq_free(cfg_path);
+
+    st = collect(&in, m);
+    if (st == SPARQ_OK) {
+        if (as_json) st = print_json(&in, m, path, tensors);
+        else print_table(&in, m, path, tensors);
+    }
+    info_free(&in);
+    sf_close(m);
+    return st == SPARQ_OK ? 0 : cli_fail(&spec, st);
+}

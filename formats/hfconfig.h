@@ -1,0 +1,129 @@
+/* formats/hfconfig.h — Hugging Face `config.json` → the model description the
+ * forward pass, the quantizer and the packer read.
+ *
+ * Only architectures sparq can run are accepted (today: `qwen3_moe`); any
+ * other `model_type` is SPARQ_E_UNSUPPORTED with a message that lists the
+ * supported ones. Missing fields take exactly the defaults transformers'
+ * Qwen3MoeConfig has, so a config that loads in transformers describes the
+ * same model here. Both config styles are read: transformers 4.x
+ * (`num_experts`, `rope_theta`) and 5.x (`num_local_experts`,
+ * `rope_parameters: {rope_theta, rope_type}`); when both are present they
+ * must agree. An EXL3 `quantization_config` is parsed when present.
+ *
+ * JSON is parsed with duplicate keys rejected (formats/json.h). */
+#ifndef SPARQ_FORMATS_HFCONFIG_H
+#define SPARQ_FORMATS_HFCONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef enum sq_arch {
+    SQ_ARCH_UNKNOWN = 0,
+    SQ_ARCH_QWEN3_MOE, /* "qwen3_moe" */
+    SQ_ARCH_COUNT_
+} sq_arch;
+
+/* "qwen3_moe", ... ("unknown" for SQ_ARCH_UNKNOWN). Never NULL. */
+const char *sq_arch_name(sq_arch a);
+
+/* Storage dtype the checkpoint declares (`dtype` in transformers 5,
+ * `torch_dtype` in 4.x). */
+typedef enum sq_torch_dtype {
+    SQ_DTYPE_UNSPECIFIED = 0,
+    SQ_DTYPE_FLOAT32,
+    SQ_DTYPE_FLOAT16,
+    SQ_DTYPE_BFLOAT16,
+} sq_torch_dtype;
+
+#define SQ_MAX_EOS_IDS 16
+
+/* EXL3 quantization_config (reference.md §1.4). `present` is false when the
+ * config has no quantization_config; other quant methods are rejected. */
+typedef struct sq_quant_config {
+    bool present;
+    char quant_method[16];  /* "exl3" */
+    char version[32];       /* exllamav3 / sparq version that wrote it ("" if absent) */
+    double bits;            /* expert base bits per weight, e.g. 3.0 */
+    double head_bits;       /* lm_head bits (0 if absent) */
+    int calibration_rows;   /* 0 if absent */
+    int calibration_cols;   /* 0 if absent */
+    char out_scales[16];    /* "always", "never", "auto" or "" */
+    char codebook[16];      /* "mul1", "mcg", "3inst" ("" if absent: mul1 is exllamav3's default) */
+} sq_quant_config;
+
+typedef struct sq_model_config {
+    sq_arch arch;
+    char model_type[32];          /* as written in config.json */
+
+    int64_t vocab_size;           /* default 151936 */
+    int64_t hidden_size;          /* default 2048 */
+    int64_t num_hidden_layers;    /* default 24 */
+    int64_t num_attention_heads;  /* default 32 */
+    int64_t num_key_value_heads;  /* default 4 */
+    int64_t head_dim;             /* default hidden_size / num_attention_heads */
+    int64_t intermediate_size;    /* dense MLP (mlp_only_layers), default 6144 */
+    int64_t max_position_embeddings; /* default 32768 */
+
+    /* MoE */
+    int64_t moe_intermediate_size; /* default 768 */
+    int64_t num_experts;           /* `num_experts` or `num_local_experts`, default 128 */
+    int64_t num_experts_per_tok;   /* default 8 */
+    bool norm_topk_prob;           /* default false */
+    int64_t decoder_sparse_step;   /* default 1 */
+    int64_t *mlp_only_layers;      /* sorted, owned; NULL when n == 0 */
+    int n_mlp_only_layers;         /* default 0 (empty list) */
+
+    double rms_norm_eps;           /* default 1e-6 */
+    double rope_theta;             /* default 10000.0 */
+    char rope_type[16];            /* "default" (the only one supported so far) */
+
+    bool tie_word_embeddings;      /* default false */
+    bool attention_bias;           /* default false */
+    bool use_sliding_window;       /* default false; true is rejected (unsupported) */
+    char hidden_act[16];           /* default "silu" (the only one supported) */
+
+    int64_t bos_token_id;          /* -1 = null / absent (transformers default None) */
+    int64_t pad_token_id;          /* -1 = null / absent */
+    int64_t eos_token_ids[SQ_MAX_EOS_IDS]; /* eos may be an int or a list */
+    int n_eos_token_ids;           /* 0 = null / absent */
+
+    sq_torch_dtype torch_dtype;
+
+    sq_quant_config quant;
+} sq_model_config;
+
+/* Load `<dir>/config.json`, or the given .json file. On success *cfg is
+ * filled and must be released with sq_config_free. On failure *cfg is left
+ * zeroed (sq_config_free is still safe) and the message names the file and
+ * the field. */
+sparq_status sq_config_load(sq_model_config *cfg, const char *model_dir_or_config_json);
+
+/* The same from an in-memory JSON text of `len` bytes (need not be NUL
+ * terminated). `name` is used in messages. Fuzz target entry point. */
+sparq_status sq_config_parse_json(sq_model_config *cfg, const char *json, size_t len, const char *name);
+
+/* Release what sq_config_load allocated and zero *cfg. NULL-safe. */
+void sq_config_free(sq_model_config *cfg);
+
+/* transformers' rule: layer L uses the sparse MoE block iff
+ * L is not in mlp_only_layers, num_experts > 0 and (L + 1) % decoder_sparse_step == 0.
+ * Other layers use the dense MLP of width intermediate_size. */
+bool sq_config_is_moe_layer(const sq_model_config *cfg, int64_t layer);
+
+/* Short alias, as the brief names it. */
+static inline bool is_moe_layer(const sq_model_config *cfg, int64_t layer)
+{
+    return sq_config_is_moe_layer(cfg, layer);
+}
+
+/* Parameter counts from the config alone (weights only, the model's
+ * nn.Parameters: embeddings, attention with q/k norms, router, experts or
+ * dense MLPs, norms, lm_head unless tied). `active` counts what one token
+ * touches: every non-expert parameter plus num_experts_per_tok experts per
+ * MoE layer. The embedding matrix is counted in both (a lookup). */
+void sq_config_param_counts(const sq_model_config *cfg, uint64_t *total, uint64_t *active);
+
+#endif

@@ -1,0 +1,229 @@
+/* tests/formats/test_hfconfig.c — config.json parsing: both transformers
+ * styles, Qwen3MoeConfig defaults, the MoE layer rule, parameter counts, every
+ * rejected input with its status and message, and allocation faults. */
+#include "common/alloc.h"
+#include "formats/hfconfig.h"
+#include "t.h"
+
+static sparq_status parse(sq_model_config *c, const char *json)
+{
+    return sq_config_parse_json(c, json, strlen(json), "config.json");
+}
+
+static void expect_bad(const char *json, sparq_status want, const char *needle)
+{
+    sq_model_config c;
+    sparq_status st = parse(&c, json);
+    CHECK_MSG(st == want, "status %d (%s), want %d, for %s", st, sparq_errmsg(), want, json);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "config.json");
+    CHECK_STR_CONTAINS(sparq_errmsg(), needle);
+    CHECK(c.mlp_only_layers == NULL && c.arch == SQ_ARCH_UNKNOWN);
+    sq_config_free(&c);
+}
+
+/* The exllamav3 model's config: transformers-5 keys plus the 4.x duplicates
+ * exllamav3 adds, and an EXL3 quantization_config. */
+static void test_golden_exl3_config(void)
+{
+    sq_model_config c;
+    CHECK_EQ_INT(sq_config_load(&c, t_data_path("exl3-model/exl3-3.0bpw")), SPARQ_OK);
+    CHECK_EQ_INT(c.arch, SQ_ARCH_QWEN3_MOE);
+    CHECK(!strcmp(sq_arch_name(c.arch), "qwen3_moe"));
+    CHECK_EQ_INT(c.vocab_size, 4096);
+    CHECK_EQ_INT(c.hidden_size, 256);
+    CHECK_EQ_INT(c.num_hidden_layers, 4);
+    CHECK_EQ_INT(c.num_attention_heads, 4);
+    CHECK_EQ_INT(c.num_key_value_heads, 2);
+    CHECK_EQ_INT(c.head_dim, 64);
+    CHECK_EQ_INT(c.intermediate_size, 768);
+    CHECK_EQ_INT(c.moe_intermediate_size, 128);
+    CHECK_EQ_INT(c.num_experts, 16);
+    CHECK_EQ_INT(c.num_experts_per_tok, 4);
+    CHECK(c.norm_topk_prob);
+    CHECK(c.tie_word_embeddings);
+    CHECK(!c.attention_bias);
+    CHECK_EQ_INT(c.max_position_embeddings, 4096);
+    CHECK(c.rope_theta == 10000.0 && !strcmp(c.rope_type, "default"));
+    CHECK(c.rms_norm_eps == 1e-6);
+    CHECK_EQ_INT(c.bos_token_id, -1);
+    CHECK_EQ_INT(c.pad_token_id, 0);
+    CHECK_EQ_INT(c.n_eos_token_ids, 1);
+    CHECK_EQ_INT(c.eos_token_ids[0], 2);
+    CHECK_EQ_INT(c.torch_dtype, SQ_DTYPE_BFLOAT16);
+    CHECK(c.quant.present);
+    CHECK(!strcmp(c.quant.quant_method, "exl3") && !strcmp(c.quant.version, "1.4.1"));
+    CHECK(c.quant.bits == 3.0 && c.quant.head_bits == 6.0);
+    CHECK(!strcmp(c.quant.codebook, "mul1") && !strcmp(c.quant.out_scales, "always"));
+    CHECK(c.quant.calibration_rows == 250 && c.quant.calibration_cols == 2048);
+    for (int L = 0; L < 4; L++) CHECK(is_moe_layer(&c, L));
+    /* 8,145,664: the sum of the original bf16 checkpoint's tensor sizes (tied lm_head) */
+    uint64_t total, active;
+    sq_config_param_counts(&c, &total, &active);
+    CHECK_EQ_INT(total, 8145664);
+    /* per MoE layer 12 of 16 experts (3 x 256 x 128 each) are idle */
+    CHECK_EQ_INT(active, 8145664 - 4ull * 12 * 3 * 256 * 128);
+    sq_config_free(&c);
+    CHECK(c.mlp_only_layers == NULL);
+    sq_config_free(NULL);
+}
+
+static void test_transformers5_style(void)
+{
+    sq_model_config c;
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":8,\"num_experts_per_tok\":2,"
+                           "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"},"
+                           "\"dtype\":\"float16\",\"eos_token_id\":[5,7],\"bos_token_id\":1}"),
+                 SPARQ_OK);
+    CHECK_EQ_INT(c.num_experts, 8);
+    CHECK_EQ_INT(c.num_experts_per_tok, 2);
+    CHECK(c.rope_theta == 1e6);
+    CHECK_EQ_INT(c.torch_dtype, SQ_DTYPE_FLOAT16);
+    CHECK(c.n_eos_token_ids == 2 && c.eos_token_ids[0] == 5 && c.eos_token_ids[1] == 7);
+    CHECK_EQ_INT(c.bos_token_id, 1);
+    CHECK(!c.quant.present);
+    sq_config_free(&c);
+}
+
+static void test_transformers4_style(void)
+{
+    sq_model_config c;
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"num_experts\":64,\"rope_theta\":500000,"
+                           "\"rope_scaling\":null,\"torch_dtype\":\"bfloat16\",\"hidden_size\":1024,"
+                           "\"num_attention_heads\":16,\"num_key_value_heads\":4,\"num_hidden_layers\":6,"
+                           "\"decoder_sparse_step\":2,\"mlp_only_layers\":[5,0],\"eos_token_id\":151645,"
+                           "\"attention_bias\":true}"),
+                 SPARQ_OK);
+    CHECK_EQ_INT(c.num_experts, 64);
+    CHECK(c.rope_theta == 500000.0);
+    CHECK_EQ_INT(c.head_dim, 64); /* 1024 / 16 */
+    CHECK(c.attention_bias);
+    CHECK(c.n_mlp_only_layers == 2 && c.mlp_only_layers[0] == 0 && c.mlp_only_layers[1] == 5);
+    /* transformers' rule: not in mlp_only_layers and (L+1) % 2 == 0 */
+    const bool want[6] = {false, true, false, true, false, false};
+    for (int L = 0; L < 6; L++) CHECK_MSG(is_moe_layer(&c, L) == want[L], "layer %d", L);
+    sq_config_free(&c);
+}
+
+/* Missing fields take Qwen3MoeConfig's defaults. */
+static void test_defaults(void)
+{
+    sq_model_config c;
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\"}"), SPARQ_OK);
+    CHECK_EQ_INT(c.vocab_size, 151936);
+    CHECK_EQ_INT(c.hidden_size, 2048);
+    CHECK_EQ_INT(c.intermediate_size, 6144);
+    CHECK_EQ_INT(c.num_hidden_layers, 24);
+    CHECK_EQ_INT(c.num_attention_heads, 32);
+    CHECK_EQ_INT(c.num_key_value_heads, 4);
+    CHECK_EQ_INT(c.head_dim, 64);
+    CHECK_EQ_INT(c.max_position_embeddings, 32768);
+    CHECK_EQ_INT(c.moe_intermediate_size, 768);
+    CHECK_EQ_INT(c.num_experts, 128);
+    CHECK_EQ_INT(c.num_experts_per_tok, 8);
+    CHECK(!c.norm_topk_prob);
+    CHECK_EQ_INT(c.decoder_sparse_step, 1);
+    CHECK_EQ_INT(c.n_mlp_only_layers, 0);
+    CHECK(c.rms_norm_eps == 1e-6);
+    CHECK(c.rope_theta == 10000.0);
+    CHECK(!c.tie_word_embeddings && !c.attention_bias);
+    CHECK(c.bos_token_id == -1 && c.pad_token_id == -1 && c.n_eos_token_ids == 0);
+    CHECK_EQ_INT(c.torch_dtype, SQ_DTYPE_UNSPECIFIED);
+    CHECK(!strcmp(c.hidden_act, "silu"));
+    sq_config_free(&c);
+    /* head_dim explicitly different from hidden/heads (Qwen3-30B-A3B: 2048 / 32 heads x 128) */
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"head_dim\":128}"), SPARQ_OK);
+    CHECK_EQ_INT(c.head_dim, 128);
+    sq_config_free(&c);
+}
+
+static void test_bad_configs(void)
+{
+    expect_bad("{\"model_type\":\"qwen3_moe\",", SPARQ_E_FORMAT, "invalid JSON");
+    expect_bad("[]", SPARQ_E_FORMAT, "JSON object");
+    expect_bad("{\"model_type\":\"llama\"}", SPARQ_E_UNSUPPORTED, "model_type 'llama' is not supported (supported: qwen3_moe)");
+    expect_bad("{\"hidden_size\":256}", SPARQ_E_FORMAT, "no 'model_type'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"model_type\":\"qwen3_moe\"}", SPARQ_E_FORMAT, "duplicate");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":\"256\"}", SPARQ_E_FORMAT, "'hidden_size' must be an integer");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":0}", SPARQ_E_FORMAT, "'hidden_size' is 0");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"num_experts\":16,\"num_local_experts\":8}", SPARQ_E_FORMAT,
+               "num_experts 16 and num_local_experts 8 disagree");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4}}",
+               SPARQ_E_UNSUPPORTED, "rope_type 'yarn' is not supported");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}",
+               SPARQ_E_UNSUPPORTED, "rope_scaling.rope_type 'linear'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"rope_theta\":1e6,\"rope_parameters\":{\"rope_theta\":1e4}}",
+               SPARQ_E_FORMAT, "disagree");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"quantization_config\":{\"quant_method\":\"gptq\"}}",
+               SPARQ_E_UNSUPPORTED, "quant_method 'gptq'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"quantization_config\":{\"quant_method\":\"exl3\",\"bits\":12}}",
+               SPARQ_E_FORMAT, "bits 12");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"num_hidden_layers\":4,\"mlp_only_layers\":[4]}", SPARQ_E_FORMAT,
+               "mlp_only_layers entry 4");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"mlp_only_layers\":[\"1\"]}", SPARQ_E_FORMAT, "mlp_only_layers'[0]");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"num_experts\":4,\"num_experts_per_tok\":5}", SPARQ_E_FORMAT,
+               "num_experts_per_tok 5");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"eos_token_id\":10}", SPARQ_E_FORMAT,
+               "eos_token_id 10");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"eos_token_id\":\"x\"}", SPARQ_E_FORMAT, "eos_token_id");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":100,\"num_attention_heads\":3}", SPARQ_E_FORMAT,
+               "not a multiple of num_attention_heads");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":96,\"num_attention_heads\":6,\"num_key_value_heads\":4}", SPARQ_E_FORMAT,
+               "not a multiple of num_key_value_heads");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_act\":\"gelu\"}", SPARQ_E_UNSUPPORTED, "hidden_act 'gelu'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"use_sliding_window\":true}", SPARQ_E_UNSUPPORTED, "sliding");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"tie_word_embeddings\":1}", SPARQ_E_FORMAT, "true or false");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"dtype\":\"int4\"}", SPARQ_E_UNSUPPORTED, "dtype 'int4'");
+
+    sq_model_config c;
+    CHECK_EQ_INT(sq_config_load(&c, "/nonexistent/dir/config.json"), SPARQ_E_IO);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "/nonexistent/dir/config.json");
+    /* a directory is read as DIR/config.json: the name appears in messages */
+    CHECK_EQ_INT(sq_config_load(&c, t_data_path("exl3-model")), SPARQ_E_IO);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "exl3-model/config.json");
+}
+
+static void test_fault_injection(void)
+{
+    const char *json = "{\"model_type\":\"qwen3_moe\",\"num_hidden_layers\":8,\"mlp_only_layers\":[1,2],"
+                       "\"quantization_config\":{\"quant_method\":\"exl3\",\"bits\":3,\"calibration\":{\"rows\":1}}}";
+    int n, fails = 0;
+    for (n = 1; n < 2000; n++) {
+        sq_model_config c;
+        sparq_alloc_fail_at((uint64_t)n, false);
+        sparq_status st = parse(&c, json);
+        sparq_alloc_fail_at(0, false);
+        if (st == SPARQ_OK) {
+            CHECK(c.n_mlp_only_layers == 2);
+            sq_config_free(&c);
+            break;
+        }
+        fails++;
+        CHECK_MSG(st == SPARQ_E_NOMEM || st == SPARQ_E_FORMAT, "n=%d: %d %s", n, st, sparq_errmsg());
+        CHECK(c.mlp_only_layers == NULL);
+    }
+    CHECK(fails >= 1); /* the mlp_only_layers array (jansson keeps plain malloc) */
+    /* loading from a directory adds the path and the file buffer */
+    fails = 0;
+    for (n = 1; n < 2000; n++) {
+        sq_model_config c;
+        sparq_alloc_fail_at((uint64_t)n, false);
+        sparq_status st = sq_config_load(&c, t_data_path("exl3-model/exl3-3.0bpw"));
+        sparq_alloc_fail_at(0, false);
+        sq_config_free(&c);
+        if (st == SPARQ_OK) break;
+        fails++;
+        CHECK_EQ_INT(st, SPARQ_E_NOMEM);
+    }
+    CHECK(fails >= 2);
+}
+
+int main(void)
+{
+    RUN(test_golden_exl3_config);
+    RUN(test_transformers5_style);
+    RUN(test_transformers4_style);
+    RUN(test_defaults);
+    RUN(test_bad_configs);
+    RUN(test_fault_injection);
+    return t_summary();
+}

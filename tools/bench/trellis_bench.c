@@ -1,0 +1,409 @@
+/* tools/bench/trellis_bench.c — benchmarks of the EXL3 trellis codec (not a
+ * test: it prints figures and ratios against baselines measured in the same
+ * run). docs/benchmarks-trellis.md records its output with the commands.
+ *
+ *   trellis_bench mse    [--values N] [--threads T]   encoder MSE on i.i.d. N(0,1), K = 2,3,4, mul1,
+ *                                                    vs exllamav3, 2^-2K and the Lloyd-Max quantizer
+ *   trellis_bench encode [--tiles N]                 encoder weights/s, one thread and T threads
+ *   trellis_bench gemv   [--threads T] [--reps R] [--path P]
+ *                                                    batch-1 GEMV at K=3 vs OpenBLAS sgemv, and
+ *                                                    bytes/s vs measured memory read bandwidth;
+ *                                                    then 1..16-row GEMM vs sgemm (1 thread) */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/half.h"
+#include "common/threadpool.h"
+#include "kernels/cpu/trellis.h"
+#include "quantize/viterbi.h"
+
+void openblas_set_num_threads(int);
+
+static trellis_path bench_path; /* --path, default trellis_path_best() */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU time of this thread: on a shared machine the 1-thread rates are also
+ * given per CPU-second, which other processes do not distort. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rs = 0x853c49e6748fea9bull;
+static double unif(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return ((double)(rs >> 11) + 0.5) / 9007199254740992.0;
+}
+static float gauss(void) { return (float)(sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); }
+
+/* --- Lloyd-Max scalar quantizer for N(0,1), 2^bits levels ------------------- */
+
+static double phi(double x) { return exp(-0.5 * x * x) / sqrt(2.0 * M_PI); }
+static double Phi(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
+
+static double lloyd_max_mse(int bits)
+{
+    const int L = 1 << bits;
+    double c[256], b[257];
+    for (int i = 0; i < L; i++) c[i] = -3.0 + 6.0 * (i + 0.5) / L;
+    double mse = 0;
+    for (int it = 0; it < 20000; it++) {
+        b[0] = -INFINITY;
+        b[L] = INFINITY;
+        for (int i = 1; i < L; i++) b[i] = 0.5 * (c[i - 1] + c[i]);
+        mse = 0;
+        for (int i = 0; i < L; i++) {
+            const double pa = isinf(b[i]) ? 0 : phi(b[i]), pb = isinf(b[i + 1]) ? 0 : phi(b[i + 1]);
+            const double mass = Phi(b[i + 1]) - Phi(b[i]);
+            const double m1 = pa - pb; /* ∫ x φ */
+            const double ba = isinf(b[i]) ? 0 : b[i] * pa, bb = isinf(b[i + 1]) ? 0 : b[i + 1] * pb;
+            const double m2 = mass - (bb - ba); /* ∫ x² φ */
+            mse += m2 - 2 * c[i] * m1 + c[i] * c[i] * mass;
+            c[i] = m1 / mass;
+        }
+    }
+    return mse;
+}
+
+/* --- (a) MSE ------------------------------------------------------------------ */
+
+static int bench_mse(size_t n_values, int threads)
+{
+    const double exl[3] = {0.06854, 0.01761, 0.00460};
+    const size_t n_tiles = n_values / 256;
+    sparq_pool *pool = NULL;
+    if (sparq_pool_create(&pool, threads) != SPARQ_OK) return 1;
+    float *x = malloc(n_tiles * 256 * sizeof(float));
+    uint16_t *st = malloc(n_tiles * 256 * sizeof(uint16_t));
+    rs = 0x853c49e6748fea9bull;
+    for (size_t i = 0; i < n_tiles * 256; i++) x[i] = gauss();
+    printf("MSE on %zu i.i.d. N(0,1) values (%zu tiles), mul1, %d threads, path %s\n", n_tiles * 256, n_tiles,
+           sparq_pool_size(pool), trellis_path_name(trellis_path_best()));
+    printf("%2s %9s %9s %7s %9s %8s %10s %9s %6s\n", "K", "sparq", "exllamav3", "ratio", "2^-2K", "ratio", "Lloyd-Max",
+           "ratio", "sec");
+    int rc = 0;
+    for (int K = 2; K <= 4; K++) {
+        viterbi_enc *enc = NULL;
+        if (viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(pool)) != SPARQ_OK) return 1;
+        double sq = 0;
+        const double t0 = now();
+        viterbi_encode_tiles(enc, x, NULL, n_tiles, st, NULL, &sq, pool);
+        const double dt = now() - t0;
+        const double mse = sq / (double)(n_tiles * 256), lm = lloyd_max_mse(K), rd = pow(2.0, -2.0 * K);
+        printf("%2d %9.5f %9.5f %7.4f %9.5f %8.3f %10.5f %9.3f %6.1f\n", K, mse, exl[K - 2], mse / exl[K - 2], rd,
+               mse / rd, lm, mse / lm, dt);
+        if (mse > 1.005 * exl[K - 2]) rc = 1;
+        viterbi_free(enc);
+    }
+    printf("%s\n", rc ? "FAIL: worse than 1.005x exllamav3" : "all K within 1.005x of exllamav3");
+    free(x);
+    free(st);
+    sparq_pool_free(pool);
+    return rc;
+}
+
+/* --- (b) encoder throughput ------------------------------------------------- */
+
+static int bench_encode(size_t n_tiles, int threads)
+{
+    float *x = malloc(n_tiles * 256 * sizeof(float));
+    uint16_t *st = malloc(n_tiles * 256 * sizeof(uint16_t));
+    for (size_t i = 0; i < n_tiles * 256; i++) x[i] = gauss();
+    sparq_pool *pool = NULL;
+    if (sparq_pool_create(&pool, threads) != SPARQ_OK) return 1;
+    printf("Viterbi encoder throughput, %zu tiles (%zu weights) per run\n", n_tiles, n_tiles * 256);
+    printf("%2s %-7s %16s %18s %16s\n", "K", "path", "weights/s 1 thr", "weights/CPU-s 1 thr", "weights/s pool");
+    for (int K = 1; K <= TRELLIS_K_MAX; K++)
+        for (int p = 0; p < TRELLIS_PATH_COUNT_; p++) {
+            /* the AVX-512 path encodes with the AVX2 step */
+            if (!trellis_path_available((trellis_path)p) || p == TRELLIS_PATH_AVX512) continue;
+            viterbi_enc *enc = NULL;
+            if (viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(pool)) != SPARQ_OK) return 1;
+            viterbi_set_path(enc, (trellis_path)p);
+            const size_t nt = p == TRELLIS_PATH_SCALAR ? (n_tiles + 3) / 4 : n_tiles;
+            double t0 = now(), c0 = cpu_now();
+            viterbi_encode_tiles(enc, x, NULL, nt, st, NULL, NULL, NULL);
+            const double one = (double)(nt * 256) / (now() - t0), one_cpu = (double)(nt * 256) / (cpu_now() - c0);
+            t0 = now();
+            viterbi_encode_tiles(enc, x, NULL, nt, st, NULL, NULL, pool);
+            const double all = (double)(nt * 256) / (now() - t0);
+            printf("%2d %-7s %16.0f %18.0f %16.0f  (%d threads)\n", K, trellis_path_name((trellis_path)p), one,
+                   one_cpu, all, sparq_pool_size(pool));
+            viterbi_free(enc);
+        }
+    free(x);
+    free(st);
+    sparq_pool_free(pool);
+    return 0;
+}
+
+/* --- (c) GEMV ------------------------------------------------------------------- */
+
+typedef struct bw_ctx {
+    const uint64_t *a;
+    size_t chunk; /* uint64 per item */
+    uint64_t sink[64];
+} bw_ctx;
+
+static void bw_task(void *vctx, size_t i, int tid)
+{
+    /* an integer XOR reduction: associative, so the compiler vectorises it and
+     * the loop runs at the memory system's read speed */
+    bw_ctx *c = vctx;
+    const uint64_t *p = c->a + i * c->chunk;
+    uint64_t x = 0;
+    for (size_t j = 0; j < c->chunk; j++) x ^= p[j];
+    c->sink[tid & 63] ^= x;
+}
+
+/* Read bandwidth (bytes/s) of a `mb` MB array over `pool`, best of 5. */
+static double read_bandwidth(sparq_pool *pool, size_t mb)
+{
+    const size_t n = mb << 17; /* uint64 */
+    uint64_t *a = sparq_aligned_alloc(64, n * sizeof(uint64_t));
+    for (size_t i = 0; i < n; i++) a[i] = i * 0x9E3779B97F4A7C15ull;
+    bw_ctx c = {a, (size_t)1 << 17, {0}};
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        const double t0 = now();
+        sparq_pool_for(pool, n / c.chunk, bw_task, &c);
+        best = fmin(best, now() - t0);
+    }
+    sparq_aligned_free(a);
+    return (double)(n * sizeof(uint64_t)) / best;
+}
+
+static double time_best(int reps, void (*fn)(void *), void *arg, double *cpu)
+{
+    double best = 1e30, best_cpu = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now(), c0 = cpu_now();
+        fn(arg);
+        best = fmin(best, now() - t0);
+        best_cpu = fmin(best_cpu, cpu_now() - c0);
+    }
+    if (cpu) *cpu = best_cpu;
+    return best;
+}
+
+/* Best wall (and thread CPU) times of fa and fb over `reps` runs, the two
+ * alternated run by run so both see the same machine load. */
+static void time_alternated(int reps, void (*fa)(void *), void (*fb)(void *), void *arg, double *wa, double *wb,
+                            double *ca, double *cb)
+{
+    *wa = *wb = *ca = *cb = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double c;
+        *wa = fmin(*wa, time_best(1, fa, arg, &c));
+        *ca = fmin(*ca, c);
+        *wb = fmin(*wb, time_best(1, fb, arg, &c));
+        *cb = fmin(*cb, c);
+    }
+}
+
+typedef struct gemv_arg {
+    const trellis_linear *lin;
+    const float *w, *x;
+    float *y;
+    sparq_pool *pool;
+} gemv_arg;
+
+static void run_trellis(void *v)
+{
+    gemv_arg *g = v;
+    trellis_linear_gemm_path(g->lin, g->x, 1, g->y, g->pool, bench_path);
+}
+
+static void run_sgemv(void *v)
+{
+    gemv_arg *g = v;
+    cblas_sgemv(CblasRowMajor, CblasTrans, g->lin->k, g->lin->n, 1.0f, g->w, g->lin->n, g->x, 1, 0.0f, g->y, 1);
+}
+
+typedef struct gemm_arg {
+    const trellis_linear *lin;
+    const float *w, *x;
+    float *y;
+    int rows;
+    sparq_pool *pool;
+} gemm_arg;
+
+static void run_trellis_gemm(void *v)
+{
+    gemm_arg *g = v;
+    trellis_linear_gemm_path(g->lin, g->x, g->rows, g->y, g->pool, bench_path);
+}
+
+static void run_sgemm(void *v)
+{
+    gemm_arg *g = v;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->rows, g->lin->n, g->lin->k, 1.0f, g->x, g->lin->k,
+                g->w, g->lin->n, 0.0f, g->y, g->lin->n);
+}
+
+/* A random K-bit mul1 linear (random trellis words decode like real ones,
+ * cost-wise) and its decoded fp32 matrix for the BLAS baseline. */
+typedef struct bench_linear {
+    trellis_linear lin;
+    uint16_t *tr, *suh, *svh;
+    float *w;
+} bench_linear;
+
+static void bench_linear_make(bench_linear *b, int k, int n, int K, sparq_pool *pool)
+{
+    const size_t nw = (size_t)k / 16 * (n / 16) * 16 * K;
+    b->tr = malloc(nw * 2);
+    b->suh = malloc((size_t)k * 2);
+    b->svh = malloc((size_t)n * 2);
+    for (size_t i = 0; i < nw; i++) b->tr[i] = (uint16_t)(unif() * 65536);
+    for (int i = 0; i < k; i++) b->suh[i] = sparq_f32_to_f16(unif() < 0.5 ? -1.0f : 1.0f);
+    for (int i = 0; i < n; i++) b->svh[i] = sparq_f32_to_f16(0.02f);
+    b->lin = (trellis_linear){k, n, K, TRELLIS_CB_MUL1, b->tr, b->suh, b->svh};
+    b->w = sparq_aligned_alloc(64, (size_t)k * n * sizeof(float));
+    trellis_linear_decode(&b->lin, b->w, pool);
+}
+
+static void bench_linear_free(bench_linear *b)
+{
+    free(b->tr);
+    free(b->suh);
+    free(b->svh);
+    sparq_aligned_free(b->w);
+}
+
+/* Small-batch GEMM on one 4096×4096 K=3 linear, one thread: trellis vs sgemm. */
+static void bench_small_batch(int reps)
+{
+    const int k = 4096, n = 4096, K = 3;
+    bench_linear bl;
+    bench_linear_make(&bl, k, n, K, NULL);
+    const trellis_linear lin = bl.lin;
+    const float *w = bl.w;
+    float *x = malloc((size_t)16 * k * sizeof(float)), *y = malloc((size_t)16 * n * sizeof(float));
+    for (int i = 0; i < 16 * k; i++) x[i] = gauss();
+    openblas_set_num_threads(1);
+    printf("small-batch GEMM, 4096x4096, K=%d mul1, path %s, 1 thread, best of %d\n", K,
+           trellis_path_name(bench_path), reps);
+    printf("%4s %13s %13s %9s %16s %16s\n", "rows", "trellis us", "sgemm us", "speedup", "trellis us/row",
+           "trellis CPU us");
+    const int rows_list[] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 5; i++) {
+        gemm_arg g = {&lin, w, x, y, rows_list[i], NULL};
+        run_trellis_gemm(&g);
+        run_sgemm(&g);
+        double a = 0, b = 0, ca, cb;
+        time_alternated(reps, run_trellis_gemm, run_sgemm, &g, &a, &b, &ca, &cb);
+        printf("%4d %13.1f %13.1f %8.2fx %16.1f %16.1f\n", rows_list[i], a * 1e6, b * 1e6, b / a,
+               a * 1e6 / rows_list[i], ca * 1e6);
+    }
+    bench_linear_free(&bl);
+    free(x);
+    free(y);
+}
+
+static int bench_gemv(int threads, int reps)
+{
+    const int K = 3;
+    const int shapes[2][2] = {{4096, 4096}, {2048, 768}};
+    sparq_pool *pool = NULL, *one = NULL;
+    if (sparq_pool_create(&pool, threads) != SPARQ_OK || sparq_pool_create(&one, 1) != SPARQ_OK) return 1;
+    const int T = sparq_pool_size(pool);
+    const double bw1 = read_bandwidth(one, 512), bwT = read_bandwidth(pool, 512);
+    const double c1 = read_bandwidth(one, 64), cT = read_bandwidth(pool, 64);
+    printf("memory read bandwidth, 512 MB array: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1 / 1e9,
+           bwT / 1e9, T);
+    printf("read bandwidth, 64 MB array (the 4096x4096 fp32 matrix's size, partly cached): %.1f GB/s (1 thread), "
+           "%.1f GB/s (%d threads)\n", c1 / 1e9, cT / 1e9, T);
+    printf("batch-1 GEMV, K=%d mul1, path %s, best of %d alternated runs\n", K, trellis_path_name(bench_path),
+           reps);
+    printf("%-10s %3s %11s %11s %8s %14s %9s\n", "(k, n)", "thr", "trellis us", "sgemv us", "speedup",
+           "trellis GB/s", "% of bw");
+    for (int s = 0; s < 2; s++) {
+        const int k = shapes[s][0], n = shapes[s][1];
+        const size_t nw = (size_t)k / 16 * (n / 16) * 16 * K;
+        bench_linear bl;
+        bench_linear_make(&bl, k, n, K, pool);
+        const trellis_linear lin = bl.lin;
+        const float *w = bl.w;
+        float *x = malloc((size_t)k * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+        for (int i = 0; i < k; i++) x[i] = gauss();
+        for (int tt = 0; tt < 2; tt++) {
+            const int nthr = tt ? T : 1;
+            openblas_set_num_threads(nthr);
+            gemv_arg g = {&lin, w, x, y, tt ? pool : NULL};
+            run_trellis(&g);
+            run_sgemv(&g);
+            double cpu_tr = 0, cpu_bl = 0, tt_tr = 0, tt_bl = 0;
+            time_alternated(reps, run_trellis, run_sgemv, &g, &tt_tr, &tt_bl, &cpu_tr, &cpu_bl);
+            const double gbs = (double)nw * 2 / tt_tr;
+            printf("%4dx%-5d %3d %11.1f %11.1f %7.2fx %14.2f %8.1f%%", k, n, nthr, tt_tr * 1e6, tt_bl * 1e6,
+                   tt_bl / tt_tr, gbs / 1e9, 100 * gbs / (tt ? bwT : bw1));
+            if (!tt) printf("   CPU us: trellis %.1f, sgemv %.1f", cpu_tr * 1e6, cpu_bl * 1e6);
+            printf("\n");
+        }
+        bench_linear_free(&bl);
+        free(x);
+        free(y);
+    }
+    sparq_pool_free(pool);
+    sparq_pool_free(one);
+    bench_small_batch(reps / 3 + 1);
+    return 0;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: trellis_bench mse [--values N] [--threads T]\n"
+                    "       trellis_bench encode [--tiles N] [--threads T]\n"
+                    "       trellis_bench gemv [--threads T] [--reps R] [--path scalar|avx2|avx512|neon]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return usage();
+    size_t values = (size_t)1 << 20, tiles = 64;
+    int threads = 0, reps = 50;
+    bench_path = trellis_path_best();
+    for (int i = 2; i < argc; i++) {
+        if (i + 1 >= argc) return usage();
+        if (!strcmp(argv[i], "--values")) values = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--tiles")) tiles = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--path")) {
+            const char *name = argv[++i];
+            int found = 0;
+            for (int p = 0; p < TRELLIS_PATH_COUNT_; p++)
+                if (!strcmp(name, trellis_path_name((trellis_path)p)) && trellis_path_available((trellis_path)p)) {
+                    bench_path = (trellis_path)p;
+                    found = 1;
+                }
+            if (!found) {
+                fprintf(stderr, "trellis_bench: path '%s' not available here\n", name);
+                return 2;
+            }
+        }
+        else return usage();
+    }
+    if (!strcmp(argv[1], "mse")) return bench_mse(values, threads);
+    if (!strcmp(argv[1], "encode")) return bench_encode(tiles, threads);
+    if (!strcmp(argv[1], "gemv")) return bench_gemv(threads, reps);
+    return usage();
+}

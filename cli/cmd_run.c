@@ -1,0 +1,340 @@
+/* cli/cmd_run.c — `sparq run MODEL -p PROMPT`: generate text on the CPU.
+ *
+ * Loads the model (runtime/model.h) and its tokenizer, prefills the prompt
+ * (optionally through the chat template), then samples token by token
+ * (runtime/sampler.h), streaming whole UTF-8 characters to stdout as they are
+ * decoded. Speeds go to stderr at the end; --stats adds peak RSS and the bytes
+ * the model holds (weights mapped, KV cache, workspace), one `key=value` per
+ * line so scripts can check them. With --chat and no prompt it is an
+ * interactive chat on stdin; the KV cache keeps the conversation's shared
+ * prefix between turns. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/alloc.h"
+#include "common/progress.h"
+#include "formats/tokenizer.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+enum {
+    O_PROMPT, O_N, O_CHAT, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_SEED, O_CTX, O_THREADS,
+    O_STATS, O_IGNORE_EOS
+};
+static const cli_opt opts[] = {
+    [O_PROMPT] = {"prompt", 'p', "TEXT", "prompt text (with --chat: the user's message)"},
+    [O_N] = {"n-predict", 'n', "N", "tokens to generate (default 128)"},
+    [O_CHAT] = {"chat", 0, NULL, "use the model's chat template; interactive when no --prompt"},
+    [O_SYSTEM] = {"system", 0, "TEXT", "system message for --chat"},
+    [O_TEMP] = {"temp", 0, "T", "temperature (default 0.8; 0 = greedy)"},
+    [O_TOPK] = {"top-k", 0, "K", "keep the K most likely tokens (default 40; 0 = off)"},
+    [O_TOPP] = {"top-p", 0, "P", "nucleus sampling mass (default 0.95; 1 = off)"},
+    [O_MINP] = {"min-p", 0, "P", "drop tokens below P x the top probability (default 0.05; 0 = off)"},
+    [O_REP] = {"repeat-penalty", 0, "R", "penalty for recent tokens (default 1.0 = off)"},
+    [O_REPN] = {"repeat-last-n", 0, "N", "tokens the penalty looks back over (default 64)"},
+    [O_SEED] = {"seed", 0, "S", "random seed (default 0; same seed, same text)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096)"},
+    [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
+    [O_STATS] = {"stats", 0, NULL, "print peak RSS and weights/KV/workspace bytes to stderr"},
+    [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
+    {0}};
+static const cli_spec spec = {
+    "run", "MODEL [-p PROMPT] [options]",
+    "Generate text with MODEL (a Hugging Face model directory) on the CPU, streaming it to stdout. "
+    "Prompt and decode speeds are printed to stderr at the end.",
+    opts,
+    "examples:\n  sparq run tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"
+    "  sparq run tests/data/tiny-qwen3moe --chat\n"};
+
+typedef struct run_state {
+    sq_model *model;
+    sq_tokenizer *tok;
+    sq_sampler *sampler;
+    float *logits;
+    int32_t *cached; /* ids in the KV cache */
+    int n_cached;
+    int32_t stop[SQ_MAX_EOS_IDS + 2];
+    int n_stop;
+    bool ignore_eos;
+    double t_prompt, t_decode;
+    long n_prompt, n_decode;
+    int last_prompt_len; /* ids of the last prompt; generated ids follow it in `cached` */
+} run_state;
+
+static bool is_stop(const run_state *s, int32_t t)
+{
+    for (int i = 0; i < s->n_stop; i++)
+        if (s->stop[i] == t) return true;
+    return false;
+}
+
+/* Prefill ids (reusing the cached prefix), then generate up to n tokens.
+ * Generated ids are appended to the cache record; text streams to stdout. */
+static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_new)
+{
+    const int ctx = sq_model_options(s->model)->ctx;
+    int keep = 0;
+    while (keep < s->n_cached && keep < n_ids && s->cached[keep] == ids[keep]) keep++;
+    if (keep == n_ids) keep--; /* always run at least one token to get logits */
+    if (keep < 0) keep = 0;
+    RETURN_IF(n_ids >= ctx, SPARQ_E_RANGE, "prompt of %d tokens does not fit the context of %d (--ctx)", n_ids, ctx);
+    sq_model_seq_truncate(s->model, 0, keep);
+    sq_sampler_reset(s->sampler, 0);
+    for (int i = 0; i < n_ids; i++) sq_sampler_accept(s->sampler, ids[i]);
+    double t0 = sparq_now();
+    FORWARD_IF(sq_model_forward(s->model, 0, ids + keep, n_ids - keep, SQ_LOGITS_LAST, s->logits));
+    s->t_prompt += sparq_now() - t0;
+    s->n_prompt += n_ids - keep;
+    memcpy(s->cached, ids, (size_t)n_ids * sizeof(int32_t));
+    s->n_cached = n_ids;
+    s->last_prompt_len = n_ids;
+
+    sq_detok d;
+    sq_detok_init(&d, s->tok, true);
+    const char *txt;
+    size_t len;
+    sparq_status st = SPARQ_OK;
+    t0 = sparq_now();
+    for (int i = 0; i < n_new && s->n_cached < ctx; i++) {
+        int32_t t = sq_sampler_sample(s->sampler, s->logits);
+        if (!s->ignore_eos && is_stop(s, t)) break;
+        sq_sampler_accept(s->sampler, t);
+        st = sq_detok_push(&d, t, &txt, &len);
+        if (st != SPARQ_OK) break;
+        fwrite(txt, 1, len, stdout);
+        fflush(stdout);
+        s->n_decode++;
+        s->cached[s->n_cached++] = t;
+        if (i + 1 == n_new || s->n_cached >= ctx) break; /* no logits needed for a token we will not sample */
+        st = sq_model_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
+        if (st != SPARQ_OK) break;
+    }
+    s->t_decode += sparq_now() - t0;
+    if (st == SPARQ_OK && sq_detok_flush(&d, &txt, &len) == SPARQ_OK) fwrite(txt, 1, len, stdout);
+    sq_detok_free(&d);
+    fflush(stdout);
+    return st;
+}
+
+static sparq_status encode(const run_state *s, const char *text, bool add_bos, int32_t **ids, int *n)
+{
+    int32_t *raw = NULL;
+    size_t nraw = 0;
+    FORWARD_IF(sq_tokenizer_encode(s->tok, text, strlen(text), true, &raw, &nraw));
+    const int32_t bos = sq_tokenizer_bos(s->tok);
+    const int extra = add_bos && bos >= 0 ? 1 : 0;
+    *ids = sparq_malloc((nraw + 1) * sizeof(int32_t));
+    if (!*ids) {
+        sparq_free(raw);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
+    if (extra) (*ids)[0] = bos;
+    if (nraw) memcpy(*ids + extra, raw, nraw * sizeof(int32_t));
+    *n = (int)nraw + extra;
+    sparq_free(raw);
+    return SPARQ_OK;
+}
+
+/* Render the conversation so far and generate the assistant's turn. */
+static sparq_status chat_turn(run_state *s, sq_chat_msg *msgs, int n_msgs, int n_new)
+{
+    char *text = NULL;
+    FORWARD_IF(sq_chat_apply(s->tok, msgs, n_msgs, true, &text));
+    int32_t *ids = NULL;
+    int n = 0;
+    sparq_status st = encode(s, text, false, &ids, &n);
+    sparq_free(text);
+    if (st == SPARQ_OK) st = generate(s, ids, n, n_new);
+    sparq_free(ids);
+    return st;
+}
+
+static char *read_line(FILE *f)
+{
+    size_t cap = 256, n = 0;
+    char *b = sparq_malloc(cap);
+    if (!b) return NULL;
+    int c;
+    while ((c = fgetc(f)) != EOF && c != '\n') {
+        if (n + 1 >= cap) {
+            char *nb = sparq_realloc(b, cap *= 2);
+            if (!nb) {
+                sparq_free(b);
+                return NULL;
+            }
+            b = nb;
+        }
+        b[n++] = (char)c;
+    }
+    if (c == EOF && n == 0) {
+        sparq_free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    return b;
+}
+
+static sparq_status interactive(run_state *s, const char *system, int n_new)
+{
+    enum { MAX_MSGS = 256 };
+    sq_chat_msg msgs[MAX_MSGS];
+    char *owned[MAX_MSGS] = {0};
+    int n = 0;
+    sparq_status st = SPARQ_OK;
+    if (system) msgs[n++] = (sq_chat_msg){SQ_ROLE_SYSTEM, system};
+    fprintf(stderr, "chat: type a message and press Enter; an empty line or EOF ends.\n");
+    while (n + 2 <= MAX_MSGS) {
+        fprintf(stderr, "> ");
+        fflush(stderr);
+        char *line = read_line(stdin);
+        if (!line || !line[0]) {
+            sparq_free(line);
+            break;
+        }
+        owned[n] = line;
+        msgs[n++] = (sq_chat_msg){SQ_ROLE_USER, line};
+        st = chat_turn(s, msgs, n, n_new);
+        fputc('\n', stdout);
+        if (st != SPARQ_OK) break;
+        /* the reply (the ids generated after the prompt) becomes the assistant turn */
+        char *reply = NULL;
+        size_t rl = 0;
+        const int n_prompt_ids = s->last_prompt_len;
+        st = sq_tokenizer_decode(s->tok, s->cached + n_prompt_ids, (size_t)(s->n_cached - n_prompt_ids), true,
+                                 &reply, &rl);
+        if (st != SPARQ_OK) break;
+        owned[n] = reply;
+        msgs[n++] = (sq_chat_msg){SQ_ROLE_ASSISTANT, reply};
+    }
+    for (int i = 0; i < n; i++) sparq_free(owned[i]);
+    return st;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    cli_args a;
+    const char *v;
+    int id;
+    const char *prompt = NULL, *system = NULL;
+    long long n_new = 128, ctx = 4096, threads = 0, repn = 64, seed = 0;
+    double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
+    long long top_k = 40;
+    bool chat = false, stats = false, ignore_eos = false;
+    cli_args_init(&a, argc, argv, &spec);
+    while ((id = cli_next(&a, &v)) >= 0) {
+        bool ok = true;
+        switch (id) {
+        case O_PROMPT: prompt = v; break;
+        case O_N: ok = cli_parse_int(&spec, "n-predict", v, 0, 1 << 24, &n_new); break;
+        case O_CHAT: chat = true; break;
+        case O_SYSTEM: system = v; break;
+        case O_TEMP: ok = cli_parse_double(&spec, "temp", v, 0, 100, &temp); break;
+        case O_TOPK: ok = cli_parse_int(&spec, "top-k", v, 0, 1 << 24, &top_k); break;
+        case O_TOPP: ok = cli_parse_double(&spec, "top-p", v, 1e-9, 1, &top_p); break;
+        case O_MINP: ok = cli_parse_double(&spec, "min-p", v, 0, 1, &min_p); break;
+        case O_REP: ok = cli_parse_double(&spec, "repeat-penalty", v, 1e-3, 100, &rep); break;
+        case O_REPN: ok = cli_parse_int(&spec, "repeat-last-n", v, 0, 1 << 20, &repn); break;
+        case O_SEED: ok = cli_parse_int(&spec, "seed", v, 0, INT64_MAX, &seed); break;
+        case O_CTX: ok = cli_parse_int(&spec, "ctx", v, 2, 1 << 24, &ctx); break;
+        case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
+        case O_STATS: stats = true; break;
+        case O_IGNORE_EOS: ignore_eos = true; break;
+        }
+        if (!ok) return 2;
+    }
+    if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
+    if (a.npos != 1) return cli_usage_error(&spec, "expected one MODEL directory");
+    if (!prompt && !chat) return cli_usage_error(&spec, "give a prompt with -p (or --chat for an interactive chat)");
+    const char *dir = a.pos[0];
+
+    run_state s = {0};
+    s.ignore_eos = ignore_eos;
+    sparq_status st = sq_tokenizer_load(&s.tok, dir);
+    if (st != SPARQ_OK) return cli_fail(&spec, st);
+    sq_model_opts mo;
+    sq_model_opts_default(&mo);
+    mo.ctx = (int)ctx;
+    mo.n_threads = (int)threads;
+    mo.max_rows = 256;
+    st = sq_model_load(&s.model, dir, &mo);
+    if (st != SPARQ_OK) {
+        sq_tokenizer_free(s.tok);
+        return cli_fail(&spec, st);
+    }
+    const sq_model_config *cfg = sq_model_cfg(s.model);
+    const int V = (int)cfg->vocab_size;
+    sq_sampler_params sp;
+    sq_sampler_params_default(&sp);
+    sp.temp = (float)temp;
+    sp.top_k = (int)top_k;
+    sp.top_p = (float)top_p;
+    sp.min_p = (float)min_p;
+    sp.repeat_penalty = (float)rep;
+    sp.repeat_last_n = (int)repn;
+    sp.seed = (uint64_t)seed;
+    st = sq_sampler_create(&s.sampler, &sp, V);
+    s.logits = sparq_malloc((size_t)V * sizeof(float));
+    s.cached = sparq_malloc((size_t)sq_model_options(s.model)->ctx * sizeof(int32_t));
+    if (st == SPARQ_OK && (!s.logits || !s.cached)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    for (int i = 0; i < cfg->n_eos_token_ids && s.n_stop < SQ_MAX_EOS_IDS; i++)
+        s.stop[s.n_stop++] = (int32_t)cfg->eos_token_ids[i];
+    if (sq_tokenizer_eos(s.tok) >= 0) s.stop[s.n_stop++] = sq_tokenizer_eos(s.tok);
+    if (chat && sq_tokenizer_token_id(s.tok, "<|im_end|>") >= 0)
+        s.stop[s.n_stop++] = sq_tokenizer_token_id(s.tok, "<|im_end|>");
+
+    if (st == SPARQ_OK) {
+        if (chat && !prompt) {
+            st = interactive(&s, system, (int)n_new);
+        } else if (chat) {
+            sq_chat_msg msgs[2];
+            int nm = 0;
+            if (system) msgs[nm++] = (sq_chat_msg){SQ_ROLE_SYSTEM, system};
+            msgs[nm++] = (sq_chat_msg){SQ_ROLE_USER, prompt};
+            st = chat_turn(&s, msgs, nm, (int)n_new);
+            fputc('\n', stdout);
+        } else {
+            int32_t *ids = NULL;
+            int n = 0;
+            st = encode(&s, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
+            if (st == SPARQ_OK && n == 0) st = sparq_err(SPARQ_E_ARG, "the prompt is empty");
+            if (st == SPARQ_OK) {
+                fputs(prompt, stdout);
+                st = generate(&s, ids, n, (int)n_new);
+                fputc('\n', stdout);
+            }
+            sparq_free(ids);
+        }
+    }
+    int rc = 0;
+    fflush(stdout);
+    if (st != SPARQ_OK) {
+        rc = cli_fail(&spec, st);
+    } else {
+        fprintf(stderr, "prompt: %ld tokens in %.3f s (%.1f tok/s); decode: %ld tokens in %.3f s (%.1f tok/s)\n",
+                s.n_prompt, s.t_prompt, s.t_prompt > 0 ? s.n_prompt / s.t_prompt : 0.0, s.n_decode, s.t_decode,
+                s.t_decode > 0 ? s.n_decode / s.t_decode : 0.0);
+        if (stats) {
+            struct rusage ru;
+            getrusage(RUSAGE_SELF, &ru);
+            sq_model_mem mm;
+            sq_model_mem_report(s.model, &mm);
+            fprintf(stderr,
+                    "stats: peak_rss_bytes=%llu\nstats: weights_bytes=%llu\nstats: kv_bytes=%llu\n"
+                    "stats: workspace_bytes=%llu\nstats: plan_kv_bytes=%llu\nstats: plan_workspace_bytes=%llu\n"
+                    "stats: threads=%d\n",
+                    (unsigned long long)ru.ru_maxrss * 1024ull, (unsigned long long)mm.weights,
+                    (unsigned long long)mm.kv, (unsigned long long)mm.workspace, (unsigned long long)mm.plan_kv,
+                    (unsigned long long)mm.plan_workspace, sq_model_exec(s.model)->n_threads);
+        }
+    }
+    sparq_free(s.logits);
+    sparq_free(s.cached);
+    sq_sampler_free(s.sampler);
+    sq_model_free(s.model);
+    sq_tokenizer_free(s.tok);
+    return rc;
+}

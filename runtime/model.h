@@ -1,0 +1,149 @@
+/* runtime/model.h — a loaded model and its forward pass (CPU reference).
+ *
+ * sq_model_load() maps the checkpoint (formats/safetensors.h) and points into
+ * it: bf16/fp16 matrices are used in place, never copied; only small vectors
+ * (norm weights, ≤ a few KB each) are widened to fp32. Everything the forward
+ * pass will ever need is allocated at load, sized by the memory plan
+ * (runtime/memplan.h): a KV cache for `ctx` tokens × `n_seq` sequences and a
+ * workspace for `max_rows` rows per step. A step never allocates.
+ *
+ * Three levels of API:
+ *  - sq_model_forward(): tokens of one sequence in, logits out, KV cache
+ *    appended (prefill: many tokens; decode: one). What `sparq run/eval` use.
+ *  - sq_model_embed() / sq_model_forward_layer() / sq_model_head(): one layer
+ *    at a time on a batch of hidden states, for the quantizer's calibration
+ *    (with an observer that receives every linear's INPUT activations, for
+ *    Hessian capture) and for per-layer checks against a reference.
+ *  - sq_model_linear(): the sq_linear of a layer, mutable, so a caller can
+ *    swap in a quantized linear (kernels/backend.h) and advance the hidden
+ *    state through the quantized layer.
+ *
+ * The graph for each architecture lives in one file (runtime/qwen3moe.c).
+ * Not thread-safe: one forward at a time per model (it is itself parallel). */
+#ifndef SPARQ_RUNTIME_MODEL_H
+#define SPARQ_RUNTIME_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "formats/hfconfig.h"
+#include "kernels/backend.h"
+
+typedef struct sq_model sq_model;
+
+typedef struct sq_model_opts {
+    int ctx;       /* KV cache tokens per sequence (default 4096, capped at max_position_embeddings) */
+    int n_seq;     /* sequences with a KV cache (default 1) */
+    int max_rows;  /* rows per forward step: prefill chunk / calibration batch (default 512) */
+    int n_threads; /* ≤ 0: all CPUs (or SPARQ_THREADS) */
+} sq_model_opts;
+
+void sq_model_opts_default(sq_model_opts *o);
+
+/* Load a model directory (config.json + *.safetensors, sharded or not).
+ * Errors name the file and tensor (missing, wrong shape, unsupported dtype). */
+sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts *opts);
+void sq_model_free(sq_model *m);
+
+const sq_model_config *sq_model_cfg(const sq_model *m);
+const sq_model_opts *sq_model_options(const sq_model *m);
+sq_exec *sq_model_exec(sq_model *m);
+
+/* Bytes this model holds. weights: mapped tensors the graph uses (file
+ * pages, touched on demand); kv: the KV cache; workspace: activations, fp32
+ * norm vectors and per-thread scratch — all allocated at load. */
+typedef struct sq_model_mem {
+    uint64_t weights, kv, workspace;
+    uint64_t plan_kv, plan_workspace; /* what runtime/memplan.h says for the same options */
+} sq_model_mem;
+void sq_model_mem_report(const sq_model *m, sq_model_mem *out);
+
+/* --- whole-model forward ----------------------------------------------- */
+
+typedef enum sq_logits_mode {
+    SQ_LOGITS_NONE = 0, /* fill the KV cache only */
+    SQ_LOGITS_LAST,     /* logits[vocab] of the last token */
+    SQ_LOGITS_ALL,      /* logits[n, vocab] of every token */
+} sq_logits_mode;
+
+/* Run tokens[0..n) of sequence `seq` at positions len(seq) .. len(seq)+n-1,
+ * appending to its KV cache (in steps of max_rows). SPARQ_E_RANGE when the
+ * cache would overflow ctx or a token id is outside the vocabulary. */
+sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
+                              float *logits);
+
+/* One decode step for several sequences at once (serving several users):
+ * row r is the next token of sequence seqs[r] (distinct, n ≤ min(max_rows,
+ * n_seq)), at position len(seqs[r]); each attends to its own cache. The
+ * weights are read once for all rows. logits[n, vocab] (may be NULL). */
+sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits);
+
+/* Tokens currently in the KV cache of seq; reset empties it. */
+int sq_model_seq_len(const sq_model *m, int seq);
+void sq_model_seq_reset(sq_model *m, int seq);
+/* Keep only the first n cached tokens of seq (n ≥ len: no change), so a
+ * conversation can reuse the cached prefix it shares with a new prompt. */
+void sq_model_seq_truncate(sq_model *m, int seq, int n);
+
+/* --- one layer at a time ------------------------------------------------- */
+
+/* Which linear of a layer. For a dense-MLP layer (mlp_only_layers), GATE/UP/
+ * DOWN with expert 0 are its MLP; ROUTER does not exist. */
+typedef enum sq_lin_id {
+    SQ_LIN_Q = 0, SQ_LIN_K, SQ_LIN_V, SQ_LIN_O, SQ_LIN_ROUTER, SQ_LIN_GATE, SQ_LIN_UP, SQ_LIN_DOWN,
+    SQ_LIN_COUNT_
+} sq_lin_id;
+
+/* "q_proj", "k_proj", "v_proj", "o_proj", "gate" (router), "gate_proj", "up_proj", "down_proj". */
+const char *sq_lin_id_name(sq_lin_id id);
+
+/* Observer of a forward_layer call (any callback may be NULL).
+ *  linear_input: the exact fp32 input x[rows, in] a linear is about to be
+ *    applied to (Q, K, V share one x; so do an expert's GATE and UP). expert
+ *    is -1 for attention and router linears.
+ *  router: the experts chosen for each row (descending weight) and their
+ *    weights (after norm_topk_prob), idx/w [rows, k].
+ *  all_experts: calibration mode (reference.md §1.3) — every expert's GATE/UP
+ *    input is reported as the whole layer input (all rows), and its DOWN input
+ *    as that expert's activation on all rows; the layer OUTPUT still uses the
+ *    normal top-k routing. Costs n_experts/top_k times the MoE compute. */
+typedef struct sq_observer {
+    void *user;
+    void (*linear_input)(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
+    void (*router)(void *user, int layer, int rows, int k, const int *idx, const float *w);
+    bool all_experts;
+} sq_observer;
+
+/* hidden[n, hidden_size] = embedding rows of tokens (fp32). */
+sparq_status sq_model_embed(const sq_model *m, const int32_t *tokens, int n, float *hidden);
+
+/* Apply decoder layer L in place to hidden[rows, hidden_size]; rows ≤ max_rows.
+ * pos[r] is row r's position.
+ *  seq ≥ 0: the rows continue sequence seq: pos must be len(seq), len+1, ...;
+ *    their K/V are written to its cache and they attend to cache[0..pos]. The
+ *    caller advances the length with sq_model_seq_advance() after the last layer.
+ *  seq < 0: no cache; the batch holds whole sequences one after another, each
+ *    starting at position 0 (row r attends to rows r - pos[r] .. r). */
+sparq_status sq_model_forward_layer(sq_model *m, int layer, float *hidden, int rows, const int *pos, int seq,
+                                    const sq_observer *obs);
+
+/* Mark n more tokens of seq as cached (after forward_layer over all layers). */
+sparq_status sq_model_seq_advance(sq_model *m, int seq, int n);
+
+/* logits[rows, vocab] = lm_head(final_norm(hidden[rows])); hidden is not modified. */
+sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits);
+
+/* The linear `which` of layer L (expert e for GATE/UP/DOWN of MoE layers,
+ * 0 for dense MLP layers), or NULL if there is none. Mutable: a caller may
+ * replace it (e.g. with an EXL3 linear of the same in/out). */
+sq_linear *sq_model_linear(sq_model *m, int layer, sq_lin_id which, int expert);
+
+/* The output head (lm_head, or the embedding matrix when tied). */
+sq_linear *sq_model_head_linear(sq_model *m);
+
+/* Is layer L a MoE layer (else dense MLP)? */
+bool sq_model_layer_is_moe(const sq_model *m, int layer);
+
+#endif

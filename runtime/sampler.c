@@ -1,0 +1,210 @@
+/* runtime/sampler.c — see sampler.h for the chain and its order.
+ *
+ * Top-k uses a partial selection (a small binary heap) so a 150k vocabulary
+ * costs O(V log k) per token; without top-k the candidates are fully sorted.
+ * Probabilities are computed in double. */
+#include "runtime/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+struct sq_sampler {
+    sq_sampler_params p;
+    int n_vocab;
+    uint64_t rng[4];
+    float *work;     /* [n_vocab] penalised logits */
+    int32_t *cand;   /* [n_vocab] candidate ids */
+    double *prob;    /* [n_vocab] */
+    int32_t *hist;   /* ring of the last repeat_last_n tokens */
+    int n_hist, hist_pos;
+};
+
+void sq_sampler_params_default(sq_sampler_params *p)
+{
+    p->temp = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+    p->seed = 0;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4])
+{
+    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double sq_sampler_uniform(sq_sampler *s) { return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53; }
+
+void sq_sampler_reset(sq_sampler *s, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->n_hist = s->hist_pos = 0;
+}
+
+sparq_status sq_sampler_create(sq_sampler **out, const sq_sampler_params *p, int n_vocab)
+{
+    *out = NULL;
+    RETURN_IF(n_vocab <= 0, SPARQ_E_ARG, "sampler: vocabulary size %d", n_vocab);
+    RETURN_IF(p->top_k < 0 || p->top_p <= 0 || p->top_p > 1 || p->min_p < 0 || p->min_p > 1 ||
+                  p->repeat_penalty <= 0 || p->repeat_last_n < 0 || isnan(p->temp),
+              SPARQ_E_ARG, "sampler: parameter out of range (top_k %d, top_p %g, min_p %g, repeat_penalty %g)",
+              p->top_k, (double)p->top_p, (double)p->min_p, (double)p->repeat_penalty);
+    sq_sampler *s = sparq_calloc(1, sizeof *s);
+    RETURN_IF(!s, SPARQ_E_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = sparq_malloc((size_t)n_vocab * sizeof(float));
+    s->cand = sparq_malloc((size_t)n_vocab * sizeof(int32_t));
+    s->prob = sparq_malloc((size_t)n_vocab * sizeof(double));
+    s->hist = sparq_malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof(int32_t));
+    if (!s->work || !s->cand || !s->prob || !s->hist) {
+        sq_sampler_free(s);
+        return sparq_err(SPARQ_E_NOMEM, "sampler: out of memory");
+    }
+    sq_sampler_reset(s, p->seed);
+    *out = s;
+    return SPARQ_OK;
+}
+
+void sq_sampler_free(sq_sampler *s)
+{
+    if (!s) return;
+    sparq_free(s->work);
+    sparq_free(s->cand);
+    sparq_free(s->prob);
+    sparq_free(s->hist);
+    sparq_free(s);
+}
+
+void sq_sampler_accept(sq_sampler *s, int32_t token)
+{
+    if (s->p.repeat_last_n <= 0) return;
+    s->hist[s->hist_pos] = token;
+    s->hist_pos = (s->hist_pos + 1) % s->p.repeat_last_n;
+    if (s->n_hist < s->p.repeat_last_n) s->n_hist++;
+}
+
+/* a ranks before b: higher logit, then lower id */
+static inline bool before(const float *l, int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); }
+
+static int cmp_cand(const void *pa, const void *pb, void *ctx)
+{
+    const float *l = ctx;
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return before(l, a, b) ? -1 : before(l, b, a) ? 1 : 0;
+}
+
+/* Min-heap (worst candidate at the root) of the best k ids. */
+static void heap_down(const float *l, int32_t *h, int n, int i)
+{
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && before(l, h[c], h[c + 1])) c++;
+        if (!before(l, h[i], h[c])) return;
+        int32_t t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+int32_t sq_sampler_sample(sq_sampler *s, const float *logits)
+{
+    const int V = s->n_vocab;
+    float *l = s->work;
+    memcpy(l, logits, (size_t)V * sizeof(float));
+    if (s->p.repeat_penalty != 1.0f)
+        for (int i = 0; i < s->n_hist; i++) {
+            int32_t t = s->hist[i];
+            if (t < 0 || t >= V) continue;
+            /* a token repeated in the window is penalised once (as transformers) */
+            bool seen = false;
+            for (int j = 0; j < i; j++) seen |= s->hist[j] == t;
+            if (seen) continue;
+            l[t] = l[t] > 0 ? l[t] / s->p.repeat_penalty : l[t] * s->p.repeat_penalty;
+        }
+    if (s->p.temp <= 0) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; i++)
+            if (l[i] > l[best]) best = i;
+        return best;
+    }
+    int n;
+    if (s->p.top_k > 0 && s->p.top_k < V) {
+        /* keep the k best in a heap whose root is the worst kept */
+        const int k = s->p.top_k;
+        int32_t *h = s->cand;
+        for (int i = 0; i < k; i++) h[i] = i;
+        for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, h, k, i);
+        for (int32_t i = k; i < V; i++)
+            if (before(l, i, h[0])) {
+                h[0] = i;
+                heap_down(l, h, k, 0);
+            }
+        n = k;
+    } else {
+        for (int32_t i = 0; i < V; i++) s->cand[i] = i;
+        n = V;
+    }
+    qsort_r(s->cand, (size_t)n, sizeof(int32_t), cmp_cand, l);
+    /* softmax at temperature */
+    const double inv_t = 1.0 / s->p.temp, mx = l[s->cand[0]];
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        s->prob[i] = exp(((double)l[s->cand[i]] - mx) * inv_t);
+        sum += s->prob[i];
+    }
+    for (int i = 0; i < n; i++) s->prob[i] /= sum;
+    /* top-p */
+    if (s->p.top_p < 1.0f) {
+        double c = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            c += s->prob[i];
+            if (c >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    /* min-p (prob[0] is the max) */
+    if (s->p.min_p > 0) {
+        const double th = s->p.min_p * s->prob[0];
+        int keep = 1;
+        while (keep < n && s->prob[keep] >= th) keep++;
+        n = keep;
+    }
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += s->prob[i];
+    double u = sq_sampler_uniform(s) * tot, c = 0;
+    for (int i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (u < c) return s->cand[i];
+    }
+    return s->cand[n - 1];
+}

@@ -1,0 +1,367 @@
+/* tests/runtime/test_model.c — the Qwen3-MoE graph on a small random model
+ * written by the test itself (config.json + bf16 safetensors, with a dense
+ * mlp_only layer and an untied head): KV-cache decode equals full prefill,
+ * chunked prefill equals one step, the cache-less layer API on a batch of two
+ * sequences equals running them separately, the observer sees every linear's
+ * input, calibration mode (all_experts) leaves the output unchanged, a
+ * swapped-in linear is used, errors are clean, and allocation failures during
+ * load are handled. Numerical agreement with transformers is the golden
+ * suite's job (test_golden.c). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "common/half.h"
+#include "formats/safetensors.h"
+#include "kernels/cpu/ops.h"
+#include "runtime/model.h"
+#include "t.h"
+
+enum { D = 64, NH = 4, HD = 16, NKV = 2, NL = 3, E = 8, TOPK = 2, I_MOE = 32, I_MLP = 48, V = 100 };
+
+static uint64_t rs = 99;
+static float urand(void)
+{
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rs >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void add_t(sf_writer *w, const char *name, uint64_t d0, uint64_t d1, float scale, float offset)
+{
+    uint64_t n = d0 * (d1 ? d1 : 1), shape[2] = {d0, d1};
+    uint16_t *b = malloc(n * 2);
+    for (uint64_t i = 0; i < n; i++) b[i] = sparq_f32_to_bf16(offset + scale * urand());
+    CHECK(sf_writer_add(w, name, SF_BF16, d1 ? 2 : 1, shape, b, n * 2) == SPARQ_OK);
+    free(b);
+}
+
+static char model_dir[512];
+
+static void write_model(bool drop_one)
+{
+    snprintf(model_dir, sizeof model_dir, "%s/model%s", t_tmpdir(), drop_one ? "-broken" : "");
+    sparq_mkdirs(model_dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    const char *cfg = "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"],"
+                      "\"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 16, \"num_key_value_heads\": 2,"
+                      "\"num_hidden_layers\": 3, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+                      "\"moe_intermediate_size\": 32, \"intermediate_size\": 48, \"mlp_only_layers\": [1],"
+                      "\"vocab_size\": 100, \"tie_word_embeddings\": false, \"norm_topk_prob\": true,"
+                      "\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}";
+    CHECK(sparq_file_write_atomic(path, cfg, strlen(cfg)) == SPARQ_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+    sf_writer *w;
+    CHECK(sf_writer_create(&w, path) == SPARQ_OK);
+    char n[256];
+    add_t(w, "model.embed_tokens.weight", V, D, 1.0f, 0);
+    add_t(w, "lm_head.weight", V, D, 0.2f, 0);
+    add_t(w, "model.norm.weight", D, 0, 0.1f, 1.0f);
+    for (int L = 0; L < NL; L++) {
+#define N(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+        add_t(w, N("model.layers.%d.self_attn.q_proj.weight", L), NH * HD, D, 0.15f, 0);
+        if (!(drop_one && L == 2)) add_t(w, N("model.layers.%d.self_attn.k_proj.weight", L), NKV * HD, D, 0.15f, 0);
+        add_t(w, N("model.layers.%d.self_attn.v_proj.weight", L), NKV * HD, D, 0.15f, 0);
+        add_t(w, N("model.layers.%d.self_attn.o_proj.weight", L), D, NH * HD, 0.15f, 0);
+        add_t(w, N("model.layers.%d.self_attn.q_norm.weight", L), HD, 0, 0.1f, 1.0f);
+        add_t(w, N("model.layers.%d.self_attn.k_norm.weight", L), HD, 0, 0.1f, 1.0f);
+        add_t(w, N("model.layers.%d.input_layernorm.weight", L), D, 0, 0.1f, 1.0f);
+        add_t(w, N("model.layers.%d.post_attention_layernorm.weight", L), D, 0, 0.1f, 1.0f);
+        if (L == 1) {
+            add_t(w, N("model.layers.%d.mlp.gate_proj.weight", L), I_MLP, D, 0.15f, 0);
+            add_t(w, N("model.layers.%d.mlp.up_proj.weight", L), I_MLP, D, 0.15f, 0);
+            add_t(w, N("model.layers.%d.mlp.down_proj.weight", L), D, I_MLP, 0.15f, 0);
+        } else {
+            add_t(w, N("model.layers.%d.mlp.gate.weight", L), E, D, 0.3f, 0);
+            for (int e = 0; e < E; e++) {
+                add_t(w, N("model.layers.%d.mlp.experts.%d.gate_proj.weight", L, e), I_MOE, D, 0.15f, 0);
+                add_t(w, N("model.layers.%d.mlp.experts.%d.up_proj.weight", L, e), I_MOE, D, 0.15f, 0);
+                add_t(w, N("model.layers.%d.mlp.experts.%d.down_proj.weight", L, e), D, I_MOE, 0.15f, 0);
+            }
+        }
+#undef N
+    }
+    CHECK(sf_writer_finish(w) == SPARQ_OK);
+}
+
+static sq_model *load(int max_rows, int ctx, int n_seq)
+{
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.max_rows = max_rows;
+    o.ctx = ctx;
+    o.n_seq = n_seq;
+    o.n_threads = 2;
+    sq_model *m = NULL;
+    sparq_status st = sq_model_load(&m, model_dir, &o);
+    CHECK_MSG(st == SPARQ_OK, "load: %s", sparq_errmsg());
+    return m;
+}
+
+static int32_t toks[64];
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static void test_decode_equals_prefill(void)
+{
+    sq_model *big = load(64, 128, 2), *small = load(7, 128, 1);
+    if (!big || !small) return;
+    const int n = 40;
+    float *a = malloc((size_t)n * V * 4), *b = malloc((size_t)n * V * 4), *c = malloc((size_t)V * 4);
+    CHECK(sq_model_forward(big, 0, toks, n, SQ_LOGITS_ALL, a) == SPARQ_OK);
+    CHECK(sq_model_forward(small, 0, toks, n, SQ_LOGITS_ALL, b) == SPARQ_OK); /* 6 chunks of ≤ 7 */
+    double d1 = max_diff(a, b, (size_t)n * V);
+    CHECK_MSG(d1 < 1e-4, "chunked prefill differs by %.3g", d1);
+    double d2 = 0;
+    for (int p = 0; p < n; p++) {
+        CHECK(sq_model_forward(big, 1, toks + p, 1, SQ_LOGITS_LAST, c) == SPARQ_OK);
+        d2 = fmax(d2, max_diff(c, a + (size_t)p * V, V));
+    }
+    CHECK_MSG(d2 < 1e-4, "decode differs from prefill by %.3g", d2);
+    CHECK_EQ_INT(sq_model_seq_len(big, 1), n);
+    /* truncate and continue: same logits as before */
+    sq_model_seq_truncate(big, 1, 20);
+    CHECK(sq_model_forward(big, 1, toks + 20, 1, SQ_LOGITS_LAST, c) == SPARQ_OK);
+    CHECK(max_diff(c, a + (size_t)20 * V, V) < 1e-4);
+    /* the cache is full at ctx */
+    sq_model_seq_reset(big, 0);
+    int32_t many[129] = {0};
+    CHECK(sq_model_forward(big, 0, many, 129, SQ_LOGITS_NONE, NULL) == SPARQ_E_RANGE);
+    int32_t bad = V;
+    CHECK(sq_model_forward(big, 0, &bad, 1, SQ_LOGITS_LAST, c) == SPARQ_E_RANGE);
+    free(a), free(b), free(c);
+    sq_model_free(big), sq_model_free(small);
+}
+
+/* decode_batch: three sequences of different lengths stepped together give
+ * the logits each gets alone */
+static void test_decode_batch(void)
+{
+    sq_model *m = load(8, 64, 3), *solo = load(8, 64, 1);
+    if (!m || !solo) return;
+    const int lens[3] = {5, 11, 2};
+    float *lg = malloc((size_t)3 * V * 4), *one = malloc((size_t)V * 4);
+    for (int s = 0; s < 3; s++) CHECK(sq_model_forward(m, s, toks + 7 * s, lens[s], SQ_LOGITS_NONE, NULL) == SPARQ_OK);
+    int seqs[3] = {2, 0, 1};
+    int32_t next[3];
+    double d = 0;
+    for (int step = 0; step < 4; step++) {
+        for (int r = 0; r < 3; r++) next[r] = toks[40 + 3 * step + r];
+        CHECK(sq_model_decode_batch(m, 3, seqs, next, lg) == SPARQ_OK);
+        for (int r = 0; r < 3; r++) {
+            const int s = seqs[r];
+            sq_model_seq_reset(solo, 0);
+            CHECK(sq_model_forward(solo, 0, toks + 7 * s, lens[s], SQ_LOGITS_NONE, NULL) == SPARQ_OK);
+            for (int q = 0; q <= step; q++) {
+                int32_t t = toks[40 + 3 * q + r];
+                CHECK(sq_model_forward(solo, 0, &t, 1, SQ_LOGITS_LAST, one) == SPARQ_OK);
+            }
+            d = fmax(d, max_diff(lg + (size_t)r * V, one, V));
+        }
+    }
+    CHECK_MSG(d < 1e-4, "batched decode differs from solo decode by %.3g", d);
+    CHECK_EQ_INT(sq_model_seq_len(m, 0), lens[0] + 4);
+    CHECK_EQ_INT(sq_model_seq_len(m, 2), lens[2] + 4);
+    int dup[2] = {1, 1};
+    CHECK(sq_model_decode_batch(m, 2, dup, next, lg) == SPARQ_E_ARG);
+    int bad[1] = {3};
+    CHECK(sq_model_decode_batch(m, 1, bad, next, lg) == SPARQ_E_RANGE);
+    free(lg), free(one);
+    sq_model_free(m), sq_model_free(solo);
+}
+
+typedef struct obs_log {
+    int calls[SQ_LIN_COUNT_];
+    int rows_q, router_rows, router_k, down_rows_all;
+    int bad;
+} obs_log;
+
+static void on_input(void *u, int layer, sq_lin_id which, int expert, const float *x, int rows, int in)
+{
+    obs_log *l = u;
+    l->calls[which]++;
+    if (which == SQ_LIN_Q && layer == 0) l->rows_q = rows;
+    if (which == SQ_LIN_DOWN && layer == 0 && expert == 3) l->down_rows_all = rows;
+    int want_in = which == SQ_LIN_O ? NH * HD : which == SQ_LIN_DOWN ? (layer == 1 ? I_MLP : I_MOE) : D;
+    if (in != want_in || !x) l->bad++;
+    for (int i = 0; i < rows * in; i++)
+        if (!isfinite(x[i])) l->bad++;
+}
+
+static void on_router(void *u, int layer, int rows, int k, const int *idx, const float *w)
+{
+    obs_log *l = u;
+    (void)layer;
+    l->router_rows = rows;
+    l->router_k = k;
+    for (int r = 0; r < rows; r++) {
+        float s = 0;
+        for (int i = 0; i < k; i++) {
+            if (idx[r * k + i] < 0 || idx[r * k + i] >= E || (i && w[r * k + i] > w[r * k + i - 1])) l->bad++;
+            s += w[r * k + i];
+        }
+        if (fabsf(s - 1) > 1e-5f) l->bad++; /* norm_topk_prob */
+    }
+}
+
+/* forward_layer without cache on two concatenated sequences == separate runs */
+static void test_layer_api(void)
+{
+    sq_model *m = load(64, 64, 1);
+    if (!m) return;
+    const int na = 20, nb = 15, n = na + nb;
+    float *h = malloc((size_t)n * D * 4), *h2 = malloc((size_t)n * D * 4), *lg = malloc((size_t)n * V * 4),
+          *ref = malloc((size_t)na * V * 4);
+    int pos[64];
+    for (int r = 0; r < n; r++) pos[r] = r < na ? r : r - na;
+    CHECK(sq_model_embed(m, toks, n, h) == SPARQ_OK);
+    memcpy(h2, h, (size_t)n * D * 4);
+    obs_log log = {0};
+    sq_observer obs = {&log, on_input, on_router, false};
+    for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h, n, pos, -1, &obs) == SPARQ_OK);
+    CHECK(sq_model_head(m, h, n, lg) == SPARQ_OK);
+    CHECK_EQ_INT(log.bad, 0);
+    CHECK_EQ_INT(log.rows_q, n);
+    CHECK_EQ_INT(log.calls[SQ_LIN_Q], NL);
+    CHECK_EQ_INT(log.calls[SQ_LIN_ROUTER], 2); /* layer 1 is dense */
+    CHECK_EQ_INT(log.router_rows, n);
+    CHECK_EQ_INT(log.router_k, TOPK);
+    CHECK(log.calls[SQ_LIN_GATE] == log.calls[SQ_LIN_UP] && log.calls[SQ_LIN_GATE] >= 3);
+    /* the same tokens through the cached path, sequence by sequence */
+    CHECK(sq_model_forward(m, 0, toks, na, SQ_LOGITS_ALL, ref) == SPARQ_OK);
+    double d = max_diff(lg, ref, (size_t)na * V);
+    sq_model_seq_reset(m, 0);
+    CHECK(sq_model_forward(m, 0, toks + na, nb, SQ_LOGITS_ALL, ref) == SPARQ_OK);
+    d = fmax(d, max_diff(lg + (size_t)na * V, ref, (size_t)nb * V));
+    CHECK_MSG(d < 1e-4, "layer API differs from forward by %.3g", d);
+
+    /* calibration mode: every expert sees every row, the output is unchanged */
+    obs_log log2 = {0};
+    sq_observer all = {&log2, on_input, NULL, true};
+    for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h2, n, pos, -1, &all) == SPARQ_OK);
+    CHECK_EQ_INT(log2.bad, 0);
+    CHECK_EQ_INT(log2.calls[SQ_LIN_GATE], 2 * E + 1);
+    CHECK_EQ_INT(log2.down_rows_all, n);
+    d = max_diff(h, h2, (size_t)n * D);
+    CHECK_MSG(d < 1e-4, "all_experts changes the hidden state by %.3g", d);
+
+    /* bad positions are refused */
+    int badpos[3] = {0, 2, 3};
+    CHECK(sq_model_forward_layer(m, 0, h, 3, badpos, -1, NULL) == SPARQ_E_ARG);
+    CHECK(sq_model_forward_layer(m, 0, h, 65, pos, -1, NULL) == SPARQ_E_RANGE);
+    CHECK(sq_model_forward_layer(m, NL, h, 1, pos, -1, NULL) == SPARQ_E_RANGE);
+    free(h), free(h2), free(lg), free(ref);
+    sq_model_free(m);
+}
+
+/* A linear replaced through sq_model_linear() is what the graph runs. */
+static int custom_calls;
+static void custom_forward(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
+{
+    custom_calls++;
+    const sq_linear *inner = l->impl; /* the original bf16 linear */
+    ex->be->linear(ex, inner, x, rows, y);
+}
+
+static void test_linear_swap(void)
+{
+    sq_model *m = load(16, 32, 1);
+    if (!m) return;
+    float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+    CHECK(sq_model_forward(m, 0, toks, 30, SQ_LOGITS_LAST, a) == SPARQ_OK);
+    sq_linear *l = sq_model_linear(m, 2, SQ_LIN_DOWN, 5);
+    CHECK(l != NULL && l->in == I_MOE && l->out == D);
+    CHECK(sq_model_linear(m, 1, SQ_LIN_ROUTER, 0) == NULL);
+    CHECK(sq_model_linear(m, 1, SQ_LIN_GATE, 1) == NULL);
+    CHECK(sq_model_layer_is_moe(m, 0) && !sq_model_layer_is_moe(m, 1));
+    sq_linear orig = *l;
+    l->kind = SQ_LINEAR_EXL3;
+    l->impl = &orig;
+    l->forward = custom_forward;
+    sq_model_seq_reset(m, 0);
+    CHECK(sq_model_forward(m, 0, toks, 30, SQ_LOGITS_LAST, b) == SPARQ_OK);
+    CHECK_MSG(custom_calls > 0, "custom linear never called (expert 5 of layer 2 unused?)");
+    CHECK(memcmp(a, b, (size_t)V * 4) == 0);
+    *l = orig;
+    free(a), free(b);
+    sq_model_free(m);
+}
+
+static void test_mem_report(void)
+{
+    sq_model *m = load(32, 100, 3);
+    if (!m) return;
+    sq_model_mem mm;
+    sq_model_mem_report(m, &mm);
+    CHECK_EQ_INT(mm.kv, 2ull * NL * 3 * 100 * NKV * HD * 4);
+    CHECK_EQ_INT(mm.kv, mm.plan_kv);
+    CHECK(mm.workspace > 0 && mm.plan_workspace > 0);
+    /* every bf16 tensor is counted once (embed + head + norm + layers) */
+    uint64_t w = 2ull * V * D * 2 + D * 2;
+    w += NL * ((2ull * NH * HD * D + 2ull * NKV * HD * D) * 2 + 2 * HD * 2 + 2 * D * 2);
+    w += 2 * ((uint64_t)E * D * 2 + (uint64_t)E * 3 * I_MOE * D * 2) + 3ull * I_MLP * D * 2;
+    CHECK_EQ_INT(mm.weights, w);
+    sq_model_free(m);
+}
+
+static void test_errors(void)
+{
+    char good[512];
+    snprintf(good, sizeof good, "%s", model_dir);
+    write_model(true);
+    sq_model *m = NULL;
+    sparq_status st = sq_model_load(&m, model_dir, NULL);
+    CHECK(st == SPARQ_E_NOTFOUND);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "model.layers.2.self_attn.k_proj.weight");
+    CHECK(m == NULL);
+    snprintf(model_dir, sizeof model_dir, "%s", good);
+    CHECK(sq_model_load(&m, "/nonexistent/model", NULL) != SPARQ_OK);
+}
+
+static void test_alloc_faults(void)
+{
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.ctx = 32;
+    o.max_rows = 8;
+    o.n_threads = 1;
+    int ok = 0, failed = 0;
+    for (uint64_t nth = 1; nth < 5000; nth++) {
+        sq_model *m = NULL;
+        sparq_alloc_fail_at(nth, false);
+        sparq_status st = sq_model_load(&m, model_dir, &o);
+        sparq_alloc_fail_at(0, false);
+        if (st == SPARQ_OK) {
+            sq_model_free(m);
+            ok = 1;
+            break;
+        }
+        failed++;
+        CHECK(m == NULL);
+        CHECK(sparq_errmsg()[0] != 0);
+    }
+    CHECK(ok);
+    CHECK(failed > 10);
+}
+
+int main(void)
+{
+    for (int i = 0; i < 64; i++) toks[i] = (int32_t)((i * 37 + 11) % V);
+    write_model(false);
+    RUN(test_decode_equals_prefill);
+    RUN(test_decode_batch);
+    RUN(test_layer_api);
+    RUN(test_linear_swap);
+    RUN(test_mem_report);
+    RUN(test_errors);
+    RUN(test_alloc_faults);
+    return t_summary();
+}

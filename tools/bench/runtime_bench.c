@@ -1,0 +1,183 @@
+/* tools/bench/runtime_bench.c — CPU runtime speed: prefill and decode tokens/s
+ * of a model, and decode bytes-read/s as a fraction of this machine's memory
+ * bandwidth, measured in the same run by a streaming-read loop on the same
+ * thread pool (so the ratio does not depend on what else the machine is doing
+ * as much as two separate runs would).
+ *
+ *   runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N] [--gemv N]
+ *
+ * --gemv N (default 8192) also times the decode GEMV alone on a synthetic
+ * bf16 N×N matrix much larger than the caches (one row, best of 10), which is
+ * what decode of a real model is made of: its bytes/s against the same
+ * bandwidth says how close the kernel gets to the memory limit.
+ *
+ * Bytes read per decoded token = the weights one token touches (attention,
+ * router, top_k experts of each MoE layer or the dense MLP, final norm,
+ * lm_head, one embedding row) + the KV cache it attends over (K and V of
+ * every layer at the mean cached length). Prints one `key value` per line. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/progress.h"
+#include "common/threadpool.h"
+#include "kernels/cpu/trellis.h"
+#include "runtime/model.h"
+
+typedef struct bw_job {
+    const float *buf;
+    size_t n_per;
+    double sums[256];
+} bw_job;
+
+static void bw_item(void *ctx, size_t i, int tid)
+{
+    (void)tid;
+    bw_job *j = ctx;
+    const float *p = j->buf + i * j->n_per;
+    float s[8] = {0};
+    for (size_t k = 0; k + 8 <= j->n_per; k += 8)
+        for (int q = 0; q < 8; q++) s[q] += p[k + q];
+    j->sums[i % 256] += s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+/* Best of 5 passes of a parallel sum over `mib` MiB: bytes/s. */
+static double measure_bandwidth(sparq_pool *pool, size_t mib)
+{
+    size_t n = mib << 18; /* floats */
+    float *buf = sparq_aligned_alloc(64, n * sizeof(float));
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
+    const size_t chunks = 256;
+    bw_job j = {buf, n / chunks, {0}};
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = sparq_now();
+        sparq_pool_for(pool, chunks, bw_item, &j);
+        double dt = sparq_now() - t0;
+        double bps = (double)(j.n_per * chunks * sizeof(float)) / dt;
+        if (bps > best) best = bps;
+    }
+    volatile double sink = j.sums[0];
+    (void)sink;
+    sparq_aligned_free(buf);
+    return best;
+}
+
+static uint64_t lin_bytes(const sq_linear *l)
+{
+    if (!l) return 0;
+    switch (l->kind) {
+    case SQ_LINEAR_F32: return (uint64_t)l->in * l->out * 4;
+    case SQ_LINEAR_BF16:
+    case SQ_LINEAR_F16: return (uint64_t)l->in * l->out * 2;
+    case SQ_LINEAR_EXL3: {
+        const trellis_linear *t = l->impl; /* K bits per weight + fp16 suh/svh */
+        return (uint64_t)l->in * l->out * (uint64_t)t->K / 8 + ((uint64_t)l->in + l->out) * 2;
+    }
+    default: return 0;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N]\n");
+        return 2;
+    }
+    int threads = 0, n_prompt = 512, n_decode = 128, reps = 3, bw_mib = 512, gemv_n = 8192;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--threads")) threads = v;
+        else if (!strcmp(argv[i], "--prompt")) n_prompt = v;
+        else if (!strcmp(argv[i], "--decode")) n_decode = v;
+        else if (!strcmp(argv[i], "--reps")) reps = v;
+        else if (!strcmp(argv[i], "--bw-mib")) bw_mib = v;
+        else if (!strcmp(argv[i], "--gemv")) gemv_n = v;
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.ctx = n_prompt + n_decode + 1;
+    o.max_rows = n_prompt < 512 ? n_prompt : 512;
+    o.n_threads = threads;
+    sq_model *m;
+    if (sq_model_load(&m, argv[1], &o) != SPARQ_OK) {
+        fprintf(stderr, "load: %s\n", sparq_errmsg());
+        return 1;
+    }
+    const sq_model_config *c = sq_model_cfg(m);
+    const int V = (int)c->vocab_size;
+    int32_t *toks = malloc((size_t)(n_prompt + n_decode) * 4);
+    for (int i = 0; i < n_prompt + n_decode; i++) toks[i] = (int32_t)((i * 2654435761u) % (unsigned)V);
+    float *lg = malloc((size_t)V * 4);
+
+    /* bytes one decoded token reads */
+    uint64_t per_tok = 0;
+    for (int L = 0; L < c->num_hidden_layers; L++) {
+        for (int w = SQ_LIN_Q; w <= SQ_LIN_ROUTER; w++) per_tok += lin_bytes(sq_model_linear(m, L, (sq_lin_id)w, 0));
+        int k = sq_model_layer_is_moe(m, L) ? (int)c->num_experts_per_tok : 1;
+        for (int w = SQ_LIN_GATE; w <= SQ_LIN_DOWN; w++) per_tok += (uint64_t)k * lin_bytes(sq_model_linear(m, L, (sq_lin_id)w, 0));
+    }
+    per_tok += lin_bytes(sq_model_head_linear(m)) + (uint64_t)c->hidden_size * 2; /* + one bf16 embedding row */
+    const double kv_row = 2.0 * c->num_hidden_layers * c->num_key_value_heads * c->head_dim * 4;
+
+    double best_pf = 0, best_dc = 0;
+    for (int r = 0; r < reps; r++) {
+        sq_model_seq_reset(m, 0);
+        double t0 = sparq_now();
+        if (sq_model_forward(m, 0, toks, n_prompt, SQ_LOGITS_LAST, lg) != SPARQ_OK) {
+            fprintf(stderr, "prefill: %s\n", sparq_errmsg());
+            return 1;
+        }
+        double t1 = sparq_now();
+        for (int i = 0; i < n_decode; i++) sq_model_forward(m, 0, toks + n_prompt + i, 1, SQ_LOGITS_LAST, lg);
+        double t2 = sparq_now();
+        best_pf = fmax(best_pf, n_prompt / (t1 - t0));
+        best_dc = fmax(best_dc, n_decode / (t2 - t1));
+    }
+    const double kv_read = kv_row * (n_prompt + n_decode / 2.0);
+    const double bytes_tok = (double)per_tok + kv_read;
+    const double bw = measure_bandwidth(sq_model_exec(m)->pool, (size_t)bw_mib);
+    double gemv_bps = 0;
+    if (gemv_n > 0) {
+        /* a bf16 N×N weight (N² × 2 bytes), one input row */
+        size_t nn = (size_t)gemv_n * gemv_n;
+        uint16_t *w = sparq_aligned_alloc(64, nn * 2);
+        float *x = malloc((size_t)gemv_n * 4), *y = malloc((size_t)gemv_n * 4);
+        if (w && x && y) {
+            for (size_t i = 0; i < nn; i++) w[i] = (uint16_t)(0x3C00 + (i & 0xFF));
+            for (int i = 0; i < gemv_n; i++) x[i] = 1.0f / (float)(i + 1);
+            sq_linear l = {SQ_LINEAR_BF16, gemv_n, gemv_n, w, NULL, NULL, NULL, "bench"};
+            for (int r = 0; r < 10; r++) {
+                double t0 = sparq_now();
+                sq_linear_forward(sq_model_exec(m), &l, x, 1, y);
+                double dt = sparq_now() - t0;
+                gemv_bps = fmax(gemv_bps, (double)nn * 2 / dt);
+            }
+        }
+        sparq_aligned_free(w);
+        free(x);
+        free(y);
+    }
+    printf("model %s\n", argv[1]);
+    printf("threads %d\n", sq_model_exec(m)->n_threads);
+    printf("prefill_tokens %d\nprefill_tok_s %.1f\n", n_prompt, best_pf);
+    printf("decode_tokens %d\ndecode_tok_s %.1f\n", n_decode, best_dc);
+    printf("decode_bytes_per_token %.0f (weights %llu, kv %.0f)\n", bytes_tok, (unsigned long long)per_tok, kv_read);
+    printf("decode_bytes_s %.3g\n", bytes_tok * best_dc);
+    printf("memory_bw_bytes_s %.3g (streaming read of %d MiB, best of 5)\n", bw, bw_mib);
+    printf("decode_fraction_of_bw %.3f\n", bw > 0 ? bytes_tok * best_dc / bw : 0.0);
+    if (gemv_n > 0)
+        printf("gemv_bf16_%dx%d_bytes_s %.3g\ngemv_fraction_of_bw %.3f\n", gemv_n, gemv_n, gemv_bps,
+               bw > 0 ? gemv_bps / bw : 0.0);
+    free(toks);
+    free(lg);
+    sq_model_free(m);
+    return 0;
+}

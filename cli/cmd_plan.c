@@ -1,0 +1,181 @@
+/* cli/cmd_plan.c — `sparq plan MODEL --boxes N ...`: the memory plan per
+ * node (layers, experts, every memory term, headroom) and a verdict; when it
+ * does not fit, the smallest box count and the largest context that would,
+ * and the term to blame. Also the option handling `sparq pack` shares. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cmd_plan.h"
+#include "cli/commands.h"
+
+bool plan_opt_handle(const cli_spec *s, int id, const char *v, sq_pack_options *o)
+{
+    long long n;
+    double d;
+    const char *name = s->opts[id].name;
+    switch (id) {
+    case 0:
+        if (!cli_parse_int(s, name, v, 1, 4096, &n)) return false;
+        o->boxes = (int)n;
+        return true;
+    case 1: return cli_parse_size(s, name, v, &o->budget.mem_per_box);
+    case 2: return cli_parse_size(s, name, v, &o->budget.reserve_os);
+    case 3: return cli_parse_size(s, name, v, &o->budget.display_reserve);
+    case 4: return cli_parse_size(s, name, v, &o->budget.unlock_display);
+    case 5:
+        if (!cli_parse_double(s, name, v, 1e-6, 1.0, &d)) return false;
+        o->budget.gpu_util = d;
+        return true;
+    case 6: return cli_parse_size(s, name, v, &o->budget.margin);
+    case 7: return cli_parse_size(s, name, v, &o->budget.engram_cache);
+    case 8:
+    case 9:
+    case 10:
+    case 11: {
+        int64_t *dst[] = {&o->params.ctx, &o->params.users, &o->params.chunk, &o->params.logits_rows};
+        const long long hi[] = {(long long)1 << 40, 1 << 20, 1 << 24, 1 << 24};
+        if (!cli_parse_int(s, name, v, 1, hi[id - 8], &n)) return false;
+        *dst[id - 8] = n;
+        return true;
+    }
+    case 13:
+        if (!cli_parse_int(s, name, v, 1, 4096, &n)) return false;
+        o->params.threads = n;
+        return true;
+    case 12:
+        if (!sq_kv_dtype_parse(v, &o->params.kv_dtype)) {
+            cli_usage_error(s, "--kv-dtype: '%s' is not f32 or f16", v);
+            return false;
+        }
+        return true;
+    }
+    return false;
+}
+
+static const cli_opt opts[] = {PLAN_OPTS, {"json", 0, NULL, "print the plan as JSON"}, {0}};
+static const cli_spec spec = {
+    "plan", "MODEL [--boxes N] [budget and run options] [--json]",
+    "Plan how MODEL (an HF-layout folder, any dtype incl. EXL3) splits over N boxes: contiguous layers per\n"
+    "node balanced by bytes and per-token work, and per node the weights, KV cache (ctx x users),\n"
+    "workspace, Engram row cache, communication buffers and safety margin against the usable memory\n"
+    "  usable = (mem-per-box - reserve-os - display-reserve + unlock-display) * gpu-util\n"
+    "Exit status 0 when it fits, 1 when it does not (or on error), 2 on a usage error.",
+    opts,
+    "example: sparq plan models/qwen3-exl3 --boxes 2 --ctx 32768 --users 6\n"
+    "docs: docs/cli-plan.md"};
+
+/* Binary units: memory is counted in GiB. */
+static const char *fmt_size(char *buf, size_t cap, uint64_t b)
+{
+    static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double x = (double)b;
+    int i = 0;
+    while (x >= 1024.0 && i < 5) {
+        x /= 1024.0;
+        i++;
+    }
+    if (i == 0) snprintf(buf, cap, "%llu B", (unsigned long long)b);
+    else snprintf(buf, cap, "%.2f %s", x, u[i]);
+    return buf;
+}
+
+static void print_table(const char *model, const sq_memplan *p)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[40];
+    printf("model: %s (%lld layers%s)\n", model, (long long)p->n_layers, p->tied_head ? ", tied embeddings" : "");
+    printf("run: ctx %lld x %lld users, chunk %lld, kv %s, %lld threads\n", (long long)p->params.ctx,
+           (long long)p->params.users, (long long)p->params.chunk, sq_kv_dtype_name(p->params.kv_dtype),
+           (long long)p->params.threads);
+    printf("budget per box: (%s - %s os - %s display + %s unlocked) x %.2f = %s usable\n",
+           fmt_size(a, 32, p->budget.mem_per_box), fmt_size(b, 32, p->budget.reserve_os),
+           fmt_size(c, 32, p->budget.display_reserve), fmt_size(d, 32, p->budget.unlock_display),
+           p->budget.gpu_util, fmt_size(e, 32, p->usable));
+    if (p->has_engram) printf("engram tables on SSD: %s\n", fmt_size(a, 32, p->engram_table_bytes));
+    printf("\n%-4s %-9s %-7s %11s %11s %11s %11s %11s %11s %11s %12s\n", "node", "layers", "experts", "weights", "kv",
+           "workspace", "engram", "comm", "margin", "total", "headroom");
+    for (int i = 0; i < p->boxes; i++) {
+        const sq_memplan_node *n = &p->nodes[i];
+        char layers[32];
+        snprintf(layers, sizeof layers, "%lld-%lld%s%s", (long long)n->first_layer,
+                 (long long)(n->first_layer + n->n_layers - 1), n->has_embed ? "E" : "", n->has_head ? "H" : "");
+        uint64_t hr = (uint64_t)(n->headroom < 0 ? -n->headroom : n->headroom);
+        snprintf(k, sizeof k, "%s%s", n->headroom < 0 ? "-" : "", fmt_size(h, 32, hr));
+        printf("%-4d %-9s %-7lld %11s %11s %11s %11s %11s %11s %11s %12s\n", i, layers, (long long)n->experts,
+               fmt_size(a, 32, n->weights), fmt_size(b, 32, n->kv), fmt_size(c, 32, n->workspace),
+               fmt_size(d, 32, n->engram_cache), fmt_size(e, 32, n->comm), fmt_size(f, 32, n->margin),
+               fmt_size(g, 32, n->total), k);
+    }
+    printf("(E = embeddings, H = final norm + lm_head)\n");
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    sq_pack_options o;
+    sq_pack_options_default(&o);
+    bool json = false;
+    cli_args a;
+    const char *v;
+    int id;
+    cli_args_init(&a, argc, argv, &spec);
+    while ((id = cli_next(&a, &v)) >= 0) {
+        if (id < PLAN_OPT_COUNT) {
+            if (!plan_opt_handle(&spec, id, v, &o)) return 2;
+        } else {
+            json = true;
+        }
+    }
+    if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
+    if (a.npos != 1) return cli_usage_error(&spec, "expected one MODEL folder");
+    const char *model = a.pos[0];
+
+    sq_pack_model m;
+    sparq_status st = sq_pack_model_open(&m, model);
+    if (st != SPARQ_OK) return cli_fail(&spec, st);
+    sq_memplan p;
+    st = sq_memplan_build(&p, &m.cfg, m.tensors, m.n_tensors, o.boxes, &o.params, &o.budget);
+    if (st != SPARQ_OK) {
+        sq_pack_model_close(&m);
+        return cli_fail(&spec, st);
+    }
+    int min_boxes = 0;
+    int64_t max_ctx = 0;
+    if (!p.fits) st = sq_memplan_suggest(&p, &m.cfg, m.tensors, m.n_tensors, &min_boxes, &max_ctx);
+    char why[256];
+    sq_pack_plan_reason(&p, why, sizeof why);
+    int rc = p.fits ? 0 : 1;
+    if (st != SPARQ_OK) {
+        rc = cli_fail(&spec, st);
+    } else if (json) {
+        json_t *root = json_object(), *sug = json_object();
+        json_object_set_new(root, "model", json_string(model));
+        json_object_set_new(root, "fits", json_boolean(p.fits));
+        json_object_set_new(root, "reason", json_string(why));
+        json_object_set_new(sug, "min_boxes", min_boxes ? json_integer(min_boxes) : json_null());
+        json_object_set_new(sug, "max_ctx", max_ctx ? json_integer(max_ctx) : json_null());
+        json_object_set_new(root, "suggest", p.fits ? json_null() : sug);
+        if (p.fits) json_decref(sug);
+        json_t *pj = sq_pack_plan_json(&p);
+        json_object_set_new(root, "plan", pj ? pj : json_null());
+        char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+        if (s) printf("%s\n", s);
+        free(s);
+        json_decref(root);
+    } else {
+        print_table(model, &p);
+        if (m.cfg.max_position_embeddings > 0 && p.params.ctx > m.cfg.max_position_embeddings)
+            printf("note: ctx %lld exceeds the model's max_position_embeddings (%lld)\n", (long long)p.params.ctx,
+                   (long long)m.cfg.max_position_embeddings);
+        printf("\nverdict: %s: %s\n", p.fits ? "fits" : "does not fit", why);
+        if (!p.fits) {
+            if (min_boxes) printf("smallest box count that fits: %d\n", min_boxes);
+            else printf("no box count up to %lld (one layer per box) fits\n", (long long)p.n_layers);
+            const char *bx = p.boxes == 1 ? "box" : "boxes";
+            if (max_ctx) printf("largest ctx that fits on %d %s: %lld\n", p.boxes, bx, (long long)max_ctx);
+            else printf("no ctx fits on %d %s: what does not grow with ctx is already too large\n", p.boxes, bx);
+        }
+    }
+    sq_memplan_free(&p);
+    sq_pack_model_close(&m);
+    return rc;
+}

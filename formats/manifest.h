@@ -1,0 +1,104 @@
+/* formats/manifest.h — the bundle manifest (manifest.json) and its checksums.
+ *
+ * A bundle (written by `sparq pack`, docs/bundle-format.md) is a directory
+ * holding manifest.json, node-K/model.safetensors per node, the model's
+ * config and tokenizer files, and engram/ when the model has Engram tables.
+ * The manifest lists every file with its size, its XXH3-128 (the same digest
+ * `xxhsum -H2` prints) and the XXH3-128 of every block of `block_size` bytes
+ * (the last block may be short), so a damaged byte is located, not just
+ * detected. It also records the memory plan and node -> layers.
+ *
+ * This module lives in formats/ (not pack/) because the runtime needs it at
+ * load: sq_bundle_check_quick() is the cheap check (manifest parses, every
+ * file the node needs exists with the recorded size) the runtime runs before
+ * it maps anything; `sparq verify` (pack/) does the full checksum pass. */
+#ifndef SPARQ_FORMATS_MANIFEST_H
+#define SPARQ_FORMATS_MANIFEST_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define SQ_MANIFEST_FORMAT "sparq-bundle"
+#define SQ_MANIFEST_VERSION 1
+#define SQ_MANIFEST_NAME "manifest.json"
+#define SQ_MANIFEST_MAX_SIZE ((size_t)256 << 20)
+#define SQ_BLOCK_SIZE_DEFAULT ((uint64_t)4 << 20)
+
+/* A 128-bit digest in canonical (big-endian) byte order, as xxhsum prints it. */
+typedef struct sq_digest {
+    uint8_t b[16];
+} sq_digest;
+
+/* 32 lowercase hex digits + NUL. */
+void sq_digest_hex(const sq_digest *d, char out[33]);
+/* false unless exactly 32 hex digits. */
+bool sq_digest_parse(const char *hex, sq_digest *out);
+/* XXH3-128 of a buffer. */
+void sq_digest_of(const void *data, size_t n, sq_digest *out);
+
+/* XXH3-128 of bytes [off, off + n) of an open file, read with pread through
+ * `scratch` (scratch_size bytes; one read and a one-shot hash when n fits).
+ * SPARQ_E_IO names `path`. */
+sparq_status sq_digest_file_range(int fd, uint64_t off, uint64_t n, uint8_t *scratch, size_t scratch_size,
+                                  sq_digest *out, const char *path);
+
+typedef struct sq_manifest_file {
+    char *path;          /* relative, '/'-separated, no "..", no leading '/' */
+    int node;            /* node that needs it; -1 = every node (config, tokenizer) */
+    uint64_t size;
+    sq_digest hash;      /* whole file */
+    uint64_t n_blocks;   /* ceil(size / block_size) (0 for an empty file) */
+    sq_digest *blocks;   /* [n_blocks] */
+} sq_manifest_file;
+
+typedef struct sq_manifest_node {
+    int node;
+    int64_t first_layer, n_layers;
+    bool has_embed, has_head;
+    uint64_t total_bytes;  /* the plan's per-node need */
+} sq_manifest_node;
+
+typedef struct sq_manifest {
+    int format_version;
+    char tool[64];
+    uint64_t block_size;
+    /* run parameters the plan was made for (the runtime sizes KV/workspace from them) */
+    int boxes;
+    int64_t ctx, users, chunk, logits_rows;
+    int64_t threads;           /* threads the workspace was planned for */
+    char kv_dtype[8];
+    sq_manifest_node *nodes;   /* [boxes] */
+    sq_manifest_file *files;   /* [n_files], in manifest order */
+    size_t n_files;
+} sq_manifest;
+
+/* Parse manifest JSON text (len bytes). `name` is used in messages. Every
+ * field is validated (types, ranges, paths, block counts vs sizes, node
+ * indices, layers tiling [0, L) contiguously). Fuzz target entry point.
+ * On failure *m is left empty (sq_manifest_free is safe). */
+sparq_status sq_manifest_parse(sq_manifest *m, const char *json, size_t len, const char *name);
+/* Read <bundle_dir>/manifest.json. */
+sparq_status sq_manifest_load(sq_manifest *m, const char *bundle_dir);
+void sq_manifest_free(sq_manifest *m);
+
+/* The file entry with this path, or NULL. */
+const sq_manifest_file *sq_manifest_find(const sq_manifest *m, const char *path);
+
+/* Hash the file at `path` (size, whole-file XXH3-128, one digest per block).
+ * Fills f->size/hash/n_blocks/blocks (f->path and f->node are untouched). */
+sparq_status sq_manifest_hash_file(sq_manifest_file *f, const char *path, uint64_t block_size);
+
+/* The JSON object of one file entry (new reference; NULL on OOM). */
+json_t *sq_manifest_file_json(const sq_manifest_file *f);
+
+/* The runtime's load check: every file that `node` needs (node -1: every
+ * file) exists under bundle_dir and has the recorded size. The message
+ * names the file and the sizes ("node-1/model.safetensors: 123 bytes but the
+ * manifest says 456 (truncated or replaced); run `sparq verify`"). */
+sparq_status sq_bundle_check_quick(const char *bundle_dir, const sq_manifest *m, int node);
+
+#endif

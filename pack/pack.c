@@ -1,0 +1,598 @@
+/* pack/pack.c — open a model for planning, the plan as JSON, and
+ * `sparq pack`: node shards + shared files + manifest, atomically, resumable.
+ *
+ * Order of work (each step safe to interrupt):
+ *   1. plan; refuse if it does not fit (nothing written);
+ *   2. OUT.partial/ with .pack-state.json (options + plan + source sizes), or
+ *      on --resume check that file matches and delete stale *.tmp.* files;
+ *   3. node-K/model.safetensors for every node not already present (each
+ *      written to a temporary name and renamed, so a present file is whole);
+ *   4. shared files (config, tokenizer, ...) copied the same way;
+ *   5. hash everything, write manifest.json, drop .pack-state.json, rename
+ *      OUT.partial -> OUT.
+ * Everything written is a function of the inputs and options only, so a
+ * resumed pack produces the same bytes as an uninterrupted one. */
+#include "pack/pack.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "common/progress.h"
+#include "formats/json.h"
+#include "sparq_version.h"
+
+/* Files copied from the model directory into the bundle root when present. */
+static const char *const shared_files[] = {
+    "config.json",       "generation_config.json", "quantization_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
+    "merges.txt",        NULL};
+
+#define STATE_NAME ".pack-state.json"
+
+/* ---- model ---- */
+
+sparq_status sq_pack_model_open(sq_pack_model *m, const char *model_dir)
+{
+    memset(m, 0, sizeof *m);
+    RETURN_IF(!sparq_path_is_dir(model_dir), SPARQ_E_ARG, "%s: not a directory (MODEL is an HF-layout model folder)",
+              model_dir);
+    FORWARD_IF(sq_config_load(&m->cfg, model_dir));
+    sparq_status st = sf_open(&m->sf, model_dir);
+    if (st != SPARQ_OK) {
+        sq_config_free(&m->cfg);
+        return st;
+    }
+    m->n_tensors = sf_count(m->sf);
+    m->tensors = sparq_calloc(m->n_tensors ? m->n_tensors : 1, sizeof *m->tensors);
+    if (!m->tensors) {
+        sq_pack_model_close(m);
+        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", model_dir);
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const sf_tensor *t = sf_at(m->sf, i);
+        m->tensors[i].name = t->name;
+        m->tensors[i].nbytes = t->nbytes;
+    }
+    return SPARQ_OK;
+}
+
+void sq_pack_model_close(sq_pack_model *m)
+{
+    if (!m) return;
+    sparq_free(m->tensors);
+    if (m->sf) sf_close(m->sf);
+    sq_config_free(&m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- plan JSON ---- */
+
+static int set_u64(json_t *o, const char *k, uint64_t v)
+{
+    return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
+}
+
+json_t *sq_pack_plan_json(const sq_memplan *p)
+{
+    json_t *o = json_object(), *b = json_object(), *nodes = json_array();
+    int e = !o || !b || !nodes;
+    if (e) goto fail;
+    e |= json_object_set_new(o, "boxes", json_integer(p->boxes));
+    e |= set_u64(o, "ctx", (uint64_t)p->params.ctx);
+    e |= set_u64(o, "users", (uint64_t)p->params.users);
+    e |= set_u64(o, "chunk", (uint64_t)p->params.chunk);
+    e |= set_u64(o, "logits_rows", (uint64_t)(p->params.logits_rows > 0 ? p->params.logits_rows : 0));
+    e |= json_object_set_new(o, "kv_dtype", json_string(sq_kv_dtype_name(p->params.kv_dtype)));
+    e |= set_u64(o, "threads", (uint64_t)p->params.threads);
+    e |= set_u64(b, "mem_per_box", p->budget.mem_per_box);
+    e |= set_u64(b, "reserve_os", p->budget.reserve_os);
+    e |= set_u64(b, "display_reserve", p->budget.display_reserve);
+    e |= set_u64(b, "unlock_display", p->budget.unlock_display);
+    e |= json_object_set_new(b, "gpu_util", json_real(p->budget.gpu_util));
+    e |= set_u64(b, "margin", p->budget.margin);
+    e |= set_u64(b, "engram_cache", p->budget.engram_cache);
+    e |= set_u64(b, "usable", p->usable);
+    e |= json_object_set(o, "budget", b);
+    e |= json_object_set_new(o, "n_layers", json_integer(p->n_layers));
+    e |= json_object_set_new(o, "tied_head", json_boolean(p->tied_head));
+    e |= set_u64(o, "weights_total", p->weights_total);
+    e |= set_u64(o, "engram_table_bytes", p->engram_table_bytes);
+    e |= json_object_set_new(o, "fits", json_boolean(p->fits));
+    e |= json_object_set_new(o, "worst_node", json_integer(p->worst_node));
+    e |= json_object_set_new(o, "blame", p->fits ? json_null() : json_string(p->blame));
+    for (int k = 0; k < p->boxes && !e; k++) {
+        const sq_memplan_node *nd = &p->nodes[k];
+        json_t *n = json_object();
+        if (!n) goto fail;
+        e |= json_object_set_new(n, "node", json_integer(k));
+        e |= json_object_set_new(n, "first_layer", json_integer(nd->first_layer));
+        e |= json_object_set_new(n, "n_layers", json_integer(nd->n_layers));
+        e |= json_object_set_new(n, "has_embed", json_boolean(nd->has_embed));
+        e |= json_object_set_new(n, "has_head", json_boolean(nd->has_head));
+        e |= json_object_set_new(n, "has_engram", json_boolean(nd->has_engram));
+        e |= json_object_set_new(n, "experts", json_integer(nd->experts));
+        e |= set_u64(n, "weights", nd->weights);
+        e |= set_u64(n, "kv", nd->kv);
+        e |= set_u64(n, "workspace", nd->workspace);
+        e |= set_u64(n, "engram_cache", nd->engram_cache);
+        e |= set_u64(n, "comm", nd->comm);
+        e |= set_u64(n, "margin", nd->margin);
+        e |= set_u64(n, "total", nd->total);
+        e |= json_object_set_new(n, "headroom", json_integer(nd->headroom));
+        e |= json_array_append_new(nodes, n);
+    }
+    e |= json_object_set(o, "nodes", nodes);
+    if (e) goto fail;
+    json_decref(b);
+    json_decref(nodes);
+    return o;
+fail:
+    json_decref(b);
+    json_decref(nodes);
+    json_decref(o);
+    return NULL;
+}
+
+void sq_pack_plan_reason(const sq_memplan *p, char *buf, size_t cap)
+{
+    const sq_memplan_node *nd = &p->nodes[p->worst_node];
+    char need[32], use[32], over[80];
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    snprintf(need, sizeof need, "%.2f GiB", (double)nd->total / G);
+    snprintf(use, sizeof use, "%.2f GiB", (double)p->usable / G);
+    snprintf(over, sizeof over, "%.2f GiB (%lld bytes)", -(double)nd->headroom / G, -(long long)nd->headroom);
+    if (p->fits)
+        snprintf(buf, cap, "tightest node %d needs %s of %s usable", nd->node, need, use);
+    else
+        snprintf(buf, cap, "node %d needs %s but %s is usable per box (over by %s); largest term: %s",
+                 nd->node, need, use, over, p->blame);
+}
+
+/* ---- pack ---- */
+
+void sq_pack_options_default(sq_pack_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->boxes = 1;
+    sq_memplan_params_default(&o->params);
+    sq_memplan_budget_default(&o->budget);
+    o->block_size = SQ_BLOCK_SIZE_DEFAULT;
+    o->engram_prime_base = SQ_ENGRAM_V41_PRIME_BASE;
+}
+
+/* Test hook: SPARQ_PACK_TEST_SLEEP_MS=N sleeps N ms after each file written,
+ * so tests can kill -9 a pack in the middle (tests/pack/test_pack_resume.sh). */
+static void test_pause(void)
+{
+    const char *s = getenv("SPARQ_PACK_TEST_SLEEP_MS");
+    if (!s) return;
+    long ms = atol(s);
+    if (ms <= 0) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Remove leftover "<name>.tmp.<pid>" files of an interrupted run in dir. */
+static void remove_stale_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".tmp.")) continue;
+        char *p = sparq_path_join(dir, e->d_name);
+        if (p) unlink(p);
+        sparq_free(p);
+    }
+    closedir(d);
+}
+
+static sparq_status copy_file(const char *src, const char *dst)
+{
+    char *buf;
+    size_t n;
+    FORWARD_IF(sparq_file_read_all(src, 0, &buf, &n));
+    sparq_status st = sparq_file_write_atomic(dst, buf, n);
+    sparq_free(buf);
+    return st;
+}
+
+typedef struct pack_ctx {
+    const char *model_dir, *out_dir;
+    const sq_pack_options *o;
+    sq_pack_model model;
+    sq_memplan plan;
+    char *partial;
+    json_t *plan_json;
+    struct engram_src *engram; /* NULL when the model has no Engram tables */
+} pack_ctx;
+
+static char *node_rel(int k)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "node-%d/model.safetensors", k);
+    return sparq_strdup(buf);
+}
+
+/* The state file: what this OUT.partial is being built from. */
+static char *state_text(pack_ctx *c)
+{
+    json_t *s = json_object(), *src = json_array();
+    int e = !s || !src;
+    e |= !s || json_object_set_new(s, "tool", json_string("sparq " SPARQ_VERSION));
+    e |= !s || json_object_set_new(s, "block_size", json_integer((json_int_t)c->o->block_size));
+    e |= !s || json_object_set_new(s, "engram_prime_base", json_integer((json_int_t)c->o->engram_prime_base));
+    e |= !s || json_object_set(s, "plan", c->plan_json);
+    for (int i = 0; i < sf_file_count(c->model.sf) && !e; i++) {
+        struct stat st;
+        json_t *f = json_object();
+        const char *p = sf_file_path(c->model.sf, i);
+        e |= !f || json_object_set_new(f, "path", json_string(p));
+        e |= !f || json_object_set_new(f, "size", json_integer(stat(p, &st) == 0 ? (json_int_t)st.st_size : -1));
+        e |= !f || json_array_append_new(src, f);
+    }
+    e |= !s || !src || json_object_set(s, "source", src);
+    char *t = e ? NULL : json_dumps(s, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    json_decref(src);
+    json_decref(s);
+    return t;
+}
+
+/* Does dir hold nothing but leftover temporary files? */
+static bool only_tmp_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool only = true;
+    struct dirent *e;
+    while (only && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !strstr(e->d_name, ".tmp.")) only = false;
+    closedir(d);
+    return only;
+}
+
+static sparq_status prepare_partial(pack_ctx *c)
+{
+    char *want = state_text(c);
+    RETURN_IF(!want, SPARQ_E_NOMEM, "out of memory");
+    char *state_path = sparq_path_join(c->partial, STATE_NAME);
+    sparq_status st = SPARQ_OK;
+    if (!state_path) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    } else if (sparq_path_exists(c->partial)) {
+        if (!c->o->resume) {
+            st = sparq_err(SPARQ_E_ARG, "%s exists (an interrupted pack?): rerun with --resume, or remove it",
+                           c->partial);
+        } else if (!sparq_path_exists(state_path) && only_tmp_files(c->partial)) {
+            /* interrupted between creating the folder and writing the state */
+            st = sparq_file_write_atomic(state_path, want, strlen(want));
+        } else {
+            char *have = NULL;
+            size_t n;
+            if (sparq_file_read_all(state_path, 1 << 24, &have, &n) != SPARQ_OK || strcmp(have, want))
+                st = sparq_err(SPARQ_E_ARG,
+                               "%s was started from another model or with other options; remove it to start over",
+                               c->partial);
+            sparq_free(have);
+        }
+    } else {
+        st = sparq_mkdirs(c->partial);
+        if (st == SPARQ_OK) st = sparq_file_write_atomic(state_path, want, strlen(want));
+    }
+    sparq_free(want); /* json_dumps allocates through sparq_malloc (formats/json.h) or malloc: both plain malloc */
+    sparq_free(state_path);
+    return st;
+}
+
+static sparq_status write_node(pack_ctx *c, int k, sparq_progress *pr)
+{
+    char *rel = node_rel(k), *path = rel ? sparq_path_join(c->partial, rel) : NULL;
+    char dir[64];
+    snprintf(dir, sizeof dir, "node-%d", k);
+    char *dpath = sparq_path_join(c->partial, dir);
+    sparq_status st = SPARQ_OK;
+    sf_writer *w = NULL;
+    if (!rel || !path || !dpath) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    st = sparq_mkdirs(dpath);
+    if (st != SPARQ_OK) goto done;
+    remove_stale_tmp(dpath);
+    uint64_t bytes = 0;
+    if (sparq_path_exists(path)) goto count; /* finished by an earlier run */
+    st = sf_writer_create(&w, path);
+    if (st != SPARQ_OK) goto done;
+    char meta[32];
+    snprintf(meta, sizeof meta, "%d", k);
+    st = sf_writer_set_metadata(w, "sparq.node", meta);
+    for (size_t i = 0; i < sf_count(c->model.sf) && st == SPARQ_OK; i++) {
+        const sf_tensor *t = sf_at(c->model.sf, i);
+        int also;
+        int n = sq_memplan_tensor_node(&c->plan, t->name, &also);
+        if (n != k && also != k) continue;
+        st = sf_writer_add_ref(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+    }
+    if (st == SPARQ_OK) {
+        st = sf_writer_finish(w);
+        w = NULL;
+    }
+    if (st != SPARQ_OK) goto done;
+    test_pause();
+count:
+    for (size_t i = 0; i < sf_count(c->model.sf); i++) {
+        const sf_tensor *t = sf_at(c->model.sf, i);
+        int also;
+        int n = sq_memplan_tensor_node(&c->plan, t->name, &also);
+        if (n == k || also == k) bytes += t->nbytes;
+    }
+    sparq_progress_add(pr, bytes);
+done:
+    if (w) sf_writer_free(w);
+    sparq_free(rel);
+    sparq_free(path);
+    sparq_free(dpath);
+    return st;
+}
+
+/* ---- Engram tables ---- */
+
+struct engram_src {
+    sq_engram_layout lay;
+    const sf_tensor *w[SQ_ENGRAM_MAX_LAYERS], *s[SQ_ENGRAM_MAX_LAYERS];
+};
+typedef struct engram_src engram_src;
+
+static sparq_status engram_rows(void *ctx, uint32_t l, uint32_t c, uint64_t first, uint64_t n, uint8_t *rows)
+{
+    const engram_src *e = ctx;
+    const uint64_t r0 = e->lay.row_offset[l][c] + first;
+    for (uint64_t i = 0; i < n; i++) {
+        memcpy(rows + i * 264, (const uint8_t *)e->w[l]->data + (r0 + i) * 256, 256);
+        memcpy(rows + i * 264 + 256, (const uint8_t *)e->s[l]->data + (r0 + i) * 8, 8);
+    }
+    return SPARQ_OK;
+}
+
+/* Find the tables and check them against the V4.1 layout. */
+static sparq_status engram_prepare(pack_ctx *c, engram_src *e)
+{
+    memset(e, 0, sizeof *e);
+    sq_engram_v41_layout(&e->lay, c->o->engram_prime_base);
+    uint32_t n = 0;
+    for (size_t i = 0; i < sf_count(c->model.sf); i++) {
+        const sf_tensor *t = sf_at(c->model.sf, i);
+        int64_t layer;
+        bool ex;
+        if (sq_memplan_classify(t->name, &layer, &ex) != SQ_TENSOR_ENGRAM_TABLE) continue;
+        const char *suffix = strstr(t->name, "engram.embed.") + 13;
+        if (strcmp(suffix, "weight")) continue;
+        RETURN_IF(n >= 2, SPARQ_E_UNSUPPORTED, "%s: more than two Engram tables (the V4.1 hash has two)", t->name);
+        char sname[512];
+        snprintf(sname, sizeof sname, "%.*sscale", (int)(suffix - t->name), t->name);
+        const sf_tensor *sc = sf_find(c->model.sf, sname);
+        RETURN_IF(!sc, SPARQ_E_NOTFOUND, "%s: Engram table without its scales '%s'", t->name, sname);
+        uint64_t rows = sq_engram_layer_rows(&e->lay, n);
+        RETURN_IF(t->dtype != SF_F8_E4M3 || t->ndim != 2 || t->shape[1] != 256, SPARQ_E_SHAPE,
+                  "%s: Engram values must be F8_E4M3 [rows, 256]", t->name);
+        RETURN_IF(sc->dtype != SF_F8_E8M0 || sc->ndim != 2 || sc->shape[1] != 8 || sc->shape[0] != t->shape[0],
+                  SPARQ_E_SHAPE, "%s: Engram scales must be F8_E8M0 [%llu, 8]", sname,
+                  (unsigned long long)t->shape[0]);
+        RETURN_IF(t->shape[0] != rows, SPARQ_E_SHAPE,
+                  "%s: %llu rows, but the V4.1 hash layout (24 primes above %llu for table %u) has %llu", t->name,
+                  (unsigned long long)t->shape[0], (unsigned long long)c->o->engram_prime_base, n,
+                  (unsigned long long)rows);
+        e->w[n] = t;
+        e->s[n] = sc;
+        e->lay.layer_ids[n] = (int32_t)layer;
+        n++;
+    }
+    RETURN_IF(n == 0, SPARQ_E_NOTFOUND, "Engram tables announced but no '*.engram.embed.weight' found");
+    e->lay.n_layers = n;
+    return sq_engram_layout_finish(&e->lay);
+}
+
+static sparq_status write_engram(pack_ctx *c, const engram_src *e, int k)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
+    char *dir = sparq_path_join(c->partial, "engram"), *path = sparq_path_join(c->partial, rel);
+    sparq_status st = (dir && path) ? sparq_mkdirs(dir) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) remove_stale_tmp(dir);
+    if (st == SPARQ_OK && !sparq_path_exists(path)) {
+        uint32_t bb = c->o->block_size > ((uint64_t)1 << 30) ? 1u << 30 : (uint32_t)c->o->block_size;
+        st = sq_engram_write(path, &e->lay, (uint32_t)k, (uint32_t)c->plan.boxes, bb, engram_rows, (void *)e);
+        if (st == SPARQ_OK) test_pause();
+    }
+    sparq_free(dir);
+    sparq_free(path);
+    return st;
+}
+
+static sparq_status write_manifest(pack_ctx *c, sq_manifest_file *files, size_t nf)
+{
+    json_t *root = json_object(), *model = json_object(), *arr = json_array(), *cfg = NULL;
+    sparq_status st = SPARQ_OK;
+    if (!root || !model || !arr) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    char *cfg_path = sparq_path_join(c->model_dir, "config.json");
+    st = cfg_path ? sq_json_load_file(&cfg, cfg_path, 1 << 24) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    sparq_free(cfg_path);
+    if (st != SPARQ_OK) goto done;
+    int e = 0; /* jansson returns -1 on allocation failure: collect, then fail once */
+    e |= json_object_set_new(root, "format", json_string(SQ_MANIFEST_FORMAT));
+    e |= json_object_set_new(root, "format_version", json_integer(SQ_MANIFEST_VERSION));
+    e |= json_object_set_new(root, "tool", json_string("sparq " SPARQ_VERSION));
+    e |= json_object_set_new(root, "checksum", json_string("xxh3-128"));
+    e |= json_object_set_new(root, "block_size", json_integer((json_int_t)c->o->block_size));
+    e |= json_object_set_new(model, "architecture", json_string(sq_arch_name(c->model.cfg.arch)));
+    e |= json_object_set_new(model, "n_layers", json_integer(c->model.cfg.num_hidden_layers));
+    e |= json_object_set_new(model, "n_tensors", json_integer((json_int_t)c->model.n_tensors));
+    e |= json_object_set_new(model, "weights_bytes", json_integer((json_int_t)c->plan.weights_total));
+    json_t *q = json_object_get(cfg, "quantization_config");
+    e |= json_object_set(model, "quantization", q ? q : json_null());
+    e |= json_object_set(model, "config", cfg);
+    e |= json_object_set(root, "model", model);
+    e |= json_object_set(root, "plan", c->plan_json);
+    for (size_t i = 0; i < nf && !e; i++) {
+        json_t *f = sq_manifest_file_json(&files[i]);
+        e |= !f || json_array_append_new(arr, f);
+    }
+    e |= json_object_set(root, "files", arr);
+    char *text = e ? NULL : json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    if (!text) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory writing the manifest");
+        goto done;
+    }
+    /* what we write must read back: the runtime and verify depend on it */
+    sq_manifest check;
+    st = sq_manifest_parse(&check, text, strlen(text), SQ_MANIFEST_NAME);
+    sq_manifest_free(&check);
+    if (st != SPARQ_OK) {
+        sparq_free(text);
+        if (st != SPARQ_E_NOMEM) st = sparq_err(SPARQ_E_STATE, "the manifest just built does not parse: %s", sparq_errmsg());
+        goto done;
+    }
+    char *mpath = sparq_path_join(c->partial, SQ_MANIFEST_NAME);
+    size_t tl = strlen(text);
+    text[tl] = '\n'; /* replace the NUL: the file ends with a newline */
+    st = mpath ? sparq_file_write_atomic(mpath, text, tl + 1) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    sparq_free(text);
+    sparq_free(mpath);
+done:
+    json_decref(cfg);
+    json_decref(arr);
+    json_decref(model);
+    json_decref(root);
+    return st;
+}
+
+static sparq_status pack_files(pack_ctx *c)
+{
+    const int boxes = c->plan.boxes;
+    size_t nshared_max = sizeof shared_files / sizeof shared_files[0];
+    sq_manifest_file *files = sparq_calloc(2 * (size_t)boxes + nshared_max, sizeof *files);
+    RETURN_IF(!files, SPARQ_E_NOMEM, "out of memory");
+    size_t nf = 0;
+    sparq_status st = SPARQ_OK;
+    sparq_progress pr;
+    sparq_progress_begin(&pr, "pack: shards", c->plan.weights_total, SPARQ_PROGRESS_BYTES);
+    for (int k = 0; k < boxes && st == SPARQ_OK; k++) {
+        st = write_node(c, k, &pr);
+        files[nf].path = node_rel(k);
+        files[nf++].node = k;
+    }
+    sparq_progress_end(&pr);
+    for (int k = 0; c->engram && k < boxes && st == SPARQ_OK; k++) {
+        st = write_engram(c, c->engram, k);
+        char rel[64];
+        snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
+        files[nf].path = sparq_strdup(rel);
+        files[nf++].node = k;
+    }
+    for (const char *const *s = shared_files; *s && st == SPARQ_OK; s++) {
+        char *src = sparq_path_join(c->model_dir, *s), *dst = sparq_path_join(c->partial, *s);
+        if (!src || !dst) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else if (sparq_path_exists(src)) {
+            if (!sparq_path_exists(dst)) {
+                st = copy_file(src, dst);
+                if (st == SPARQ_OK) test_pause();
+            }
+            files[nf].path = sparq_strdup(*s);
+            files[nf++].node = -1;
+        }
+        sparq_free(src);
+        sparq_free(dst);
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
+        struct stat sb;
+        char *p = sparq_path_join(c->partial, files[i].path);
+        if (p && stat(p, &sb) == 0) total += (uint64_t)sb.st_size;
+        sparq_free(p);
+    }
+    sparq_progress_begin(&pr, "pack: checksums", total, SPARQ_PROGRESS_BYTES);
+    for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
+        char *p = files[i].path ? sparq_path_join(c->partial, files[i].path) : NULL;
+        st = p ? sq_manifest_hash_file(&files[i], p, c->o->block_size) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        if (st == SPARQ_OK) sparq_progress_add(&pr, files[i].size);
+        sparq_free(p);
+    }
+    sparq_progress_end(&pr);
+    if (st == SPARQ_OK) st = write_manifest(c, files, nf);
+    for (size_t i = 0; i < nf; i++) {
+        sparq_free(files[i].path);
+        sparq_free(files[i].blocks);
+    }
+    sparq_free(files);
+    return st;
+}
+
+sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq_pack_options *o)
+{
+    pack_ctx c;
+    memset(&c, 0, sizeof c);
+    c.model_dir = model_dir;
+    c.out_dir = out_dir;
+    c.o = o;
+    RETURN_IF(o->block_size < 4096 || (o->block_size & (o->block_size - 1)), SPARQ_E_ARG,
+              "block size %llu is not a power of two >= 4096", (unsigned long long)o->block_size);
+    FORWARD_IF(sq_pack_model_open(&c.model, model_dir));
+    sparq_status st = sq_memplan_build(&c.plan, &c.model.cfg, c.model.tensors, c.model.n_tensors, o->boxes,
+                                       &o->params, &o->budget);
+    if (st != SPARQ_OK) goto done;
+    if (!c.plan.fits) {
+        char why[256];
+        sq_pack_plan_reason(&c.plan, why, sizeof why);
+        st = sparq_err(SPARQ_E_FIT, "%s: %s; nothing written (see `sparq plan`)", model_dir, why);
+        goto done;
+    }
+    if (c.plan.has_engram) { /* check the tables before writing anything */
+        c.engram = sparq_calloc(1, sizeof *c.engram);
+        st = c.engram ? engram_prepare(&c, c.engram) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        if (st != SPARQ_OK) goto done;
+    }
+    if (sparq_path_exists(out_dir)) {
+        st = sparq_err(SPARQ_E_ARG, "%s already exists; choose another OUT or remove it", out_dir);
+        goto done;
+    }
+    size_t n = strlen(out_dir);
+    while (n > 1 && out_dir[n - 1] == '/') n--;
+    c.partial = sparq_malloc(n + 16);
+    c.plan_json = sq_pack_plan_json(&c.plan);
+    if (!c.partial || !c.plan_json) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    memcpy(c.partial, out_dir, n);
+    strcpy(c.partial + n, ".partial");
+    st = prepare_partial(&c);
+    if (st != SPARQ_OK) goto done;
+    remove_stale_tmp(c.partial);
+    st = pack_files(&c);
+    if (st != SPARQ_OK) goto done;
+    char *state_path = sparq_path_join(c.partial, STATE_NAME);
+    if (state_path) unlink(state_path);
+    sparq_free(state_path);
+    char final_out[4096];
+    snprintf(final_out, sizeof final_out, "%.*s", (int)n, out_dir);
+    if (rename(c.partial, final_out) != 0)
+        st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
+done:
+    sparq_free(c.engram);
+    json_decref(c.plan_json);
+    sparq_free(c.partial);
+    sq_memplan_free(&c.plan);
+    sq_pack_model_close(&c.model);
+    return st;
+}

@@ -1,0 +1,98 @@
+/* pack/pack.h — planning, packing and verifying bundles (the library side of
+ * `sparq plan`, `sparq pack` and `sparq verify`).
+ *
+ * A bundle is a model laid out for N boxes (docs/bundle-format.md): one
+ * safetensors shard per node holding only that node's tensors, the model's
+ * config and tokenizer files, and a manifest with the memory plan and
+ * checksums of every file and every block. pack refuses, before writing a
+ * byte, a layout the memory plan (runtime/memplan.h) says will not fit.
+ * Writing goes to OUT.partial/ (each file itself written atomically) and is
+ * renamed to OUT when the manifest is complete, so a bundle that exists is
+ * finished; `resume` picks an interrupted OUT.partial up again and produces
+ * the very same bytes (the manifest holds no timestamps).
+ *
+ * Engram tables (`layers.L.engram.embed.weight` F8_E4M3 [rows, 256] and
+ * `.embed.scale` F8_E8M0 [rows, 8], at most two tables, V4.1 hash layout) go
+ * to engram/engram-node-K.bin, shard K of N by hash column
+ * (formats/engram.h), instead of the node shards. */
+#ifndef SPARQ_PACK_PACK_H
+#define SPARQ_PACK_PACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "formats/engram.h"
+#include "formats/hfconfig.h"
+#include "formats/manifest.h"
+#include "formats/safetensors.h"
+#include "runtime/memplan.h"
+
+/* A model opened for planning: config, tensors and the memplan tensor list. */
+typedef struct sq_pack_model {
+    sq_model_config cfg;
+    sf_model *sf;
+    sq_memplan_tensor *tensors; /* [n_tensors], names point into sf */
+    size_t n_tensors;
+} sq_pack_model;
+
+/* Open MODEL (an HF-layout directory with config.json and safetensors). */
+sparq_status sq_pack_model_open(sq_pack_model *m, const char *model_dir);
+void sq_pack_model_close(sq_pack_model *m);
+
+/* The plan as JSON (the "plan" object of manifest.json; `sparq plan --json`
+ * prints it wrapped with the verdict). New reference, NULL on OOM. */
+json_t *sq_pack_plan_json(const sq_memplan *plan);
+
+/* One line on the tightest node, into buf: when the plan does not fit
+ * "node 1 needs 130.20 GiB but 112.01 GiB is usable per box (over by 18.19
+ * GiB (19531... bytes)); largest term: kv", else "tightest node 1 needs ...
+ * of ... usable". */
+void sq_pack_plan_reason(const sq_memplan *plan, char *buf, size_t cap);
+
+typedef struct sq_pack_options {
+    int boxes;
+    sq_memplan_params params;
+    sq_memplan_budget budget;
+    uint64_t block_size;  /* checksum block, power of two >= 4096 (default 4 MiB) */
+    bool resume;          /* continue OUT.partial */
+    uint64_t engram_prime_base; /* Engram tables: bucket counts are the primes above this
+                                   (default SQ_ENGRAM_V41_PRIME_BASE, DeepSeek V4.1) */
+} sq_pack_options;
+
+void sq_pack_options_default(sq_pack_options *o);
+
+/* Pack model_dir into out_dir. SPARQ_E_FIT (nothing written, out_dir
+ * untouched) when the plan does not fit; SPARQ_E_ARG when out_dir exists, or
+ * out_dir.partial exists and resume is false, or it was started with other
+ * options. Draws a progress bar (common/progress.h). */
+sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq_pack_options *o);
+
+/* --- verify ------------------------------------------------------------- */
+
+typedef struct sq_verify_options {
+    int node;     /* -1: every file; K: files node K needs (its shard + shared files) */
+    bool quick;   /* sizes only (sq_bundle_check_quick), no hashing */
+    int threads;  /* <= 0: all CPUs */
+} sq_verify_options;
+
+typedef struct sq_verify_report {
+    uint64_t files, blocks, bytes;   /* checked */
+    double seconds;                  /* hashing wall time */
+    uint64_t n_bad;                  /* damaged blocks + missing / wrong-size files */
+    char **problems;                 /* one line each: "node-1/model.safetensors: block 3 (bytes ...)" */
+    size_t n_problems;               /* at most 100 kept; n_bad counts all */
+} sq_verify_report;
+
+/* Check a bundle. SPARQ_OK when everything matches; SPARQ_E_CHECKSUM (block
+ * mismatch) or SPARQ_E_FORMAT / SPARQ_E_NOTFOUND (size, missing file) with
+ * the first problem as the message and all of them in the report. Draws a
+ * progress bar. */
+sparq_status sq_verify_bundle(const char *bundle_dir, const sq_verify_options *o, sq_verify_report *r);
+void sq_verify_report_free(sq_verify_report *r);
+
+/* Sequential read of the same files (the baseline of the verify benchmark):
+ * bytes read and seconds, one thread, no hashing. */
+sparq_status sq_verify_read_baseline(const char *bundle_dir, int node, uint64_t *bytes, double *seconds);
+
+#endif

@@ -1,0 +1,201 @@
+/* runtime/memplan.h — the memory plan: what every node of a bundle holds and
+ * how many bytes each part needs, decided before anything is loaded.
+ *
+ * "Memory is planned, not discovered" (design.md): `sparq plan` prints this,
+ * `sparq pack` refuses a bundle it says will not fit, and the runtime sizes
+ * its allocations at load with the very same functions (sq_memplan_kv_bytes,
+ * sq_memplan_workspace_bytes, ...), so a bundle that plans must load.
+ *
+ * Per node the need is
+ *     total = weights + kv + workspace + engram_cache + comm + margin
+ * and it must not exceed the usable memory of one box:
+ *     usable = floor((mem_per_box - reserve_os - display_reserve + unlock_display) * gpu_util)
+ * (DGX Spark defaults: 128G, 6G, 2G, 1.75G, 0.92 -> 121.75 GiB, close to the
+ * ~121.7 GiB CUDA sees, times 0.92 = 112.01 GiB usable). Sizes are bytes,
+ * G = GiB. The formulas of every term are documented at its function and in
+ * docs/cli-plan.md; all functions here are pure (no I/O, no globals) except
+ * sq_memplan_build, which allocates its result.
+ *
+ * Layer split: contiguous layers per node, chosen (dynamic programming) to
+ * minimise the largest per-node cost, where a layer's cost is its share of
+ * all memory (weights + KV) plus its share of per-token work (bytes read per
+ * decoded token: non-expert weights + top_k/n_experts of the expert weights).
+ * Node 0 also holds the embeddings (memory, no work); the last node the final
+ * norm and lm_head (memory and work) — and, with tied embeddings and no
+ * separate lm_head tensor, a second copy of the embedding matrix. */
+#ifndef SPARQ_RUNTIME_MEMPLAN_H
+#define SPARQ_RUNTIME_MEMPLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "formats/hfconfig.h"
+
+/* --- parameters of a run ------------------------------------------------ */
+
+typedef enum sq_kv_dtype {
+    SQ_KV_F32 = 0, /* CPU runtime today */
+    SQ_KV_F16 = 1, /* CUDA runtime later */
+} sq_kv_dtype;
+
+/* Bytes per element (4 or 2); "f32"/"f16"; parse returns false if unknown. */
+uint64_t sq_kv_dtype_bytes(sq_kv_dtype dt);
+const char *sq_kv_dtype_name(sq_kv_dtype dt);
+bool sq_kv_dtype_parse(const char *s, sq_kv_dtype *out);
+
+typedef struct sq_memplan_params {
+    int64_t ctx;          /* tokens per sequence the KV cache holds (default 32768) */
+    int64_t users;        /* sequences decoded together (default 6) */
+    int64_t chunk;        /* prefill rows per forward step (default 512) */
+    int64_t logits_rows;  /* rows of logits held at once (default 0 = users; eval uses chunk) */
+    int64_t threads;      /* runtime threads per node, for per-thread scratch (default 32,
+                             at least a DGX Spark's 20 cores) */
+    sq_kv_dtype kv_dtype; /* default SQ_KV_F32 */
+} sq_memplan_params;
+
+void sq_memplan_params_default(sq_memplan_params *p);
+
+/* Rows of one forward step: max(chunk, users) (a decode step is one row per
+ * user, a prefill step `chunk` rows of one user). */
+int64_t sq_memplan_rows(const sq_memplan_params *p);
+
+/* --- the terms the runtime allocates ------------------------------------ */
+
+/* KV cache of `n_layers` layers:
+ *     2 (K and V) * n_layers * num_key_value_heads * head_dim * ctx * users * bytes(kv_dtype)
+ * Saturates at UINT64_MAX on overflow (which never fits). */
+uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p);
+
+/* Activation / workspace buffers of one node, allocated once at load and
+ * reused by every layer (so they do not grow with the layers it holds). The
+ * buffers the CPU runtime carves (runtime/qwen3moe.c), fp32 unless said,
+ * rows R = sq_memplan_rows(p), d = hidden_size, H / KV = attention / KV
+ * heads, hd = head_dim, E = max(num_experts, 1), k = max(top_k, 1),
+ * I = the widest MLP (moe_intermediate_size of MoE layers,
+ * intermediate_size of dense ones):
+ *   hidden  = 6 * R * d * 4              residual, normed, sublayer out, expert in/out, MoE sum
+ *   attn    = R * (2*H + 2*KV) * hd * 4  q, attention output, k, v
+ *   moe     = (R*E + 4*R*k + 2*R*I) * 4  router logits; weights, local weights, expert
+ *                                        indices, row lists (int32); gate and up
+ *   misc    = (3*R + 2*(E+1)) * 4 + SQ_MEMPLAN_WS_SLACK
+ *                                        positions and expert counters; alignment and
+ *                                        small buffers (64 KiB)
+ *   norms   = (layers * (2*d + 2*hd) + d) * 4 fp32 copies of the norm weights (all layers of
+ *                                        the model: a bound for any node)
+ *   scratch = threads * max(64 * max(d, I, H*hd), ctx) * 4
+ *                                        per-thread GEMM tile / attention-score scratch
+ *   logits  = logits_rows * vocab_size * 4   only on the node holding lm_head (the
+ *                                        runtime's caller owns this buffer)
+ * The runtime's own report (sq_model_mem_report) is compared with this in
+ * tests/pack/test_plan_runtime.c. */
+#define SQ_MEMPLAN_WS_SLACK ((uint64_t)64 << 10)
+typedef struct sq_memplan_workspace {
+    uint64_t hidden, attn, moe, misc, norms, scratch, logits;
+    uint64_t total;
+} sq_memplan_workspace;
+
+void sq_memplan_workspace_terms(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head,
+                                sq_memplan_workspace *out);
+uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head);
+
+/* Pipeline communication buffers of one node (0 with one box):
+ *     2 (send, recv) * 2 (double buffered) * rows * hidden_size * 4
+ *     + SQ_MEMPLAN_COMM_FIXED (transport's own buffers: NCCL channels / MPI eager) */
+#define SQ_MEMPLAN_COMM_FIXED ((uint64_t)64 << 20)
+uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes);
+
+/* --- the budget of one box ---------------------------------------------- */
+
+typedef struct sq_memplan_budget {
+    uint64_t mem_per_box;     /* physical memory of one box (default 128 GiB) */
+    uint64_t reserve_os;      /* kept for the OS and services (default 6 GiB) */
+    uint64_t display_reserve; /* firmware display carve-out (default 2 GiB) */
+    uint64_t unlock_display;  /* part of it handed back on a headless box (default 1.75 GiB) */
+    double gpu_util;          /* fraction of the rest the runtime may use (default 0.92) */
+    uint64_t margin;          /* safety margin per node (default 512 MiB) */
+    uint64_t engram_cache;    /* Engram row cache per node holding Engram layers
+                                 (default 2 GiB; used only if the model has Engram) */
+} sq_memplan_budget;
+
+void sq_memplan_budget_default(sq_memplan_budget *b);
+
+/* usable = floor((mem_per_box - reserve_os - display_reserve + unlock_display) * gpu_util).
+ * SPARQ_E_ARG when the reserves exceed the memory, unlock_display exceeds
+ * display_reserve, or gpu_util is outside (0, 1]. */
+sparq_status sq_memplan_usable(const sq_memplan_budget *b, uint64_t *out);
+
+/* --- tensors -> nodes --------------------------------------------------- */
+
+typedef enum sq_tensor_class {
+    SQ_TENSOR_LAYER = 0,    /* model.layers.L.* / layers.L.* (not Engram tables) */
+    SQ_TENSOR_EMBED,        /* model.embed_tokens.*, embed.*            -> node 0 */
+    SQ_TENSOR_HEAD,         /* lm_head.*, head.*                        -> last node */
+    SQ_TENSOR_FINAL_NORM,   /* model.norm.*, norm.*                     -> last node */
+    SQ_TENSOR_LAST_OTHER,   /* mtp.* (next-token prediction heads)      -> last node */
+    SQ_TENSOR_ENGRAM_TABLE, /* layers.L.engram.embed.{weight,scale}: on the SSD, not in memory */
+    SQ_TENSOR_OTHER,        /* anything else (vision.*, ...)            -> node 0 */
+} sq_tensor_class;
+
+/* Classify a tensor name; *layer gets L for LAYER and ENGRAM_TABLE, else -1.
+ * *is_expert is true for routed-expert tensors (".experts.<E>."). */
+sq_tensor_class sq_memplan_classify(const char *name, int64_t *layer, bool *is_expert);
+
+typedef struct sq_memplan_tensor {
+    const char *name;
+    uint64_t nbytes;
+} sq_memplan_tensor;
+
+/* --- the plan ----------------------------------------------------------- */
+
+typedef struct sq_memplan_node {
+    int node;
+    int64_t first_layer, n_layers;   /* layers [first_layer, first_layer + n_layers) */
+    bool has_embed, has_head;        /* has_head: final norm + lm_head (+ tied embedding) */
+    bool has_engram;                 /* holds a layer with an Engram table */
+    int64_t experts;                 /* routed experts held (all experts of its MoE layers) */
+    uint64_t weights, kv, workspace, engram_cache, comm, margin;
+    uint64_t total;                  /* sum of the six terms (saturating) */
+    int64_t headroom;                /* usable - total (negative: does not fit) */
+} sq_memplan_node;
+
+typedef struct sq_memplan {
+    int boxes;
+    sq_memplan_params params;
+    sq_memplan_budget budget;
+    uint64_t usable;                 /* per box */
+    int64_t n_layers;
+    bool tied_head;                  /* last node holds a copy of the embedding as lm_head */
+    bool has_engram;                 /* the model has Engram tables (kept on the SSD) */
+    uint64_t engram_table_bytes;     /* their size on disk */
+    uint64_t weights_total;          /* every in-memory tensor once */
+    sq_memplan_node *nodes;          /* [boxes] */
+    bool fits;
+    int worst_node;                  /* smallest headroom */
+    const char *blame;               /* largest term on the worst node: "weights", "kv", ... */
+} sq_memplan;
+
+/* Plan `boxes` nodes for a model described by cfg and its tensors (every
+ * tensor of the checkpoint with its byte size, any dtype). SPARQ_E_ARG when
+ * boxes < 1 or boxes > layers; SPARQ_E_FORMAT when a layer index is outside
+ * the config's layer count. Not fitting is NOT an error: check plan->fits.
+ * Free with sq_memplan_free. */
+sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, const sq_memplan_tensor *tensors,
+                              size_t n_tensors, int boxes, const sq_memplan_params *p,
+                              const sq_memplan_budget *b);
+void sq_memplan_free(sq_memplan *plan);
+
+/* Which node holds a tensor: returns the node (0..boxes-1) and, for a tied
+ * embedding also used as lm_head, sets *also to the last node (else -1).
+ * Engram tables return -1 (they go to engram/, not a node shard). */
+int sq_memplan_tensor_node(const sq_memplan *plan, const char *name, int *also);
+
+/* When a plan does not fit: the smallest box count (boxes+1 .. n_layers) that
+ * fits with the same parameters (0 if none), and the largest ctx (1 .. ctx)
+ * that fits on plan->boxes boxes (0 if none). */
+sparq_status sq_memplan_suggest(const sq_memplan *plan, const sq_model_config *cfg,
+                                const sq_memplan_tensor *tensors, size_t n_tensors, int *min_boxes,
+                                int64_t *max_ctx);
+
+#endif

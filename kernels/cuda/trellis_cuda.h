@@ -1,0 +1,108 @@
+/* kernels/cuda/trellis_cuda.h — EXL3 trellis kernels on NVIDIA GPUs, callable
+ * from C. No CUDA types appear here: device pointers are plain pointers that
+ * came from trellis_cuda_alloc (or cudaMalloc), streams are `void *`
+ * (a cudaStream_t; NULL = the default stream).
+ *
+ * What lives here (docs/cuda.md explains the kernels):
+ *  - decode of the inner trellis Q to fp16, bit-exact with the CPU codec
+ *    (kernels/cpu/trellis.h) and with exllamav3's reconstruct;
+ *  - y = x·W for 1..16 rows straight from the trellis words (the decode
+ *    happens in registers and feeds mma.sync tensor-core products), with the
+ *    input Hadamard ⊙ suh and the output Hadamard ⊙ svh on the GPU;
+ *  - a prefill path for any number of rows: decode Q once, then cuBLAS;
+ *  - a fused MoE decode layer: all routed experts' gate/up → SwiGLU → down
+ *    with the weighted scatter-add, in two launches, routing read on the GPU.
+ *
+ * Every function returns a sparq_status; on failure the message names the
+ * operation, the shape and the CUDA error. All work is queued on `stream`
+ * and is asynchronous unless the comment says otherwise. Builds for sm_90
+ * (H200) and sm_121 (GB10) use the same code: mma.sync, no Hopper-only
+ * instructions. */
+#ifndef SPARQ_KERNELS_CUDA_TRELLIS_CUDA_H
+#define SPARQ_KERNELS_CUDA_TRELLIS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* inside the extern "C" block: these C headers have no guards of their own */
+#include "common/status.h"
+#include "kernels/cpu/trellis.h"
+
+/* Number of usable CUDA devices (0 if none or no driver); never fails. */
+int trellis_cuda_device_count(void);
+
+/* Device memory (plain cudaMalloc) and copies; synchronous. */
+sparq_status trellis_cuda_alloc(void **dev, size_t bytes);
+void trellis_cuda_free(void *dev);
+sparq_status trellis_cuda_upload(void *dev, const void *host, size_t bytes);
+sparq_status trellis_cuda_download(void *host, const void *dev, size_t bytes);
+/* Wait for all work on `stream`; reports any error a kernel raised. */
+sparq_status trellis_cuda_sync(void *stream);
+
+/* A quantized linear whose trellis, suh and svh live on the device. */
+typedef struct trellis_cuda_linear trellis_cuda_linear;
+
+/* Copy a host linear (see trellis_linear_check) to the device; `name` is used
+ * in error messages. Free with trellis_cuda_linear_free. */
+sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *name,
+                                        trellis_cuda_linear **out);
+void trellis_cuda_linear_free(trellis_cuda_linear *lin);
+/* The linear's shape and K (for callers that only hold the handle). */
+void trellis_cuda_linear_shape(const trellis_cuda_linear *lin, int *k, int *n, int *K);
+
+/* Scratch for trellis_cuda_gemm: 16·max_k fp16 and 16·max_n fp32 (kept zero
+ * between calls). One workspace serves any linear up to that size, one
+ * stream at a time. */
+typedef struct trellis_cuda_ws trellis_cuda_ws;
+sparq_status trellis_cuda_ws_create(int max_k, int max_n, trellis_cuda_ws **out);
+void trellis_cuda_ws_free(trellis_cuda_ws *ws);
+
+/* q (device, fp16 bits, k×n row-major) = the inner trellis Q, bit-exact with
+ * trellis_linear_decode_inner. */
+sparq_status trellis_cuda_decode_inner(const trellis_cuda_linear *lin, uint16_t *q, void *stream);
+
+/* y = x·W for rows = 1..TRELLIS_GEMM_MAX_ROWS (x: rows×k fp32, y: rows×n fp32,
+ * device, row-major). The input transform is rounded to fp16 for the tensor
+ * cores; accumulation is fp32, summed across k-splits with atomics, so the
+ * last bits can differ from run to run. Normalised MSE against the CPU
+ * trellis_linear_gemm is ~1e-7 (tests/gpu/test_trellis_cuda.c bounds it). */
+sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                               trellis_cuda_ws *ws, void *stream);
+
+/* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on a decoded copy of Q
+ * (decoded on the first call and kept with the linear: k·n·2 bytes). */
+sparq_status trellis_cuda_gemm_prefill(trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                       void *stream);
+
+/* --- fused MoE decode layer -------------------------------------------------
+ * One layer's routed experts, each a SwiGLU MLP of three EXL3 linears:
+ * gate, up (hidden → inter) and down (inter → hidden), all with the same K
+ * and codebook. The handles stay owned by the caller and must outlive the
+ * layer. */
+typedef struct trellis_cuda_moe trellis_cuda_moe;
+
+/* Build device tables for n_experts experts (gate[e], up[e], down[e]) and
+ * scratch for up to max_tokens (1..16) tokens routed to top_k experts each. */
+sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_cuda_linear *const *up,
+                                     trellis_cuda_linear *const *down, int n_experts, int max_tokens, int top_k,
+                                     trellis_cuda_moe **out);
+void trellis_cuda_moe_free(trellis_cuda_moe *moe);
+
+/* out[t] += Σ_j weights[t·top_k + j] · down_e(silu(gate_e(x[t])) ⊙ up_e(x[t])),
+ * e = ids[t·top_k + j], for t < tokens. All pointers are device memory: x and
+ * out tokens×hidden fp32 (out holds the residual or zeros), ids int32 and
+ * weights fp32 tokens×top_k (the router's output, read on the device: no
+ * host round trip). Two launches, graph-capturable; fp32 atomics, so the
+ * last bits vary from run to run. One call at a time per layer handle. */
+sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
+                                      const float *weights, float *out, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

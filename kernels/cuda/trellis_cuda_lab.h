@@ -1,0 +1,50 @@
+/* kernels/cuda/trellis_cuda_lab.h — internal knobs of the CUDA trellis GEMM for
+ * the kernel lab, its tests and benchmarks (tools/bench/cuda_bench.c,
+ * tests/gpu/). Not part of the public API: trellis_cuda_gemm picks the
+ * defaults that the lab measured best (kernels/cuda/lab/README.md). */
+#ifndef SPARQ_KERNELS_CUDA_TRELLIS_CUDA_LAB_H
+#define SPARQ_KERNELS_CUDA_TRELLIS_CUDA_LAB_H
+
+#include "kernels/cuda/trellis_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which of the three launches of a GEMM to queue (timing one stage alone). */
+enum {
+    TRELLIS_CUDA_PART_INPUT = 1,  /* u = fp16(had128(x ⊙ suh)) */
+    TRELLIS_CUDA_PART_MAIN = 2,   /* t += u·Q from the trellis words */
+    TRELLIS_CUDA_PART_OUTPUT = 4, /* y = had128(t) ⊙ svh; t = 0 */
+    TRELLIS_CUDA_PART_ALL = 7
+};
+
+/* trellis_cuda_gemm with explicit kernel shape: nw tile columns per warp
+ * (1, 2 or 4), unroll k tiles loaded ahead (4 or 8), chunk k tiles per warp
+ * (0 = auto: about 32 warps per SM); 0 for nw/unroll = the default.
+ * (nw, unroll) = (2, 4) and (1, 8) exist for every K and codebook, the
+ * others for mul1 at K = 2..4 only (SPARQ_E_UNSUPPORTED otherwise). */
+sparq_status trellis_cuda_gemm_lab(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                   trellis_cuda_ws *ws, void *stream, int nw, int unroll, int chunk,
+                                   unsigned parts);
+
+/* Lab version v3: the same GEMM in one launch (input transform, decode +
+ * mma with double-buffered loads, output transform by the last block of each
+ * 256-column block). chunk = k tiles per block (0 = auto; rounded up to a
+ * multiple of 8, at most 64). */
+sparq_status trellis_cuda_gemm_v3(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                  trellis_cuda_ws *ws, void *stream, int chunk);
+
+/* Lab version v4: v2's three launches with a balanced main kernel (grid =
+ * resident warps, equal shares of the work, no partial last wave); minb =
+ * blocks per SM it is compiled for: 2 (every K and codebook), 3 (256-thread
+ * blocks) or 5, 6 (128-thread blocks) for mul1 at K = 2..4 only; 0 = 2.
+ * parts as for trellis_cuda_gemm_lab. */
+sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                   trellis_cuda_ws *ws, void *stream, int minb, unsigned parts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,224 @@
+/* kernels/cuda/trellis_fused.cuh — lab version v3 of the trellis GEMM: the
+ * whole y = x·W (1..16 rows) in ONE launch. Included by trellis.cu only.
+ *
+ * Grid: one 256-thread block per (column block of 256 outputs, k split of
+ * `chunk` k tiles, chunk a multiple of 8 so each split holds whole 128-input
+ * Hadamard blocks). Each block
+ *  1. issues the loads of its first trellis words, then computes
+ *     u = fp16(had128(x ⊙ suh)) for its k range into shared memory (one warp
+ *     per 128-input block and row, 4 values a lane: strides 1..16 by shuffles,
+ *     32 and 64 in registers);
+ *  2. runs v2's loop (8 warps × 2 tile columns, 4 k tiles per step) with the
+ *     next step's ring words loaded before the current step is decoded
+ *     (register double buffering: the load latency hides behind the decode),
+ *     and A fragments read from shared memory;
+ *  3. adds its partial sums into t with fp32 atomics, then counts itself done
+ *     on the column block's counter; the last block of a column block applies
+ *     had128 ⊙ svh to t, writes y, and zeroes t and the counter for the next
+ *     call (threadfence-reduction pattern). */
+#ifndef SPARQ_KERNELS_CUDA_TRELLIS_FUSED_CUH
+#define SPARQ_KERNELS_CUDA_TRELLIS_FUSED_CUH
+
+#include "kernels/cuda/trellis_decode.cuh"
+
+namespace trellis_dev {
+
+#define FUSED_WARPS 8
+#define FUSED_COLS 256 /* outputs per column block: 8 warps × 2 tile columns × 16 */
+
+/* Normalised 128-point Hadamard of the 4 values a lane holds (element
+ * lane + 32j in v[j]), across the warp. */
+__device__ __forceinline__ void had128_warp(float v[4], int lane)
+{
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float p = __shfl_xor_sync(0xFFFFFFFFu, v[j], h);
+            v[j] = (lane & h) ? p - v[j] : v[j] + p;
+        }
+    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+    v[0] = (a + c) * 0.08838834764831845f;
+    v[1] = (b + d) * 0.08838834764831845f;
+    v[2] = (a - c) * 0.08838834764831845f;
+    v[3] = (b - d) * 0.08838834764831845f;
+}
+
+/* Shared memory bytes for a chunk (k tiles) and rows: rows × (chunk·8 + 4)
+ * half2 words (the +4 pads rows onto different banks). */
+__host__ __device__ inline size_t fused_smem_bytes(int chunk, int rows)
+{
+    return (size_t)rows * (chunk * 8 + 4) * 4;
+}
+
+/* MODE bits: 1 = the input is silu(x) ⊙ x2 (SwiGLU of a gate and an up row)
+ * instead of x; 2 = the output is added, times yscale, into y with atomics
+ * (scatter-add of a routed expert) instead of stored. */
+enum { FUSED_IN_SWIGLU = 1, FUSED_OUT_ADD = 2 };
+
+template <int K, int CB, int U, int MODE>
+__device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis, const float *__restrict__ x,
+                                           const float *__restrict__ x2, const __half *__restrict__ suh,
+                                           const __half *__restrict__ svh, float *__restrict__ t,
+                                           unsigned *__restrict__ counters, float *__restrict__ y, float yscale,
+                                           int k, int n, int rows, int chunk)
+{
+    constexpr int NW = 2, TW = 8 * K;
+    extern __shared__ uint32_t u_s[]; /* rows × (chunk·8 + 4) half2 */
+    __shared__ int s_last;
+    (void)x2;
+    (void)yscale;
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW;
+    const int nbc = (n + FUSED_COLS - 1) / FUSED_COLS;
+    const int bc = blockIdx.x % nbc, split = blockIdx.x / nbc;
+    const int splits = (ktiles + chunk - 1) / chunk;
+    const int kt0 = split * chunk, kt1 = min(kt0 + chunk, ktiles);
+    const int grp = bc * FUSED_WARPS + wib;
+    const bool active = grp < ngroups;
+    const int ustride = chunk * 8 + 4; /* half2 words per row */
+
+    const lane_ring lr = lane_ring_make(K, lane);
+    const size_t row_stride = (size_t)ntiles * TW;
+    const uint32_t *p = trellis + (size_t)kt0 * row_stride + (size_t)(active ? grp : 0) * NW * TW;
+
+    uint32_t wn[U][NW][3];
+    auto load_step = [&](int kt) { words_load<K, NW, U>(p + (size_t)(kt - kt0) * row_stride, row_stride, lr, wn); };
+    if (active) load_step(kt0);
+
+    /* 1. input transform of this block's k range into shared memory */
+    {
+        const int nhb = (kt1 - kt0) / 8;
+        __half *uh = reinterpret_cast<__half *>(u_s);
+        for (int pr = wib; pr < rows * nhb; pr += FUSED_WARPS) {
+            const int r = pr / nhb, hb = pr % nhb;
+            const size_t base = (size_t)kt0 * 16 + (size_t)hb * 128;
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const size_t i = (size_t)r * k + base + lane + 32 * j;
+                float in = x[i];
+                if constexpr (MODE & FUSED_IN_SWIGLU) in = in / (1.0f + __expf(-in)) * x2[i];
+                v[j] = in * __half2float(suh[base + lane + 32 * j]);
+            }
+            had128_warp(v, lane);
+#pragma unroll
+            for (int j = 0; j < 4; j++) uh[(size_t)r * 2 * ustride + hb * 128 + lane + 32 * j] = __float2half_rn(v[j]);
+        }
+    }
+    __syncthreads();
+
+    /* 2. main loop */
+    const int g = lane >> 2, c = lane & 3;
+    const bool lo_ok = g < rows, hi_ok = g + 8 < rows;
+    float acc[NW][2][4];
+    acc_zero<NW>(acc);
+    if (active) {
+        const uint32_t *ua = u_s + g * ustride + c, *ub = u_s + (g + 8) * ustride + c;
+        for (int kt = kt0; kt < kt1; kt += U) {
+            uint32_t w[U][NW][3];
+#pragma unroll
+            for (int s = 0; s < U; s++)
+#pragma unroll
+                for (int j = 0; j < NW; j++)
+#pragma unroll
+                    for (int e = 0; e < 3; e++) w[s][j][e] = wn[s][j][e];
+            if (kt + U < kt1) load_step(kt + U);
+#pragma unroll
+            for (int s = 0; s < U; s++) {
+                uint32_t a[4];
+                afrag_load(ua, ub, kt - kt0 + s, lo_ok, hi_ok, a);
+                tiles_mma<K, CB, NW>(w[s], lr.r, a, acc);
+            }
+        }
+        /* 3. partial sums */
+        acc_flush<NW>(t, n, 16 * grp * NW, lane, lo_ok, hi_ok, acc);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(counters + bc, 1u) == (unsigned)(splits - 1);
+    __syncthreads();
+    if (!s_last) return;
+
+    /* 4. the last block of this column block: output transform */
+    __threadfence();
+    const int cb0 = bc * FUSED_COLS;
+    const int nhb = min(FUSED_COLS, n - cb0) / 128;
+    for (int pr = wib; pr < rows * nhb; pr += FUSED_WARPS) {
+        const int r = pr / nhb, hb = pr % nhb;
+        float *tr = t + (size_t)r * n + cb0 + hb * 128;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[j] = __ldcg(tr + lane + 32 * j);
+            __stcg(tr + lane + 32 * j, 0.0f);
+        }
+        had128_warp(v, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int col = cb0 + hb * 128 + lane + 32 * j;
+            if constexpr (MODE & FUSED_OUT_ADD)
+                atomicAdd(y + (size_t)r * n + col, yscale * v[j] * __half2float(svh[col]));
+            else
+                y[(size_t)r * n + col] = v[j] * __half2float(svh[col]);
+        }
+    }
+    if (threadIdx.x == 0) counters[bc] = 0;
+}
+
+template <int K, int CB, int U>
+__global__ void __launch_bounds__(256) k_gemm_fused(const uint32_t *__restrict__ trellis,
+                                                    const float *__restrict__ x, const __half *__restrict__ suh,
+                                                    const __half *__restrict__ svh, float *__restrict__ t,
+                                                    unsigned *__restrict__ counters, float *__restrict__ y, int k,
+                                                    int n, int rows, int chunk)
+{
+    fused_body<K, CB, U, 0>(trellis, x, nullptr, suh, svh, t, counters, y, 1.0f, k, n, rows, chunk);
+}
+
+/* --- fused MoE decode layer (lab v5) ----------------------------------------------
+ * Two launches for all routed (token, expert) pairs of a layer, routing read
+ * on the device (no host round trip):
+ *   k_moe_gate_up: blockIdx.y = 2·pair + {0 gate, 1 up}: gu[2·pair + w] = x[token]·W_w[e]
+ *   k_moe_down:    blockIdx.y = pair: out[token] += weight · (silu(g) ⊙ u)·W_down[e]
+ * Each (pair, linear) is one batch-1 v3 GEMV with its own t slice and counters. */
+
+/* Device tables of one projection's per-expert tensors. */
+struct moe_proj {
+    const uint32_t *const *tr;
+    const __half *const *suh;
+    const __half *const *svh;
+};
+
+template <int K, int CB, int U>
+__global__ void __launch_bounds__(256) k_moe_gate_up(moe_proj gate, moe_proj up, const int *__restrict__ ids,
+                                                     const float *__restrict__ x, float *__restrict__ gu,
+                                                     float *__restrict__ t, unsigned *__restrict__ counters,
+                                                     int hidden, int inter, int top_k, int chunk)
+{
+    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair];
+    const moe_proj &pr = (job & 1) ? up : gate;
+    const int nbc = (inter + FUSED_COLS - 1) / FUSED_COLS;
+    fused_body<K, CB, U, 0>(pr.tr[e], x + (size_t)token * hidden, nullptr, pr.suh[e], pr.svh[e],
+                            t + (size_t)job * inter, counters + (size_t)job * nbc, gu + (size_t)job * inter, 1.0f,
+                            hidden, inter, 1, chunk);
+}
+
+template <int K, int CB, int U>
+__global__ void __launch_bounds__(256) k_moe_down(moe_proj down, const int *__restrict__ ids,
+                                                  const float *__restrict__ weights, const float *__restrict__ gu,
+                                                  float *__restrict__ out, float *__restrict__ t,
+                                                  unsigned *__restrict__ counters, int hidden, int inter, int top_k,
+                                                  int chunk)
+{
+    const int pair = blockIdx.y, token = pair / top_k, e = ids[pair];
+    const int nbc = (hidden + FUSED_COLS - 1) / FUSED_COLS;
+    fused_body<K, CB, U, FUSED_IN_SWIGLU | FUSED_OUT_ADD>(
+        down.tr[e], gu + (size_t)2 * pair * inter, gu + (size_t)(2 * pair + 1) * inter, down.suh[e], down.svh[e],
+        t + (size_t)pair * hidden, counters + (size_t)pair * nbc, out + (size_t)token * hidden, weights[pair], inter,
+        hidden, 1, chunk);
+}
+
+} // namespace trellis_dev
+
+#endif

@@ -1,0 +1,474 @@
+/* tests/gpu/test_trellis_cuda.c — the CUDA trellis kernels (kernels/cuda/)
+ * against the CPU codec (kernels/cpu/trellis.h), the oracle:
+ *  - decode of Q to fp16 is bit-exact with the CPU on random words for every
+ *    K = 1..8 and codebook, and with exllamav3's own CUDA decode on the golden
+ *    tensors of tests/data/exl3 (element by element and by FNV-1a digest);
+ *  - the GEMM (1..16 rows) has normalised MSE ≤ 1e-5 against
+ *    trellis_linear_gemm for every K and codebook, on shapes that are and are
+ *    not multiples of the kernel's blocking, on every lab kernel shape, with
+ *    the output poisoned (NaN) before each run so unwritten outputs fail;
+ *  - lab versions v3 (one fused launch), v4 (balanced grid) and the default
+ *    entry point the same;
+ *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU;
+ *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
+ * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
+ * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "gpu/gpu_probe.h"
+#include "kernels/cpu/trellis.h"
+#include "kernels/cuda/trellis_cuda.h"
+#include "kernels/cuda/trellis_cuda_lab.h"
+#include "kernels/st_mini.h"
+#include "t.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float rnd_unit(void) { return (float)(rnd32() >> 8) / 16777216.0f * 2.0f - 1.0f; }
+
+static uint64_t fnv1a64(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A random host linear: random trellis words (any bits are a valid ring),
+ * scales of random sign and magnitude 0.5..1.5. */
+typedef struct host_lin {
+    trellis_linear lin;
+    uint16_t *trellis, *suh, *svh;
+} host_lin;
+
+static void host_lin_make(host_lin *h, int k, int n, int K, trellis_codebook cb)
+{
+    const size_t words = (size_t)k / 16 * (n / 16) * 16 * K;
+    h->trellis = malloc(words * 2);
+    h->suh = malloc((size_t)k * 2);
+    h->svh = malloc((size_t)n * 2);
+    for (size_t i = 0; i < words; i++) h->trellis[i] = (uint16_t)rnd32();
+    for (int i = 0; i < k; i++) h->suh[i] = sparq_f32_to_f16((rnd32() & 1 ? 1.0f : -1.0f) * (1.0f + 0.5f * rnd_unit()));
+    for (int i = 0; i < n; i++) h->svh[i] = sparq_f32_to_f16((rnd32() & 1 ? 1.0f : -1.0f) * (1.0f + 0.5f * rnd_unit()));
+    h->lin = (trellis_linear){k, n, K, cb, h->trellis, h->suh, h->svh};
+}
+
+static void host_lin_free(host_lin *h)
+{
+    free(h->trellis);
+    free(h->suh);
+    free(h->svh);
+}
+
+/* GPU decode of `lin` vs CPU decode, bit for bit; returns the fp16 result
+ * (caller frees) for further checks. */
+static uint16_t *check_decode(const trellis_linear *lin, const char *what)
+{
+    const size_t kn = (size_t)lin->k * lin->n;
+    trellis_cuda_linear *dl = NULL;
+    CHECK(trellis_cuda_linear_upload(lin, what, &dl) == SPARQ_OK);
+    void *dq = NULL;
+    CHECK(trellis_cuda_alloc(&dq, kn * 2) == SPARQ_OK);
+    uint16_t *q = malloc(kn * 2);
+    float *ref = malloc(kn * sizeof(float));
+    CHECK(trellis_cuda_decode_inner(dl, dq, NULL) == SPARQ_OK);
+    CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+    CHECK(trellis_cuda_download(q, dq, kn * 2) == SPARQ_OK);
+    CHECK(trellis_linear_decode_inner(lin, ref, NULL) == SPARQ_OK);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < kn; i++)
+        if (q[i] != sparq_f32_to_f16(ref[i]) && bad++ == 0) first = i;
+    CHECK_MSG(bad == 0, "%s: %zu of %zu decoded values differ from the CPU (first at row %zu col %zu: %04x vs %04x)",
+              what, bad, kn, first / lin->n, first % lin->n, q[first], sparq_f32_to_f16(ref[first]));
+    free(ref);
+    trellis_cuda_free(dq);
+    trellis_cuda_linear_free(dl);
+    return q;
+}
+
+static void test_decode_random(void)
+{
+    static const int shapes[][2] = {{128, 128}, {256, 384}};
+    for (int K = 1; K <= 8; K++)
+        for (int cb = 0; cb < TRELLIS_CB_COUNT_; cb++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                host_lin h;
+                host_lin_make(&h, shapes[s][0], shapes[s][1], K, (trellis_codebook)cb);
+                char what[96];
+                snprintf(what, sizeof what, "random %dx%d K=%d %s", shapes[s][0], shapes[s][1], K,
+                         trellis_cb_name((trellis_codebook)cb));
+                free(check_decode(&h.lin, what));
+                host_lin_free(&h);
+            }
+}
+
+static void test_decode_golden(void)
+{
+    st_mini st;
+    if (st_mini_open(&st, t_data_path("exl3/cases.safetensors")) != 0) {
+        CHECK_MSG(0, "cannot read %s", t_data_path("exl3/cases.safetensors"));
+        return;
+    }
+    char list[2048];
+    CHECK(st_mini_meta(&st, "cases", list, sizeof list) == 0);
+    int ncases = 0;
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int k, n, K;
+        char cbname[16];
+        trellis_codebook cb;
+        if (sscanf(tok, "%dx%d.K%d.%15s", &k, &n, &K, cbname) != 4 || !trellis_cb_parse(cbname, &cb)) continue;
+        char key[160];
+        size_t nb = 0;
+        snprintf(key, sizeof key, "%s.trellis", tok);
+        const uint16_t *tr = st_mini_get(&st, key, &nb);
+        snprintf(key, sizeof key, "%s.suh", tok);
+        const uint16_t *suh = st_mini_get(&st, key, NULL);
+        snprintf(key, sizeof key, "%s.svh", tok);
+        const uint16_t *svh = st_mini_get(&st, key, NULL);
+        CHECK_MSG(tr && suh && svh, "%s: tensors missing", tok);
+        if (!tr || !suh || !svh) continue;
+        /* copy: the file's data is not necessarily 2-byte aligned for us */
+        uint16_t *trc = malloc(nb), *suc = malloc((size_t)k * 2), *svc = malloc((size_t)n * 2);
+        memcpy(trc, tr, nb);
+        memcpy(suc, suh, (size_t)k * 2);
+        memcpy(svc, svh, (size_t)n * 2);
+        trellis_linear lin = {k, n, K, cb, trc, suc, svc};
+        uint16_t *q = check_decode(&lin, tok);
+        const size_t kn = (size_t)k * n;
+        char want[32], got[32];
+        snprintf(key, sizeof key, "%s.inner_fp16.fnv1a64", tok);
+        CHECK(st_mini_meta(&st, key, want, sizeof want) == 0);
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)fnv1a64((const uint8_t *)q, kn * 2));
+        CHECK_MSG(strcmp(want, got) == 0, "%s: GPU inner_fp16 digest %s, exllamav3 %s", tok, got, want);
+        snprintf(key, sizeof key, "%s.inner_fp16", tok);
+        const uint16_t *ref = st_mini_get(&st, key, &nb);
+        if (ref) {
+            CHECK(nb == kn * 2);
+            CHECK_MSG(memcmp(ref, q, kn * 2) == 0, "%s: GPU inner_fp16 differs from exllamav3's", tok);
+        }
+        free(q);
+        free(trc);
+        free(suc);
+        free(svc);
+        ncases++;
+    }
+    fprintf(stderr, "  %d golden cases decoded on the GPU\n", ncases);
+    CHECK(ncases >= 9);
+    st_mini_close(&st);
+}
+
+/* ‖a − b‖² / ‖b‖²; NaN (unwritten output) gives NaN. */
+static double nmse(const float *a, const float *b, size_t n)
+{
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        e += d * d;
+        r += (double)b[i] * b[i];
+    }
+    return e / (r > 0 ? r : 1);
+}
+
+#define NMSE_MAX 1e-5
+
+static double worst_nmse = 0;
+
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4 };
+
+/* One GEMM check: fresh x, GPU (poisoned output) vs CPU. mode V2 takes
+ * nw/unroll/chunk (0 = its defaults), V3 takes chunk, V4 takes nw as its
+ * blocks-per-SM variant, PREFILL is the cuBLAS
+ * path (rows may exceed 16), DEFAULT is trellis_cuda_gemm. */
+static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, int rows, int nw,
+                       int unroll, int chunk, int mode)
+{
+    const int prefill = mode == PREFILL;
+    const int k = h->lin.k, n = h->lin.n;
+    float *x = malloc((size_t)rows * k * sizeof(float));
+    float *y = malloc((size_t)rows * n * sizeof(float)), *ref = malloc((size_t)rows * n * sizeof(float));
+    for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = rnd_unit();
+    for (int r0 = 0; r0 < rows; r0 += TRELLIS_GEMM_MAX_ROWS) {
+        const int rr = rows - r0 < TRELLIS_GEMM_MAX_ROWS ? rows - r0 : TRELLIS_GEMM_MAX_ROWS;
+        CHECK(trellis_linear_gemm(&h->lin, x + (size_t)r0 * k, rr, ref + (size_t)r0 * n, NULL) == SPARQ_OK);
+    }
+    void *dx = NULL, *dy = NULL;
+    CHECK(trellis_cuda_alloc(&dx, (size_t)rows * k * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_alloc(&dy, (size_t)rows * n * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_upload(dx, x, (size_t)rows * k * 4) == SPARQ_OK);
+    for (size_t i = 0; i < (size_t)rows * n; i++) y[i] = NAN;
+    CHECK(trellis_cuda_upload(dy, y, (size_t)rows * n * 4) == SPARQ_OK);
+    sparq_status st = mode == PREFILL ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
+                      : mode == V3    ? trellis_cuda_gemm_v3(dl, dx, rows, dy, ws, NULL, chunk)
+                      : mode == V4    ? trellis_cuda_gemm_bal(dl, dx, rows, dy, ws, NULL, nw, TRELLIS_CUDA_PART_ALL)
+                      : mode == DEFAULT
+                          ? trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL)
+                          : trellis_cuda_gemm_lab(dl, dx, rows, dy, ws, NULL, nw, unroll, chunk, TRELLIS_CUDA_PART_ALL);
+    CHECK_MSG(st == SPARQ_OK, "gemm: %s", sparq_errmsg());
+    CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+    CHECK(trellis_cuda_download(y, dy, (size_t)rows * n * 4) == SPARQ_OK);
+    const double e = nmse(y, ref, (size_t)rows * n);
+    if (e > worst_nmse || e != e) worst_nmse = e;
+    CHECK_MSG(e <= NMSE_MAX, "%dx%d K=%d %s rows=%d nw=%d unroll=%d chunk=%d mode %d: normalised MSE %.3g", k, n,
+              h->lin.K, trellis_cb_name(h->lin.cb), rows, nw, unroll, chunk, mode, e);
+    trellis_cuda_free(dx);
+    trellis_cuda_free(dy);
+    free(x);
+    free(y);
+    free(ref);
+}
+
+static void test_gemm_all_k(void)
+{
+    /* 384 rows = 24 k tiles, not a multiple of the default chunk; 640 cols =
+     * 20 pairs of tile columns */
+    static const int shapes[][2] = {{128, 128}, {384, 640}, {1024, 256}};
+    static const int rows_list[] = {1, 3, 16};
+    trellis_cuda_ws *ws = NULL;
+    CHECK(trellis_cuda_ws_create(1024, 1024, &ws) == SPARQ_OK);
+    for (int K = 1; K <= 8; K++)
+        for (int cb = 0; cb < TRELLIS_CB_COUNT_; cb++)
+            for (size_t s = 0; s < 3; s++) {
+                host_lin h;
+                host_lin_make(&h, shapes[s][0], shapes[s][1], K, (trellis_codebook)cb);
+                trellis_cuda_linear *dl = NULL;
+                CHECK(trellis_cuda_linear_upload(&h.lin, "random", &dl) == SPARQ_OK);
+                for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, V2);
+                check_gemm(&h, dl, ws, 2, 1, 8, 0, V2); /* the other kernel shape every K has */
+                check_gemm(&h, dl, ws, 1, 2, 4, 8, V2); /* explicit short chunk: many k splits */
+                for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, V3);
+                check_gemm(&h, dl, ws, 5, 0, 0, 8, V3);  /* one Hadamard block per split */
+                check_gemm(&h, dl, ws, 16, 0, 0, 64, V3); /* largest split, most shared memory */
+                check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+                check_gemm(&h, dl, ws, 1, 2, 0, 0, V4);
+                check_gemm(&h, dl, ws, 16, 2, 0, 0, V4);
+                trellis_cuda_linear_free(dl);
+                host_lin_free(&h);
+            }
+    trellis_cuda_ws_free(ws);
+    fprintf(stderr, "  worst normalised MSE so far %.3g\n", worst_nmse);
+}
+
+static void test_gemm_lab_variants(void)
+{
+    static const int variants[][2] = {{1, 4}, {2, 8}, {4, 4}, {1, 8}, {2, 4}};
+    trellis_cuda_ws *ws = NULL;
+    CHECK(trellis_cuda_ws_create(2048, 2048, &ws) == SPARQ_OK);
+    for (int K = 2; K <= 4; K++) {
+        host_lin h;
+        host_lin_make(&h, 2048, 768, K, TRELLIS_CB_MUL1);
+        trellis_cuda_linear *dl = NULL;
+        CHECK(trellis_cuda_linear_upload(&h.lin, "lab", &dl) == SPARQ_OK);
+        for (int minb = 3; minb <= 6; minb += (minb == 3 ? 2 : 1)) {
+            check_gemm(&h, dl, ws, 1, minb, 0, 0, V4);
+            check_gemm(&h, dl, ws, 7, minb, 0, 0, V4);
+        }
+        for (size_t v = 0; v < 5; v++) {
+            check_gemm(&h, dl, ws, 1, variants[v][0], variants[v][1], 0, V2);
+            check_gemm(&h, dl, ws, 9, variants[v][0], variants[v][1], 0, V2);
+        }
+        trellis_cuda_linear_free(dl);
+        host_lin_free(&h);
+    }
+    /* 768 x 2048: few k tiles, many columns */
+    host_lin h;
+    host_lin_make(&h, 768, 2048, 3, TRELLIS_CB_MUL1);
+    trellis_cuda_linear *dl = NULL;
+    CHECK(trellis_cuda_linear_upload(&h.lin, "lab", &dl) == SPARQ_OK);
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, V2);
+    check_gemm(&h, dl, ws, 16, 0, 0, 0, V2);
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, V3);
+    check_gemm(&h, dl, ws, 16, 0, 0, 0, V3);
+    /* repeated calls on one workspace: t and the counters must come back to
+     * zero each time, alternating versions */
+    for (int i = 0; i < 3; i++) {
+        check_gemm(&h, dl, ws, 1, 0, 0, 0, V2);
+        check_gemm(&h, dl, ws, 2, 0, 0, 0, V3);
+        check_gemm(&h, dl, ws, 16, 0, 0, 16, V3);
+        check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
+    }
+    trellis_cuda_linear_free(dl);
+    host_lin_free(&h);
+    /* 2048 x 2048 K=3 = 4 M weights: the size from which trellis_cuda_gemm picks v4 */
+    host_lin_make(&h, 2048, 2048, 3, TRELLIS_CB_MUL1);
+    CHECK(trellis_cuda_linear_upload(&h.lin, "default-v4", &dl) == SPARQ_OK);
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+    check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
+    trellis_cuda_linear_free(dl);
+    host_lin_free(&h);
+    trellis_cuda_ws_free(ws);
+}
+
+static void test_prefill(void)
+{
+    static const int rows_list[] = {1, 17, 40};
+    host_lin h;
+    host_lin_make(&h, 512, 384, 3, TRELLIS_CB_MUL1);
+    trellis_cuda_linear *dl = NULL;
+    CHECK(trellis_cuda_linear_upload(&h.lin, "prefill", &dl) == SPARQ_OK);
+    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, NULL, rows_list[r], 0, 0, 0, PREFILL);
+    trellis_cuda_linear_free(dl);
+    host_lin_free(&h);
+}
+
+/* The fused MoE layer against the CPU: per token and routed expert,
+ * down(silu(gate(x)) ⊙ up(x)) weighted and added onto a random residual. */
+static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K, trellis_codebook cb)
+{
+    host_lin *hl = calloc((size_t)3 * E, sizeof *hl);
+    trellis_cuda_linear **dl = calloc((size_t)3 * E, sizeof *dl);
+    for (int i = 0; i < 3 * E; i++) {
+        const int proj = i / E; /* 0 gate, 1 up, 2 down */
+        host_lin_make(&hl[i], proj == 2 ? inter : hidden, proj == 2 ? hidden : inter, K, cb);
+        CHECK(trellis_cuda_linear_upload(&hl[i].lin, "expert", &dl[i]) == SPARQ_OK);
+    }
+    trellis_cuda_moe *moe = NULL;
+    CHECK(trellis_cuda_moe_create(dl, dl + E, dl + 2 * E, E, tokens, top_k, &moe) == SPARQ_OK);
+    const size_t pairs = (size_t)tokens * top_k;
+    float *x = malloc((size_t)tokens * hidden * 4), *res = malloc((size_t)tokens * hidden * 4);
+    float *out = malloc((size_t)tokens * hidden * 4), *ref = calloc((size_t)tokens * hidden, 4);
+    float *w = malloc(pairs * 4), *g = malloc((size_t)inter * 4), *u = malloc((size_t)inter * 4);
+    float *d = malloc((size_t)hidden * 4);
+    int *ids = malloc(pairs * sizeof(int));
+    for (size_t i = 0; i < (size_t)tokens * hidden; i++) {
+        x[i] = rnd_unit();
+        res[i] = rnd_unit();
+    }
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < top_k; j++) {
+            int e, dup;
+            do { /* distinct experts per token */
+                e = (int)(rnd32() % (uint32_t)E);
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= ids[t * top_k + q] == e;
+            } while (dup);
+            ids[t * top_k + j] = e;
+            w[t * top_k + j] = 0.1f + 0.9f * (rnd_unit() * 0.5f + 0.5f);
+        }
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < top_k; j++) {
+            const int e = ids[t * top_k + j];
+            CHECK(trellis_linear_gemm(&hl[e].lin, x + (size_t)t * hidden, 1, g, NULL) == SPARQ_OK);
+            CHECK(trellis_linear_gemm(&hl[E + e].lin, x + (size_t)t * hidden, 1, u, NULL) == SPARQ_OK);
+            for (int i = 0; i < inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            CHECK(trellis_linear_gemm(&hl[2 * E + e].lin, g, 1, d, NULL) == SPARQ_OK);
+            for (int i = 0; i < hidden; i++) ref[(size_t)t * hidden + i] += w[t * top_k + j] * d[i];
+        }
+    void *dx = NULL, *dout = NULL, *dids = NULL, *dw = NULL;
+    CHECK(trellis_cuda_alloc(&dx, (size_t)tokens * hidden * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_alloc(&dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_alloc(&dids, pairs * sizeof(int)) == SPARQ_OK);
+    CHECK(trellis_cuda_alloc(&dw, pairs * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_upload(dx, x, (size_t)tokens * hidden * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_upload(dids, ids, pairs * sizeof(int)) == SPARQ_OK);
+    CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
+    for (int rep = 0; rep < 2; rep++) { /* twice: the scratch must come back to zero */
+        CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        sparq_status st = trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL);
+        CHECK_MSG(st == SPARQ_OK, "moe forward: %s", sparq_errmsg());
+        CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        for (size_t i = 0; i < (size_t)tokens * hidden; i++) out[i] -= res[i];
+        const double e = nmse(out, ref, (size_t)tokens * hidden);
+        if (e > worst_nmse || e != e) worst_nmse = e;
+        CHECK_MSG(e <= NMSE_MAX, "moe %dx%d E=%d top-%d tokens=%d K=%d %s: normalised MSE %.3g", hidden, inter, E,
+                  top_k, tokens, K, trellis_cb_name(cb), e);
+    }
+    trellis_cuda_moe_free(moe);
+    for (int i = 0; i < 3 * E; i++) {
+        trellis_cuda_linear_free(dl[i]);
+        host_lin_free(&hl[i]);
+    }
+    trellis_cuda_free(dx);
+    trellis_cuda_free(dout);
+    trellis_cuda_free(dids);
+    trellis_cuda_free(dw);
+    free(hl);
+    free(dl);
+    free(x);
+    free(res);
+    free(out);
+    free(ref);
+    free(w);
+    free(g);
+    free(u);
+    free(d);
+    free(ids);
+}
+
+static void test_moe(void)
+{
+    check_moe(512, 384, 4, 2, 1, 3, TRELLIS_CB_MUL1);
+    check_moe(512, 384, 4, 2, 3, 3, TRELLIS_CB_MUL1);
+    check_moe(256, 640, 6, 3, 2, 2, TRELLIS_CB_3INST);
+    check_moe(1024, 768, 8, 8, 16, 4, TRELLIS_CB_MCG); /* every expert, 16 tokens */
+    /* mismatched expert shapes are refused, naming the tensor */
+    host_lin a, b;
+    host_lin_make(&a, 256, 128, 2, TRELLIS_CB_MUL1);
+    host_lin_make(&b, 256, 128, 3, TRELLIS_CB_MUL1);
+    trellis_cuda_linear *da = NULL, *db = NULL, *dd = NULL;
+    host_lin c;
+    host_lin_make(&c, 128, 256, 2, TRELLIS_CB_MUL1);
+    CHECK(trellis_cuda_linear_upload(&a.lin, "gate0", &da) == SPARQ_OK);
+    CHECK(trellis_cuda_linear_upload(&b.lin, "up0-k3", &db) == SPARQ_OK);
+    CHECK(trellis_cuda_linear_upload(&c.lin, "down0", &dd) == SPARQ_OK);
+    trellis_cuda_moe *moe = NULL;
+    CHECK(trellis_cuda_moe_create(&da, &db, &dd, 1, 1, 1, &moe) == SPARQ_E_SHAPE);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "up0-k3");
+    CHECK(moe == NULL);
+    trellis_cuda_linear_free(da);
+    trellis_cuda_linear_free(db);
+    trellis_cuda_linear_free(dd);
+    host_lin_free(&a);
+    host_lin_free(&b);
+    host_lin_free(&c);
+}
+
+static void test_errors(void)
+{
+    trellis_cuda_ws *ws = NULL;
+    CHECK(trellis_cuda_ws_create(128, 128, &ws) == SPARQ_OK);
+    host_lin h;
+    host_lin_make(&h, 256, 128, 2, TRELLIS_CB_MUL1);
+    trellis_cuda_linear *dl = NULL;
+    CHECK(trellis_cuda_linear_upload(&h.lin, "too-big", &dl) == SPARQ_OK);
+    void *d = NULL;
+    CHECK(trellis_cuda_alloc(&d, 256 * 17 * 4) == SPARQ_OK);
+    CHECK(trellis_cuda_gemm(dl, d, 1, d, ws, NULL) == SPARQ_E_ARG);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "too-big");
+    CHECK(trellis_cuda_gemm(dl, d, 17, d, ws, NULL) == SPARQ_E_ARG);
+    h.lin.K = 9;
+    trellis_cuda_linear *bad = NULL;
+    CHECK(trellis_cuda_linear_upload(&h.lin, "k9", &bad) == SPARQ_E_UNSUPPORTED);
+    CHECK(bad == NULL);
+    trellis_cuda_free(d);
+    trellis_cuda_linear_free(dl);
+    host_lin_free(&h);
+    trellis_cuda_ws_free(ws);
+}
+
+int main(void)
+{
+    const char *why = "";
+    if (gpu_probe_count(&why) == 0 || trellis_cuda_device_count() == 0) T_SKIP("skipped: no GPU (%s)", why);
+    RUN(test_decode_random);
+    RUN(test_decode_golden);
+    RUN(test_gemm_all_k);
+    RUN(test_gemm_lab_variants);
+    RUN(test_prefill);
+    RUN(test_moe);
+    RUN(test_errors);
+    fprintf(stderr, "  worst normalised MSE %.3g (bound %g)\n", worst_nmse, NMSE_MAX);
+    return t_summary();
+}

@@ -1,0 +1,480 @@
+/* tools/bench/cuda_bench.c — benchmark of the CUDA trellis GEMV (issue 10):
+ * batch-1 y = x·W at K = 2, 3, 4 (mul1) on the issue's six (in, out) shapes,
+ * against cuBLAS fp16 (cublasGemmEx, fp16 in/out, fp32 compute: what torch's
+ * fp16 matmul runs) on the same shape in the same run, and against the memory
+ * bound (trellis bytes ÷ the measured device-to-device copy bandwidth).
+ *
+ * Method (docs/benchmarks-cuda.md): each timing captures G = 20 calls into a
+ * CUDA graph and times 25 replays with events, reporting the median ÷ G (no
+ * launch gaps, no host overhead). "cold" rotates over enough copies of the
+ * weights that they are > 4× the 60 MB L2 (what decode sees: each layer's
+ * weights once per token); "hot" repeats one copy. Also: the main kernel
+ * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
+ * then the fused MoE decode layer against one GEMV of the same weight count.
+ *
+ * Usage: cuda_bench [--quick]   (prints a table; exit 77 without a GPU) */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "kernels/cpu/trellis.h"
+#include "kernels/cuda/trellis_cuda.h"
+#include "kernels/cuda/trellis_cuda_lab.h"
+
+#define G 20
+#define REPS 25
+#define COLD_BYTES (256u << 20)
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "cuda_bench: %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+#define SK(x)                                                                                  \
+    do {                                                                                       \
+        if ((x) != SPARQ_OK) {                                                                 \
+            fprintf(stderr, "cuda_bench: %s: %s\n", #x, sparq_errmsg());                        \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* One benchmarked operation: call(i) queues the i-th call on stream s. */
+typedef struct op {
+    void (*call)(struct op *o, int i);
+    cudaStream_t s;
+    /* ours */
+    trellis_cuda_linear **lins;
+    int ncopies, rows, nw, unroll, version, chunk;
+    unsigned parts;
+    const float *x;
+    float *y;
+    trellis_cuda_ws *ws;
+    /* fused MoE layer */
+    trellis_cuda_moe *moe;
+    int **ids;
+    const float *rw;
+    /* cuBLAS */
+    cublasHandle_t h;
+    void **w16;
+    const void *x16;
+    void *y16;
+    int k, n;
+} op;
+
+static void call_ours(op *o, int i)
+{
+    if (o->version == 4) {
+        SK(trellis_cuda_gemm_bal(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s, o->nw, o->parts));
+        return;
+    }
+    if (o->version == 3) {
+        SK(trellis_cuda_gemm_v3(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s, o->chunk));
+        return;
+    }
+    SK(trellis_cuda_gemm_lab(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s, o->nw, o->unroll, 0,
+                             o->parts));
+}
+
+static void call_cublas(op *o, int i);
+static double time_op(op *o, int ncopies_used);
+
+static void call_moe(op *o, int i)
+{
+    SK(trellis_cuda_moe_forward(o->moe, o->x, 1, o->ids[i % o->ncopies], o->rw, o->y, o->s));
+}
+
+/* A random host trellis linear (mul1); the caller frees the three arrays. */
+static trellis_linear rand_linear(int k, int n, int K)
+{
+    const size_t tbytes = (size_t)k * n * K / 8;
+    uint16_t *tw = malloc(tbytes), *suh = malloc((size_t)k * 2), *svh = malloc((size_t)n * 2);
+    for (size_t i = 0; i < tbytes / 2; i++) tw[i] = (uint16_t)rnd32();
+    for (int i = 0; i < k; i++) suh[i] = sparq_f32_to_f16(rnd32() & 1 ? 0.9f : -1.1f);
+    for (int i = 0; i < n; i++) svh[i] = sparq_f32_to_f16(rnd32() & 1 ? 0.01f : -0.012f);
+    return (trellis_linear){k, n, K, TRELLIS_CB_MUL1, tw, suh, svh};
+}
+
+static void free_linear(trellis_linear *l)
+{
+    free((void *)l->trellis);
+    free((void *)l->suh);
+    free((void *)l->svh);
+}
+
+/* Fused MoE layer at batch 1 vs one GEMV over the same number of weights. */
+static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, int inter, int top_k, int E)
+{
+    const int K = 3, nsets = 8;
+    trellis_linear hg = rand_linear(hidden, inter, K), hd = rand_linear(inter, hidden, K);
+    trellis_cuda_linear **l = calloc((size_t)3 * E, sizeof *l);
+    for (int i = 0; i < 3 * E; i++) SK(trellis_cuda_linear_upload(i < 2 * E ? &hg : &hd, "expert", &l[i]));
+    trellis_cuda_moe *moe = NULL;
+    SK(trellis_cuda_moe_create(l, l + E, l + 2 * E, E, 1, top_k, &moe));
+    int **ids = calloc(nsets, sizeof *ids);
+    for (int c = 0; c < nsets; c++) {
+        int h[64];
+        for (int j = 0; j < top_k; j++) {
+            int e, dup;
+            do {
+                e = (int)(rnd32() % (uint32_t)E);
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= h[q] == e;
+            } while (dup);
+            h[j] = e;
+        }
+        CK(cudaMalloc((void **)&ids[c], (size_t)top_k * sizeof(int)));
+        CK(cudaMemcpy(ids[c], h, (size_t)top_k * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    float hw[64], *rw, *x, *out;
+    for (int j = 0; j < top_k; j++) hw[j] = 1.0f / top_k;
+    CK(cudaMalloc((void **)&rw, (size_t)top_k * 4));
+    CK(cudaMemcpy(rw, hw, (size_t)top_k * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&x, (size_t)hidden * 4));
+    CK(cudaMalloc((void **)&out, (size_t)hidden * 4));
+    CK(cudaMemset(x, 0, (size_t)hidden * 4));
+    CK(cudaMemset(out, 0, (size_t)hidden * 4));
+    op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
+    const double t_moe = time_op(&o, nsets), t_moe_hot = time_op(&o, 1);
+    /* one GEMV with the same number of weights: hidden × (top_k · 3 · inter), cold */
+    const int gn = top_k * 3 * inter;
+    const size_t gbytes = (size_t)hidden * gn * K / 8;
+    int nc = (int)((COLD_BYTES + gbytes - 1) / gbytes);
+    if (nc < 2) nc = 2;
+    trellis_linear hb = rand_linear(hidden, gn, K);
+    trellis_cuda_linear **gl = calloc((size_t)nc, sizeof *gl);
+    for (int c = 0; c < nc; c++) SK(trellis_cuda_linear_upload(&hb, "gemv", &gl[c]));
+    trellis_cuda_ws *ws = NULL;
+    SK(trellis_cuda_ws_create(hidden, gn, &ws));
+    float *gy;
+    CK(cudaMalloc((void **)&gy, (size_t)gn * 4));
+    op g = {.call = call_ours, .s = s, .lins = gl, .rows = 1, .parts = TRELLIS_CUDA_PART_ALL, .x = x, .y = gy,
+            .ws = ws, .version = 3};
+    const double t_gemv = time_op(&g, nc);
+    const double bound = (double)gbytes / bw * 1e6;
+    printf("%-22s %6d %6d %3d/%-3d %9.2f %9.2f %9.2f %7.2fx %9.2f\n", name, hidden, inter, top_k, E, t_moe, t_moe_hot,
+           t_gemv, t_moe / t_gemv, bound);
+    fflush(stdout);
+    for (int c = 0; c < nc; c++) trellis_cuda_linear_free(gl[c]);
+    free(gl);
+    trellis_cuda_ws_free(ws);
+    CK(cudaFree(gy));
+    trellis_cuda_moe_free(moe);
+    for (int i = 0; i < 3 * E; i++) trellis_cuda_linear_free(l[i]);
+    free(l);
+    for (int c = 0; c < nsets; c++) CK(cudaFree(ids[c]));
+    free(ids);
+    CK(cudaFree(rw));
+    CK(cudaFree(x));
+    CK(cudaFree(out));
+    free_linear(&hg);
+    free_linear(&hd);
+    free_linear(&hb);
+}
+
+/* lab v1: decode Q to fp16 every call, then the cuBLAS GEMV on it */
+static void call_v1(op *o, int i)
+{
+    SK(trellis_cuda_decode_inner(o->lins[i % o->ncopies], (uint16_t *)o->w16[0], o->s));
+    const int saved = o->ncopies;
+    o->ncopies = 1;
+    call_cublas(o, 0);
+    o->ncopies = saved;
+}
+
+static void call_cublas(op *o, int i)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(o->h, CUBLAS_OP_N, CUBLAS_OP_N, o->n, o->rows, o->k, &one, o->w16[i % o->ncopies], CUDA_R_16F,
+                     o->n, o->x16, CUDA_R_16F, o->k, &zero, o->y16, CUDA_R_16F, o->n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda_bench: cublasGemmEx failed\n");
+        exit(1);
+    }
+}
+
+/* Median µs per call over REPS replays of a graph of G calls. */
+static double time_op(op *o, int ncopies_used)
+{
+    const int saved = o->ncopies;
+    o->ncopies = ncopies_used;
+    for (int i = 0; i < 3; i++) o->call(o, i); /* warm-up outside the graph (cuBLAS workspace, modules) */
+    CK(cudaStreamSynchronize(o->s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(o->s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < G; i++) o->call(o, i);
+    CK(cudaStreamEndCapture(o->s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[REPS];
+    CK(cudaGraphLaunch(exec, o->s));
+    CK(cudaGraphLaunch(exec, o->s));
+    for (int r = 0; r < REPS; r++) {
+        CK(cudaEventRecord(e0, o->s));
+        CK(cudaGraphLaunch(exec, o->s));
+        CK(cudaEventRecord(e1, o->s));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+    }
+    CK(cudaGetLastError());
+    qsort(t, REPS, sizeof t[0], cmp_f);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    o->ncopies = saved;
+    return 1000.0 * t[REPS / 2] / G;
+}
+
+/* Device-to-device copy bandwidth (bytes read + written per second). */
+static double copy_bandwidth(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[11];
+    for (int i = 0; i < 3; i++) CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    for (int r = 0; r < 11; r++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+    }
+    qsort(t, 11, sizeof t[0], cmp_f);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * bytes / (t[5] * 1e-3);
+}
+
+int main(int argc, char **argv)
+{
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0;
+    if (trellis_cuda_device_count() == 0) {
+        printf("skipped: no GPU\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const double bw = copy_bandwidth();
+    printf("device: %s, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read+write)\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
+
+    static const int shapes[][2] = {{4096, 14336}, {8192, 8192}, {5120, 2304},
+                                    {2304, 5120},  {2048, 768},  {768, 2048}};
+    const int nshapes = quick ? 2 : 6;
+    if (profile) {
+        /* a few launches of each version on 4096x14336 K=3, for ncu */
+        const int k = 4096, n = 14336;
+        const size_t tbytes = (size_t)k * n * 3 / 8;
+        uint16_t *tw = malloc(tbytes), *suh = malloc((size_t)k * 2), *svh = malloc((size_t)n * 2);
+        for (size_t i = 0; i < tbytes / 2; i++) tw[i] = (uint16_t)rnd32();
+        for (int i = 0; i < k; i++) suh[i] = sparq_f32_to_f16(0.9f);
+        for (int i = 0; i < n; i++) svh[i] = sparq_f32_to_f16(0.01f);
+        const trellis_linear hl = {k, n, 3, TRELLIS_CB_MUL1, tw, suh, svh};
+        trellis_cuda_linear *lin = NULL;
+        trellis_cuda_ws *ws = NULL;
+        float *x, *y;
+        SK(trellis_cuda_linear_upload(&hl, "profile", &lin));
+        SK(trellis_cuda_ws_create(k, n, &ws));
+        CK(cudaMalloc((void **)&x, (size_t)k * 4));
+        CK(cudaMalloc((void **)&y, (size_t)n * 4));
+        CK(cudaMemset(x, 0, (size_t)k * 4));
+        for (int i = 0; i < 2; i++) {
+            SK(trellis_cuda_gemm_lab(lin, x, 1, y, ws, NULL, 0, 0, 0, TRELLIS_CUDA_PART_ALL));
+            SK(trellis_cuda_gemm_v3(lin, x, 1, y, ws, NULL, 0));
+            SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
+            SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
+        }
+        SK(trellis_cuda_sync(NULL));
+        printf("profile mode done\n");
+        return 0;
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+    cublasSetStream(h, s);
+
+    printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
+           "over > 256 MB\n",
+           G, REPS);
+    printf("%-12s %2s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %6s | %6s %6s %6s | %6s %6s %6s %6s %6s | %7s\n", "in x out",
+           "K", "v3", "v3-hot", "v2", "v2-main", "v4", "v4-main", "v4m-b3", "v4m-b5", "v4m-b6", "cublas", "cbl-hot", "speedup", "membound", "%bound", "v3c16",
+           "v3c32", "v3c64", "v2-hot", "m:1x4", "m:2x8", "m:4x4", "m:1x8", "v1");
+    for (int si = 0; si < nshapes; si++) {
+        const int k = shapes[si][0], n = shapes[si][1];
+        /* cuBLAS fp16 once per shape */
+        const size_t wbytes = (size_t)k * n * 2;
+        int nc16 = (int)((COLD_BYTES + wbytes - 1) / wbytes);
+        if (nc16 < 2) nc16 = 2;
+        uint16_t *hw = malloc(wbytes);
+        for (size_t i = 0; i < (size_t)k * n; i++)
+            hw[i] = sparq_f32_to_f16(((float)(rnd32() >> 8) / 16777216.0f - 0.5f) * 0.05f);
+        void **w16 = calloc((size_t)nc16, sizeof *w16);
+        for (int c = 0; c < nc16; c++) {
+            CK(cudaMalloc(&w16[c], wbytes));
+            CK(cudaMemcpy(w16[c], hw, wbytes, cudaMemcpyHostToDevice));
+        }
+        free(hw);
+        void *x16, *y16;
+        float *x, *y;
+        CK(cudaMalloc(&x16, (size_t)16 * k * 2));
+        CK(cudaMalloc(&y16, (size_t)16 * n * 2));
+        CK(cudaMalloc((void **)&x, (size_t)16 * k * 4));
+        CK(cudaMalloc((void **)&y, (size_t)16 * n * 4));
+        {
+            uint16_t *hx = malloc((size_t)16 * k * 2);
+            float *fx = malloc((size_t)16 * k * 4);
+            for (int i = 0; i < 16 * k; i++) {
+                fx[i] = (float)(rnd32() >> 8) / 16777216.0f - 0.5f;
+                hx[i] = sparq_f32_to_f16(fx[i]);
+            }
+            CK(cudaMemcpy(x16, hx, (size_t)16 * k * 2, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(x, fx, (size_t)16 * k * 4, cudaMemcpyHostToDevice));
+            free(hx);
+            free(fx);
+        }
+        op cb = {.call = call_cublas, .s = s, .rows = 1, .h = h, .w16 = w16, .x16 = x16, .y16 = y16, .k = k, .n = n};
+        const double t_cublas = time_op(&cb, nc16), t_cublas_hot = time_op(&cb, 1);
+
+        trellis_cuda_ws *ws = NULL;
+        SK(trellis_cuda_ws_create(k, n, &ws));
+        for (int K = 2; K <= 4; K++) {
+            const size_t tbytes = (size_t)k * n * K / 8;
+            int nc = (int)((COLD_BYTES + tbytes - 1) / tbytes);
+            if (nc < 2) nc = 2;
+            if (nc > 512) nc = 512;
+            uint16_t *tw = malloc(tbytes), *suh = malloc((size_t)k * 2), *svh = malloc((size_t)n * 2);
+            for (size_t i = 0; i < tbytes / 2; i++) tw[i] = (uint16_t)rnd32();
+            for (int i = 0; i < k; i++) suh[i] = sparq_f32_to_f16(rnd32() & 1 ? 0.9f : -1.1f);
+            for (int i = 0; i < n; i++) svh[i] = sparq_f32_to_f16(rnd32() & 1 ? 0.01f : -0.012f);
+            const trellis_linear hl = {k, n, K, TRELLIS_CB_MUL1, tw, suh, svh};
+            trellis_cuda_linear **lins = calloc((size_t)nc, sizeof *lins);
+            for (int c = 0; c < nc; c++) SK(trellis_cuda_linear_upload(&hl, "bench", &lins[c]));
+            op o = {.call = call_ours, .s = s, .lins = lins, .rows = 1, .parts = TRELLIS_CUDA_PART_ALL,
+                    .x = x, .y = y, .ws = ws, .version = 3};
+            const double t_v3 = time_op(&o, nc), t_v3_hot = time_op(&o, 1);
+            double tc[3];
+            for (int ci = 0; ci < 3; ci++) {
+                o.chunk = 16 << ci;
+                tc[ci] = time_op(&o, nc);
+            }
+            o.chunk = 0;
+            o.version = 4;
+            o.nw = 2;
+            const double t_v4 = time_op(&o, nc);
+            o.parts = TRELLIS_CUDA_PART_MAIN;
+            const double t_v4m2 = time_op(&o, nc);
+            o.nw = 3;
+            const double t_v4m3 = time_op(&o, nc);
+            o.nw = 5;
+            const double t_v4m5 = time_op(&o, nc);
+            o.nw = 6;
+            const double t_v4m6 = time_op(&o, nc);
+            o.nw = 0;
+            o.parts = TRELLIS_CUDA_PART_ALL;
+            o.version = 2;
+            const double t_ours = time_op(&o, nc), t_hot = time_op(&o, 1);
+            o.parts = TRELLIS_CUDA_PART_MAIN;
+            const double t_main = time_op(&o, nc);
+            static const int var[][2] = {{1, 4}, {2, 8}, {4, 4}, {1, 8}};
+            double tv[4];
+            for (int v = 0; v < 4; v++) {
+                o.nw = var[v][0];
+                o.unroll = var[v][1];
+                tv[v] = time_op(&o, nc);
+            }
+            const double bound = tbytes / bw * 1e6; /* bw is DRAM traffic (read + write) per second */
+            double t_v1 = NAN;
+            if (K == 3) {
+                op v1 = cb;
+                v1.call = call_v1;
+                v1.lins = lins;
+                t_v1 = time_op(&v1, nc);
+            }
+            printf("%5dx%-6d %2d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %6.2fx %8.2f %5.0f%% | %6.2f %6.2f %6.2f | %6.2f "
+                   "%6.2f %6.2f %6.2f %6.2f | %7.2f\n",
+                   k, n, K, t_v3, t_v3_hot, t_ours, t_main, t_v4, t_v4m2, t_v4m3, t_v4m5, t_v4m6, t_cublas, t_cublas_hot, t_cublas / t_v3, bound,
+                   100.0 * bound / t_v3, tc[0], tc[1], tc[2], t_hot, tv[0], tv[1], tv[2], tv[3], t_v1);
+            fflush(stdout);
+            if (si == 0 && K == 3) {
+                printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v2/v3/v4 µs:");
+                o.parts = TRELLIS_CUDA_PART_ALL;
+                o.nw = o.unroll = 0;
+                static const int rl[] = {1, 2, 4, 8, 16};
+                for (int r = 0; r < 5; r++) {
+                    o.rows = rl[r];
+                    o.version = 2;
+                    const double a = time_op(&o, nc);
+                    o.version = 3;
+                    const double b = time_op(&o, nc);
+                    o.version = 4;
+                    printf(" %d:%.2f/%.2f/%.2f", rl[r], a, b, time_op(&o, nc));
+                }
+                o.version = 2;
+                o.rows = 1;
+                printf("\n");
+                fflush(stdout);
+            }
+            for (int c = 0; c < nc; c++) trellis_cuda_linear_free(lins[c]);
+            free(lins);
+            free(tw);
+            free(suh);
+            free(svh);
+        }
+        trellis_cuda_ws_free(ws);
+        for (int c = 0; c < nc16; c++) CK(cudaFree(w16[c]));
+        free(w16);
+        CK(cudaFree(x16));
+        CK(cudaFree(y16));
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+    }
+    printf("\nfused MoE decode layer, K=3 mul1, batch 1 (one token), µs per layer; cold = routing rotates over 8 "
+           "expert sets of a layer with E experts\n");
+    printf("%-22s %6s %6s %7s %9s %9s %9s %8s %9s\n", "shapes", "hidden", "inter", "k/E", "layer", "layer-hot",
+           "gemv-eq", "ratio", "membound");
+    bench_moe(s, bw, "DeepSeek-V4.1-Flash", 5120, 2304, 6, 32);
+    bench_moe(s, bw, "Qwen3-30B-A3B", 2048, 768, 8, 128);
+    printf("gemv-eq = one v3 GEMV of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-eq\n");
+
+    printf("\nv3 = one fused launch (default chunk), v2 = three launches, v4 = v2 with a balanced grid (v4m-bN: "
+           "its main kernel alone, compiled for N blocks/SM: 2, 3 of 256 threads, 5, 6 of 128 threads); v3cN = v3 with N k tiles per block; "
+           "membound = trellis bytes / copy bandwidth (read+write bytes per s); speedup = cublas / v3 (both cold); "
+           "m:AxB = main kernel alone with A tile columns per warp, B tiles loaded ahead; v1 = decode to fp16 + cuBLAS, every call (K=3)\n");
+    cublasDestroy(h);
+    return 0;
+}

@@ -1,0 +1,33 @@
+#!/bin/sh
+# tools/bench/cuda_build.sh — build the CUDA trellis test and benchmark with one
+# nvcc/gcc line each, for machines without meson or the -dev packages (the GPU
+# machine). Depends only on libc/libm/pthread, common/{status,alloc,threadpool},
+# kernels/cpu/trellis*, kernels/cuda/trellis.cu, cudart and cuBLAS.
+#
+#   tools/bench/cuda_build.sh [OUTDIR] [ARCHS]     (defaults: build-cuda-sh, "90 121")
+# Writes OUTDIR/test_trellis_cuda and OUTDIR/cuda_bench. Run from the repo root.
+set -eu
+out=${1:-build-cuda-sh}
+archs=${2:-"90 121"}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+CC=${CC:-gcc}
+mkdir -p "$out"
+gencode=""
+for a in $archs; do gencode="$gencode -gencode arch=compute_$a,code=sm_$a"; done
+cflags="-std=c11 -O2 -I. -Itests -D_GNU_SOURCE -I$(dirname "$NVCC")/../include"
+simd=kernels/cpu/trellis_nosimd.c
+# the same SIMD files kernels/cpu/meson.build picks (every AVX file on x86-64)
+case "$(uname -m)" in x86_64) simd=$(ls kernels/cpu/trellis_avx*.c) ;; aarch64) simd=kernels/cpu/trellis_neon.c ;; esac
+objs=""
+for f in common/status.c common/alloc.c common/threadpool.c kernels/cpu/trellis.c $simd; do
+    o="$out/$(echo "$f" | tr / _).o"
+    $CC $cflags -c "$f" -o "$o"
+    objs="$objs $o"
+done
+$NVCC -std=c++17 -O3 -I. $gencode -Xptxas -v -c kernels/cuda/trellis.cu -o "$out/trellis_cu.o" \
+    2> "$out/ptxas.log" || { cat "$out/ptxas.log"; exit 1; }
+objs="$objs $out/trellis_cu.o"
+libs="-L$(dirname "$NVCC")/../lib64 -lcublas -lcudart -lpthread -lm -ldl"
+$CC $cflags tests/gpu/test_trellis_cuda.c $objs -o "$out/test_trellis_cuda" $libs -lstdc++
+$CC $cflags tools/bench/cuda_bench.c $objs -o "$out/cuda_bench" $libs -lstdc++
+echo "built $out/test_trellis_cuda $out/cuda_bench ($archs)"

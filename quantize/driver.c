@@ -1,0 +1,1401 @@
+/* quantize/driver.c — `sparq quantize`'s engine: calibration data, the
+ * per-layer capture / quantize / swap / advance loop with its work-dir
+ * checkpoint, and assembly of the exllamav3-layout output directory. See
+ * driver.h for the algorithm; the per-matrix math is quantize/ldlq.c.
+ *
+ * Work dir files (all written atomically):
+ *   job.txt                  the options that must match on --resume
+ *   layer-NNNN.safetensors   layer N's stored tensors + metadata (metrics)
+ *   head.safetensors         lm_head
+ *   hidden.bin               hidden states (quantized path, reference path)
+ *                            after the last finished layer: the checkpoint */
+#include "quantize/driver.h"
+
+#include <cblas.h>
+#include <dirent.h>
+#include <fnmatch.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "common/half.h"
+#include "common/progress.h"
+#include "formats/hfconfig.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer.h"
+#include "kernels/cpu/ops.h"
+#include "quantize/ldlq.h"
+#include "runtime/model.h"
+#include "sparq_version.h"
+
+#define MUL1_MULT 0x83DCD12Du
+#define MCG_MULT 0xCBAC1FEDu
+
+const char *qz_method_name(qz_method m)
+{
+    switch (m) {
+    case QZ_METHOD_TRELLIS: return "trellis";
+    case QZ_METHOD_TRELLIS_NOCALIB: return "trellis-nocalib";
+    case QZ_METHOD_RTN: return "rtn";
+    }
+    return "?";
+}
+
+bool qz_method_parse(const char *s, qz_method *out)
+{
+    for (int m = 0; m <= QZ_METHOD_RTN; m++)
+        if (strcmp(s, qz_method_name((qz_method)m)) == 0) {
+            *out = (qz_method)m;
+            return true;
+        }
+    return false;
+}
+
+void qz_opts_default(qz_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->bits = 3.0;
+    o->head_bits = 6;
+    o->calib_rows = 16;
+    o->calib_len = 256;
+    o->random_rows_frac = 0.15;
+    o->cb = TRELLIS_CB_MUL1;
+    o->method = QZ_METHOD_TRELLIS;
+    o->rtn_group = 128;
+    o->shard_bytes = 4ull << 30;
+    o->stop_after_layer = -1;
+    o->scale_search = QZ_SCALE_SHARED;
+}
+
+void qz_report_free(qz_report *r)
+{
+    sparq_free(r->tensors);
+    sparq_free(r->layers);
+    memset(r, 0, sizeof *r);
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash_str(uint64_t seed, const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ mix64(seed);
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return mix64(h);
+}
+
+static sparq_status report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy)
+{
+    if (r->n_tensors == r->cap_tensors) {
+        int cap = r->cap_tensors ? 2 * r->cap_tensors : 256;
+        qz_tensor_stat *t = sparq_realloc(r->tensors, (size_t)cap * sizeof *t);
+        RETURN_IF(!t, SPARQ_E_NOMEM, "out of memory for the report");
+        r->tensors = t;
+        r->cap_tensors = cap;
+    }
+    qz_tensor_stat *t = &r->tensors[r->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->key, sizeof t->key, "%.191s", key);
+    t->K = K, t->k = k, t->n = n, t->proxy_err = proxy;
+    return SPARQ_OK;
+}
+
+/* --- calibration data ------------------------------------------------------------ */
+
+static sparq_status append_text(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 3 > *cap) {
+        size_t c = (*cap ? *cap * 2 : 1 << 16);
+        while (c < *len + n + 3) c *= 2;
+        char *b = sparq_realloc(*buf, c);
+        RETURN_IF(!b, SPARQ_E_NOMEM, "out of memory reading calibration text");
+        *buf = b, *cap = c;
+    }
+    if (*len) {
+        memcpy(*buf + *len, "\n\n", 2);
+        *len += 2;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return SPARQ_OK;
+}
+
+static sparq_status read_calib_text(const qz_opts *o, char **out, size_t *out_len)
+{
+    char *all = NULL;
+    size_t len = 0, cap = 0;
+    for (int f = 0; f < o->n_calib; f++) {
+        char *data = NULL;
+        size_t n = 0;
+        sparq_status st = sparq_file_read_all(o->calib[f], (size_t)1 << 31, &data, &n);
+        if (st != SPARQ_OK) {
+            sparq_free(all);
+            return st;
+        }
+        size_t pl = strlen(o->calib[f]);
+        bool jsonl = pl > 6 && strcmp(o->calib[f] + pl - 6, ".jsonl") == 0;
+        if (!jsonl) {
+            st = append_text(&all, &len, &cap, data, n);
+        } else {
+            size_t line_no = 0;
+            for (char *line = data, *end; line && *line && st == SPARQ_OK; line = end ? end + 1 : NULL) {
+                end = strchr(line, '\n');
+                if (end) *end = 0;
+                line_no++;
+                if (!*line) continue;
+                json_error_t jerr;
+                json_t *j = json_loads(line, 0, &jerr);
+                const char *t = j ? json_string_value(json_object_get(j, "text")) : NULL;
+                if (!t)
+                    st = sparq_err(SPARQ_E_FORMAT, "%s:%zu: expected a JSON object with a \"text\" string",
+                                   o->calib[f], line_no);
+                else
+                    st = append_text(&all, &len, &cap, t, strlen(t));
+                json_decref(j);
+            }
+        }
+        sparq_free(data);
+        if (st != SPARQ_OK) {
+            sparq_free(all);
+            return st;
+        }
+    }
+    RETURN_IF(!all, SPARQ_E_ARG, "no calibration text (give --calib FILE)");
+    *out = all;
+    *out_len = len;
+    return SPARQ_OK;
+}
+
+/* rows × len token ids: text rows first, then uniform random rows. */
+static sparq_status build_calib_tokens(const qz_opts *o, int vocab, int32_t **out, int *rows_out,
+                                       int *random_out)
+{
+    int T = o->calib_len;
+    int n_random = (int)lround(o->calib_rows * o->random_rows_frac);
+    if (n_random >= o->calib_rows) n_random = o->calib_rows - 1;
+    int n_text = o->calib_rows - n_random;
+    char *text = NULL;
+    size_t tlen = 0;
+    FORWARD_IF(read_calib_text(o, &text, &tlen));
+    sq_tokenizer *tok = NULL;
+    sparq_status st = sq_tokenizer_load(&tok, o->model_dir);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (st == SPARQ_OK) st = sq_tokenizer_encode(tok, text, tlen, false, &ids, &n_ids);
+    sq_tokenizer_free(tok);
+    sparq_free(text);
+    FORWARD_IF(st);
+    if ((size_t)n_text * T > n_ids) n_text = (int)(n_ids / (size_t)T);
+    if (n_text < 1) {
+        sparq_free(ids);
+        return sparq_err(SPARQ_E_ARG, "calibration text has %zu tokens, fewer than one row of --calib-len %d",
+                         n_ids, T);
+    }
+    int rows = n_text + n_random;
+    int32_t *tk = sparq_malloc((size_t)rows * T * sizeof *tk);
+    if (!tk) {
+        sparq_free(ids);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory for calibration tokens");
+    }
+    /* Spread the text rows over the whole text. */
+    size_t stride = n_ids / (size_t)n_text;
+    for (int r = 0; r < n_text; r++) memcpy(tk + (size_t)r * T, ids + (size_t)r * stride, (size_t)T * sizeof *tk);
+    uint64_t s = mix64(o->seed ^ 0xCA11B4A7ull);
+    for (size_t i = (size_t)n_text * T; i < (size_t)rows * T; i++) {
+        s = mix64(s);
+        tk[i] = (int32_t)(s % (uint64_t)vocab);
+    }
+    sparq_free(ids);
+    *out = tk;
+    *rows_out = rows;
+    *random_out = n_random;
+    return SPARQ_OK;
+}
+
+/* --- job state ------------------------------------------------------------------- */
+
+typedef struct hess_acc {
+    float *h;   /* k×k, upper triangle accumulated (ssyrk) */
+    int k;
+    uint64_t count;
+} hess_acc;
+
+typedef struct layer_capture {
+    int layer;
+    hess_acc attn, o, mlp;
+    hess_acc *down; /* n_down */
+    int n_down;
+    sparq_status st;
+} layer_capture;
+
+typedef struct qjob {
+    const qz_opts *o;
+    qz_report *rep;
+    sq_model *m;
+    const sq_model_config *cfg;
+    sf_model *src;
+    sparq_pool *pool;
+    viterbi_enc *enc[TRELLIS_K_MAX + 1];
+    int d, n_layers, rows, T, batch_seqs;
+    int32_t *tokens;
+    float *hq, *href, *tmp;
+    int *pos;
+    char *work;
+    double t_quant;
+} qjob;
+
+static void hess_free(hess_acc *h)
+{
+    sparq_aligned_free(h->h);
+    h->h = NULL;
+}
+
+static sparq_status hess_init(hess_acc *h, int k)
+{
+    h->k = k;
+    h->count = 0;
+    h->h = sparq_aligned_alloc(64, (size_t)k * k * sizeof(float));
+    RETURN_IF(!h->h, SPARQ_E_NOMEM, "out of memory for a %d x %d Hessian", k, k);
+    memset(h->h, 0, (size_t)k * k * sizeof(float));
+    return SPARQ_OK;
+}
+
+static void hess_add(hess_acc *h, const float *x, int rows, int in)
+{
+    if (!h->h || in != h->k) return;
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, in, rows, 1.0f, x, in, 1.0f, h->h, in);
+    h->count += (uint64_t)rows;
+}
+
+/* Symmetrise and divide by the count (the mean of xᵀx). */
+static void hess_finish(hess_acc *h)
+{
+    if (!h->h) return;
+    float inv = h->count ? 1.0f / (float)h->count : 0.0f;
+    for (int r = 0; r < h->k; r++)
+        for (int c = r; c < h->k; c++) {
+            float v = h->h[(size_t)r * h->k + c] * inv;
+            h->h[(size_t)r * h->k + c] = v;
+            h->h[(size_t)c * h->k + r] = v;
+        }
+}
+
+static void capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in)
+{
+    layer_capture *c = user;
+    if (layer != c->layer) return;
+    switch (which) {
+    case SQ_LIN_Q: hess_add(&c->attn, x, rows, in); break;
+    case SQ_LIN_O: hess_add(&c->o, x, rows, in); break;
+    case SQ_LIN_GATE:
+        if (expert <= 0) hess_add(&c->mlp, x, rows, in);
+        break;
+    case SQ_LIN_DOWN:
+        if (expert >= 0 && expert < c->n_down) {
+            if (!c->down[expert].h && c->st == SPARQ_OK) c->st = hess_init(&c->down[expert], in);
+            hess_add(&c->down[expert], x, rows, in);
+        }
+        break;
+    default: break;
+    }
+}
+
+static void capture_free(layer_capture *c)
+{
+    hess_free(&c->attn);
+    hess_free(&c->o);
+    hess_free(&c->mlp);
+    for (int e = 0; e < c->n_down; e++) hess_free(&c->down[e]);
+    sparq_free(c->down);
+}
+
+/* Run `hidden` (all rows) through layer L in batches. */
+static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer *obs)
+{
+    int T = j->T, per = j->batch_seqs;
+    for (int s0 = 0; s0 < j->rows; s0 += per) {
+        int ns = j->rows - s0 < per ? j->rows - s0 : per;
+        FORWARD_IF(sq_model_forward_layer(j->m, L, hidden + (size_t)s0 * T * j->d, ns * T, j->pos, -1, obs));
+    }
+    return SPARQ_OK;
+}
+
+/* --- bits ----------------------------------------------------------------------- */
+
+static int bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe)
+{
+    const qz_opts *o = j->o;
+    int base = (int)floor(o->bits + 1e-9);
+    double frac = o->bits - base;
+    if (frac > 1e-9 && layer >= 0) {
+        /* Upgrade an evenly spread share `frac` of the layers by one bit. */
+        if (floor((layer + 1) * frac + 1e-9) > floor(layer * frac + 1e-9)) base++;
+    }
+    int K;
+    if (layer < 0) K = o->head_bits;
+    else if (which <= SQ_LIN_O) K = base + 2;
+    else K = moe ? base : base + 1;
+    for (int r = 0; r < o->n_rules; r++)
+        if (fnmatch(o->rules[r].pattern, key, 0) == 0) K = o->rules[r].K;
+    if (K < 1) K = 1;
+    if (K > TRELLIS_K_MAX) K = TRELLIS_K_MAX;
+    return K;
+}
+
+/* --- one linear --------------------------------------------------------------- */
+
+typedef struct qlin {
+    char *key;
+    int K, k, n;          /* k = in, n = out */
+    uint16_t *trellis, *suh, *svh; /* EXL3 */
+    uint16_t *bf16;       /* RTN: [out, in] */
+    float *w_f32;         /* RTN: the bf16 values as fp32, for the swapped-in linear */
+    trellis_linear tl;
+    double proxy;
+} qlin;
+
+static void qlin_free(qlin *q)
+{
+    sparq_free(q->key);
+    sparq_free(q->trellis);
+    sparq_free(q->suh);
+    sparq_free(q->svh);
+    sparq_free(q->bf16);
+    sparq_free(q->w_f32);
+    memset(q, 0, sizeof *q);
+}
+
+/* Load `<key>.weight` [out, in] from the source as fp32, transposed to
+ * (in, out) when `transpose`. */
+static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", key);
+    const sf_tensor *t = sf_find(j->src, name);
+    RETURN_IF(!t, SPARQ_E_NOTFOUND, "%s: tensor '%s' not found", j->o->model_dir, name);
+    RETURN_IF(t->ndim != 2, SPARQ_E_SHAPE, "%s: tensor '%s' is not a matrix", j->o->model_dir, name);
+    int out = (int)t->shape[0], in = (int)t->shape[1];
+    float *a = sparq_malloc(t->numel * sizeof(float));
+    RETURN_IF(!a, SPARQ_E_NOMEM, "%s: out of memory", name);
+    sparq_status st = sf_to_f32(t, a);
+    if (st != SPARQ_OK) {
+        sparq_free(a);
+        return sparq_err_context(st, "%s", name);
+    }
+    if (transpose) {
+        float *b = sparq_malloc(t->numel * sizeof(float));
+        if (!b) {
+            sparq_free(a);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+        }
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c++) b[(size_t)c * out + r] = a[(size_t)r * in + c];
+        sparq_free(a);
+        a = b;
+    }
+    *out_n = out, *in_n = in, *w = a;
+    return SPARQ_OK;
+}
+
+static sparq_status get_enc(qjob *j, int K, viterbi_enc **out)
+{
+    if (!j->enc[K]) FORWARD_IF(viterbi_create(&j->enc[K], K, j->o->cb, sparq_pool_size(j->pool)));
+    *out = j->enc[K];
+    return SPARQ_OK;
+}
+
+/* RTN: per-group (along the input dim) asymmetric min/max, 2^K levels. */
+static void rtn_quantize(const float *w, int out, int in, int K, int group, float *deq)
+{
+    int levels = (1 << K) - 1;
+    for (int r = 0; r < out; r++)
+        for (int g0 = 0; g0 < in; g0 += group) {
+            int g1 = g0 + group < in ? g0 + group : in;
+            const float *x = w + (size_t)r * in;
+            float lo = x[g0], hi = x[g0];
+            for (int c = g0; c < g1; c++) lo = fminf(lo, x[c]), hi = fmaxf(hi, x[c]);
+            float scale = (hi - lo) / (float)levels;
+            for (int c = g0; c < g1; c++) {
+                float q = scale > 0 ? roundf((x[c] - lo) / scale) : 0.0f;
+                deq[(size_t)r * in + c] = sparq_bf16_to_f32(sparq_f32_to_bf16(lo + q * scale));
+            }
+        }
+}
+
+/* Quantize one linear `key` with prepared Hessian hs (NULL for RTN); h_mean
+ * (may be NULL) is the undamped mean Hessian for RTN's error metric. */
+static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_hessian *hs, const float *h_mean,
+                                    double g_fixed, double *g_used, qlin *q)
+{
+    memset(q, 0, sizeof *q);
+    q->key = sparq_strdup(key);
+    RETURN_IF(!q->key, SPARQ_E_NOMEM, "out of memory");
+    q->K = K;
+    double t0 = sparq_now();
+    float *w = NULL;
+    int out, in;
+    sparq_status st;
+    if (j->o->method == QZ_METHOD_RTN) {
+        FORWARD_IF(load_weight(j, key, &out, &in, &w, false));
+        q->k = in, q->n = out;
+        q->w_f32 = sparq_malloc((size_t)out * in * sizeof(float));
+        q->bf16 = sparq_malloc((size_t)out * in * sizeof(uint16_t));
+        if (!q->w_f32 || !q->bf16) {
+            sparq_free(w);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        rtn_quantize(w, out, in, K, j->o->rtn_group, q->w_f32);
+        for (size_t i = 0; i < (size_t)out * in; i++) q->bf16[i] = sparq_f32_to_bf16(q->w_f32[i]);
+        /* Error metric: relative error weighted by the input Hessian when we have one. */
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)out * in; i++) {
+            double e = (double)w[i] - q->w_f32[i];
+            num += e * e, den += (double)w[i] * w[i];
+        }
+        (void)h_mean;
+        q->proxy = den > 0 ? num / den : 0.0;
+        sparq_free(w);
+    } else {
+        FORWARD_IF(load_weight(j, key, &out, &in, &w, true));
+        q->k = in, q->n = out;
+        RETURN_IF(in != ldlq_hessian_k(hs), SPARQ_E_STATE, "%s: input size %d but Hessian is %d", key, in,
+                  ldlq_hessian_k(hs));
+        q->trellis = sparq_malloc((size_t)in * out / 256 * 16 * K * sizeof(uint16_t));
+        q->suh = sparq_malloc((size_t)in * sizeof(uint16_t));
+        q->svh = sparq_malloc((size_t)out * sizeof(uint16_t));
+        if (!q->trellis || !q->suh || !q->svh) {
+            sparq_free(w);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        viterbi_enc *enc = NULL;
+        st = get_enc(j, K, &enc);
+        ldlq_opts lo;
+        ldlq_opts_default(&lo, K);
+        lo.cb = j->o->cb;
+        lo.seed = hash_str(j->o->seed, key);
+        lo.out_scales = 1; /* exllamav3 1.4.1: "always" */
+        lo.g_fixed = j->o->scale_search == QZ_SCALE_FIXED ? ldlq_default_g(K, j->o->cb) : g_fixed;
+        ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
+        if (st == SPARQ_OK) st = ldlq_quantize(hs, w, out, &lo, enc, j->pool, key, &res);
+        sparq_free(w);
+        FORWARD_IF(st);
+        q->proxy = res.proxy_err;
+        if (g_used) *g_used = res.g_scale;
+        q->tl = (trellis_linear){.k = in, .n = out, .K = K, .cb = j->o->cb, .trellis = q->trellis,
+                                 .suh = q->suh, .svh = q->svh};
+    }
+    j->t_quant += sparq_now() - t0;
+    j->rep->n_weights += (uint64_t)q->k * q->n;
+    return SPARQ_OK;
+}
+
+/* Swap q into the model's linear l. */
+static sparq_status swap_in(qjob *j, sq_linear *l, qlin *q)
+{
+    (void)j;
+    RETURN_IF(!l, SPARQ_E_STATE, "%s: the model has no such linear", q->key);
+    if (q->bf16) {
+        l->kind = SQ_LINEAR_F32;
+        l->w = q->w_f32;
+        l->impl = NULL;
+        l->forward = NULL;
+        return SPARQ_OK;
+    }
+    return sq_cpu_linear_exl3_bind(l, &q->tl, q->key);
+}
+
+/* Add q's stored tensors to writer w (data referenced: q must outlive the finish). */
+static sparq_status add_qlin_tensors(sf_writer *w, const qlin *q, trellis_codebook cb)
+{
+    char name[512];
+    static const int32_t mul1 = (int32_t)MUL1_MULT, mcg = (int32_t)MCG_MULT;
+    if (q->bf16) {
+        snprintf(name, sizeof name, "%s.weight", q->key);
+        uint64_t shape[2] = {(uint64_t)q->n, (uint64_t)q->k};
+        return sf_writer_add_ref(w, name, SF_BF16, 2, shape, q->bf16, (uint64_t)q->k * q->n * 2);
+    }
+    uint64_t ts[3] = {(uint64_t)q->k / 16, (uint64_t)q->n / 16, (uint64_t)16 * q->K};
+    snprintf(name, sizeof name, "%s.trellis", q->key);
+    FORWARD_IF(sf_writer_add_ref(w, name, SF_I16, 3, ts, q->trellis, ts[0] * ts[1] * ts[2] * 2));
+    uint64_t ks = (uint64_t)q->k, ns = (uint64_t)q->n;
+    snprintf(name, sizeof name, "%s.suh", q->key);
+    FORWARD_IF(sf_writer_add_ref(w, name, SF_F16, 1, &ks, q->suh, ks * 2));
+    snprintf(name, sizeof name, "%s.svh", q->key);
+    FORWARD_IF(sf_writer_add_ref(w, name, SF_F16, 1, &ns, q->svh, ns * 2));
+    if (cb == TRELLIS_CB_MUL1) {
+        snprintf(name, sizeof name, "%s.mul1", q->key);
+        FORWARD_IF(sf_writer_add_ref(w, name, SF_I32, 0, NULL, &mul1, 4));
+    } else if (cb == TRELLIS_CB_MCG) {
+        snprintf(name, sizeof name, "%s.mcg", q->key);
+        FORWARD_IF(sf_writer_add_ref(w, name, SF_I32, 0, NULL, &mcg, 4));
+    }
+    return SPARQ_OK;
+}
+
+static sparq_status meta_num(sf_writer *w, const char *prefix, const char *key, double v)
+{
+    char k[512], val[64];
+    snprintf(k, sizeof k, "%s%s", prefix, key);
+    snprintf(val, sizeof val, "%.17g", v);
+    return sf_writer_set_metadata(w, k, val);
+}
+
+/* --- hidden-state checkpoint ------------------------------------------------------ */
+
+#define HID_MAGIC "SQHIDv1\n"
+
+static sparq_status save_hidden(qjob *j, int layer)
+{
+    size_t n = (size_t)j->rows * j->T * j->d;
+    char *path = sparq_path_join(j->work, "hidden.bin");
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    sparq_atomic_file f = {0};
+    sparq_status st = sparq_atomic_open(&f, path);
+    int32_t hdr[4] = {layer, j->rows, j->T, j->d};
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, HID_MAGIC, 8);
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, hdr, sizeof hdr);
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, j->hq, n * sizeof(float));
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, j->href, n * sizeof(float));
+    if (st == SPARQ_OK) st = sparq_atomic_commit(&f);
+    else sparq_atomic_abort(&f);
+    sparq_free(path);
+    return st;
+}
+
+/* Returns the last finished layer in *layer (-1: nothing usable). */
+static sparq_status load_hidden(qjob *j, int *layer)
+{
+    *layer = -1;
+    size_t n = (size_t)j->rows * j->T * j->d;
+    char *path = sparq_path_join(j->work, "hidden.bin");
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    char *data = NULL;
+    size_t len = 0;
+    sparq_status st = sparq_path_exists(path) ? sparq_file_read_all(path, 0, &data, &len) : SPARQ_OK;
+    if (st == SPARQ_OK && data) {
+        int32_t hdr[4];
+        if (len != 8 + sizeof hdr + 2 * n * sizeof(float) || memcmp(data, HID_MAGIC, 8) != 0) {
+            st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (size or magic differ)", path);
+        } else {
+            memcpy(hdr, data + 8, sizeof hdr);
+            if (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d)
+                st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
+            else {
+                memcpy(j->hq, data + 8 + sizeof hdr, n * sizeof(float));
+                memcpy(j->href, data + 8 + sizeof hdr + n * sizeof(float), n * sizeof(float));
+                *layer = hdr[0];
+            }
+        }
+    }
+    sparq_free(data);
+    sparq_free(path);
+    return st;
+}
+
+static char *work_file(const qjob *j, int layer)
+{
+    char name[64];
+    if (layer < 0) snprintf(name, sizeof name, "head.safetensors");
+    else snprintf(name, sizeof name, "layer-%04d.safetensors", layer);
+    return sparq_path_join(j->work, name);
+}
+
+/* Read a finished layer's stats back from its work file (on --resume). */
+static sparq_status restore_layer_stats(qjob *j, int layer)
+{
+    char *path = work_file(j, layer);
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    sf_model *sf = NULL;
+    sparq_status st = sf_open(&sf, path);
+    sparq_free(path);
+    FORWARD_IF(st);
+    qz_layer_stat *ls = &j->rep->layers[layer];
+    const char *v;
+    ls->layer = layer;
+    ls->resumed = true;
+    if ((v = sf_metadata(sf, "layer.rel_err"))) ls->rel_err = atof(v);
+    if ((v = sf_metadata(sf, "layer.cosine"))) ls->cosine = atof(v);
+    if ((v = sf_metadata(sf, "layer.sqnr_db"))) ls->sqnr_db = atof(v);
+    if ((v = sf_metadata(sf, "layer.mean_proxy"))) ls->mean_proxy = atof(v);
+    if ((v = sf_metadata(sf, "layer.max_proxy"))) ls->max_proxy = atof(v);
+    for (size_t i = 0; i < sf_count(sf) && st == SPARQ_OK; i++) {
+        const sf_tensor *t = sf_at(sf, i);
+        size_t nl = strlen(t->name);
+        bool tr = nl > 8 && strcmp(t->name + nl - 8, ".trellis") == 0;
+        bool wt = nl > 7 && strcmp(t->name + nl - 7, ".weight") == 0;
+        if (!tr && !wt) continue;
+        char key[512], mk[600];
+        snprintf(key, sizeof key, "%.*s", (int)(nl - (tr ? 8 : 7)), t->name);
+        snprintf(mk, sizeof mk, "proxy.%s", key);
+        double p = (v = sf_metadata(sf, mk)) ? atof(v) : 0.0;
+        snprintf(mk, sizeof mk, "K.%s", key);
+        int K = (v = sf_metadata(sf, mk)) ? atoi(v) : 0;
+        int k = tr ? (int)t->shape[0] * 16 : (int)t->shape[1];
+        int n = tr ? (int)t->shape[1] * 16 : (int)t->shape[0];
+        st = report_add_tensor(j->rep, key, K, k, n, p);
+    }
+    sf_close(sf);
+    j->rep->resumed_layers++;
+    return st;
+}
+
+/* --- the layer loop --------------------------------------------------------------- */
+
+static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
+{
+    size_t rows = (size_t)j->rows * j->T;
+    double num = 0, den = 0, cos_sum = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const float *a = j->hq + r * j->d, *b = j->href + r * j->d;
+        double ab = 0, aa = 0, bb = 0, e = 0;
+        for (int c = 0; c < j->d; c++) {
+            ab += (double)a[c] * b[c], aa += (double)a[c] * a[c], bb += (double)b[c] * b[c];
+            e += ((double)a[c] - b[c]) * ((double)a[c] - b[c]);
+        }
+        num += e, den += bb;
+        cos_sum += (aa > 0 && bb > 0) ? ab / sqrt(aa * bb) : 1.0;
+    }
+    ls->rel_err = den > 0 ? sqrt(num / den) : 0.0;
+    ls->cosine = cos_sum / (double)rows;
+    ls->sqnr_db = num > 0 ? 10.0 * log10(den / num) : 999.0;
+}
+
+typedef struct lin_ref {
+    sq_lin_id which;
+    int expert;
+    hess_acc *h;
+} lin_ref;
+
+static sparq_status do_layer(qjob *j, int L, int n_total)
+{
+    const sq_model_config *c = j->cfg;
+    qz_layer_stat *ls = &j->rep->layers[L];
+    memset(ls, 0, sizeof *ls);
+    ls->layer = L;
+    double t0 = sparq_now();
+    bool moe = sq_model_layer_is_moe(j->m, L);
+    int n_exp = moe ? (int)c->num_experts : 1;
+    size_t nh = (size_t)j->rows * j->T * j->d;
+
+    layer_capture cap = {.layer = L, .n_down = n_exp};
+    cap.down = sparq_calloc((size_t)n_exp, sizeof *cap.down);
+    RETURN_IF(!cap.down, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = SPARQ_OK;
+    bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
+    if (calibrated) {
+        int qdim = (int)(c->num_attention_heads * c->head_dim);
+        st = hess_init(&cap.attn, j->d);
+        if (st == SPARQ_OK) st = hess_init(&cap.o, qdim);
+        if (st == SPARQ_OK) st = hess_init(&cap.mlp, j->d);
+        if (st == SPARQ_OK) {
+            memcpy(j->tmp, j->hq, nh * sizeof(float));
+            sq_observer obs = {.user = &cap, .linear_input = capture_cb, .all_experts = true};
+            st = forward_all(j, L, j->tmp, &obs);
+            if (st == SPARQ_OK) st = cap.st;
+        }
+        hess_finish(&cap.attn), hess_finish(&cap.o), hess_finish(&cap.mlp);
+        for (int e = 0; e < n_exp; e++) hess_finish(&cap.down[e]);
+    }
+    /* Reference path through the original layer. */
+    if (st == SPARQ_OK) st = forward_all(j, L, j->href, NULL);
+
+    /* The linears of this layer, grouped by Hessian. */
+    int n_lin = 4 + 3 * n_exp;
+    lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
+    qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
+    if (st == SPARQ_OK && (!refs || !ql)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) {
+        int i = 0;
+        refs[i++] = (lin_ref){SQ_LIN_Q, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_K, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_V, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_O, 0, &cap.o};
+        for (int e = 0; e < n_exp; e++) {
+            refs[i++] = (lin_ref){SQ_LIN_GATE, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_UP, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_DOWN, e, &cap.down[e]};
+        }
+    }
+    char label[64], eta[32] = "?";
+    if (L > 0 && j->rep->total_seconds > 0) {
+        double per = j->rep->total_seconds / (L - j->rep->resumed_layers > 0 ? L - j->rep->resumed_layers : 1);
+        sparq_format_duration(eta, sizeof eta, per * (n_total - L));
+    }
+    snprintf(label, sizeof label, "layer %d/%d eta %s", L + 1, n_total, eta);
+    sparq_progress pb;
+    sparq_progress_begin(&pb, label, (uint64_t)n_lin, SPARQ_PROGRESS_ITEMS);
+    sparq_progress_set_unit_name(&pb, "tensors");
+    ldlq_hessian *hs = NULL;
+    const hess_acc *hs_for = NULL;
+    double psum = 0, pmax = 0;
+    double g_shared[3][TRELLIS_K_MAX + 1] = {{0}}; /* GATE/UP/DOWN × K, from expert 0 */
+    for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (!l) {
+            st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, sq_lin_id_name(refs[i].which),
+                           refs[i].expert);
+            break;
+        }
+        const char *key = l->name;
+        int K = bits_for(j, key, L, refs[i].which, moe);
+        if (j->o->method != QZ_METHOD_RTN && (hs == NULL || hs_for != refs[i].h)) {
+            ldlq_hessian_free(hs);
+            hs = NULL;
+            hs_for = refs[i].h;
+            int k = l->in;
+            char hname[600];
+            snprintf(hname, sizeof hname, "%s (input Hessian)", key);
+            st = ldlq_hessian_prepare(&hs, calibrated ? refs[i].h->h : NULL, k, 0.0f,
+                                      hash_str(j->o->seed, hname), hname);
+            if (st != SPARQ_OK) break;
+        }
+        double *gs = NULL, g_fixed = 0.0;
+        if (moe && refs[i].which >= SQ_LIN_GATE && j->o->scale_search == QZ_SCALE_SHARED) {
+            gs = &g_shared[refs[i].which - SQ_LIN_GATE][K];
+            g_fixed = *gs;
+        }
+        st = quantize_linear(j, key, K, hs, calibrated ? refs[i].h->h : NULL, g_fixed, gs, &ql[i]);
+        if (st == SPARQ_OK) {
+            psum += ql[i].proxy;
+            pmax = fmax(pmax, ql[i].proxy);
+        }
+        sparq_progress_add(&pb, 1);
+    }
+    sparq_progress_end(&pb);
+    ldlq_hessian_free(hs);
+    capture_free(&cap);
+
+    /* Swap in and advance the quantized path with normal routing. */
+    for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
+        st = swap_in(j, sq_model_linear(j->m, L, refs[i].which, refs[i].expert), &ql[i]);
+    if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
+    if (st == SPARQ_OK) {
+        hidden_metrics(j, ls);
+        ls->mean_proxy = psum / n_lin;
+        ls->max_proxy = pmax;
+        ls->seconds = sparq_now() - t0;
+        for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
+            st = report_add_tensor(j->rep, ql[i].key, ql[i].K, ql[i].k, ql[i].n, ql[i].proxy);
+    }
+    /* Checkpoint: the layer's tensors, then the hidden states. */
+    if (st == SPARQ_OK) {
+        char *path = work_file(j, L);
+        sf_writer *w = NULL;
+        st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+            st = add_qlin_tensors(w, &ql[i], j->o->cb);
+            if (st == SPARQ_OK) st = meta_num(w, "proxy.", ql[i].key, ql[i].proxy);
+            if (st == SPARQ_OK) st = meta_num(w, "K.", ql[i].key, ql[i].K);
+        }
+        if (st == SPARQ_OK) st = meta_num(w, "layer.", "rel_err", ls->rel_err);
+        if (st == SPARQ_OK) st = meta_num(w, "layer.", "cosine", ls->cosine);
+        if (st == SPARQ_OK) st = meta_num(w, "layer.", "sqnr_db", ls->sqnr_db);
+        if (st == SPARQ_OK) st = meta_num(w, "layer.", "mean_proxy", ls->mean_proxy);
+        if (st == SPARQ_OK) st = meta_num(w, "layer.", "max_proxy", ls->max_proxy);
+        if (st == SPARQ_OK) st = sf_writer_finish(w);
+        else sf_writer_free(w);
+        sparq_free(path);
+    }
+    if (st == SPARQ_OK) st = save_hidden(j, L);
+    /* The model keeps pointing at ql's buffers until the next layer is run;
+     * layer L is never run again, so they can go now. */
+    for (int i = 0; i < n_lin && ql; i++) qlin_free(&ql[i]);
+    sparq_free(ql);
+    sparq_free(refs);
+    return st;
+}
+
+/* lm_head: Hessian of final_norm(h_q), weight lm_head.weight or the tied embedding. */
+static sparq_status do_head(qjob *j)
+{
+    const char *wkey = sf_find(j->src, "lm_head.weight") ? "lm_head" : "model.embed_tokens";
+    const sf_tensor *nw = sf_find(j->src, "model.norm.weight");
+    RETURN_IF(!nw || nw->numel != (uint64_t)j->d, SPARQ_E_NOTFOUND, "%s: model.norm.weight missing or wrong size",
+              j->o->model_dir);
+    size_t rows = (size_t)j->rows * j->T;
+    float *norm = sparq_malloc((size_t)j->d * sizeof(float));
+    hess_acc h = {0};
+    sparq_status st = norm ? sf_to_f32(nw, norm) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
+    if (st == SPARQ_OK && calibrated) {
+        st = hess_init(&h, j->d);
+        for (size_t r = 0; r < rows && st == SPARQ_OK; r++) {
+            const float *x = j->hq + r * j->d;
+            float *y = j->tmp + r * j->d;
+            double ss = 0;
+            for (int c = 0; c < j->d; c++) ss += (double)x[c] * x[c];
+            float inv = (float)(1.0 / sqrt(ss / j->d + j->cfg->rms_norm_eps));
+            for (int c = 0; c < j->d; c++) y[c] = x[c] * inv * norm[c];
+        }
+        if (st == SPARQ_OK) {
+            for (size_t r0 = 0; r0 < rows; r0 += 4096)
+                hess_add(&h, j->tmp + r0 * j->d, (int)(rows - r0 < 4096 ? rows - r0 : 4096), j->d);
+            hess_finish(&h);
+        }
+    }
+    sparq_free(norm);
+    ldlq_hessian *hs = NULL;
+    qlin q = {0};
+    if (st == SPARQ_OK && j->o->method != QZ_METHOD_RTN)
+        st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, hash_str(j->o->seed, "lm_head (input)"),
+                                  "lm_head (input Hessian)");
+    if (st == SPARQ_OK) {
+        int K = bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
+        st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
+        if (st == SPARQ_OK) {
+            sparq_free(q.key);
+            q.key = sparq_strdup("lm_head");
+            if (!q.key) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        }
+    }
+    ldlq_hessian_free(hs);
+    hess_free(&h);
+    if (st == SPARQ_OK) st = report_add_tensor(j->rep, "lm_head", q.K, q.k, q.n, q.proxy);
+    if (st == SPARQ_OK) {
+        char *path = work_file(j, -1);
+        sf_writer *w = NULL;
+        st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        if (st == SPARQ_OK) st = add_qlin_tensors(w, &q, j->o->cb);
+        if (st == SPARQ_OK) st = meta_num(w, "proxy.", "lm_head", q.proxy);
+        if (st == SPARQ_OK) st = meta_num(w, "K.", "lm_head", q.K);
+        if (st == SPARQ_OK) st = sf_writer_finish(w);
+        else if (w) sf_writer_free(w);
+        sparq_free(path);
+    }
+    qlin_free(&q);
+    return st;
+}
+
+/* --- output assembly ---------------------------------------------------------------- */
+
+typedef struct out_entry {
+    const sf_tensor *t;
+    size_t shard;
+} out_entry;
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const out_entry *)a)->t->name, ((const out_entry *)b)->t->name);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static const char *torch_dtype(sf_dtype dt)
+{
+    switch (dt) {
+    case SF_BF16: return "torch.bfloat16";
+    case SF_F16: return "torch.float16";
+    case SF_F32: return "torch.float32";
+    case SF_I16: return "torch.int16";
+    case SF_I32: return "torch.int32";
+    case SF_U8: return "torch.uint8";
+    case SF_I8: return "torch.int8";
+    default: return sf_dtype_name(dt);
+    }
+}
+
+static json_t *quant_config_json(const qjob *j, const qz_opts *o)
+{
+    json_t *q = json_object();
+    if (o->method == QZ_METHOD_RTN) {
+        json_object_set_new(q, "quant_method", json_string("rtn"));
+        json_object_set_new(q, "version", json_string("sparq " SPARQ_VERSION));
+        json_object_set_new(q, "bits", json_real(o->bits));
+        json_object_set_new(q, "head_bits", json_integer(o->head_bits));
+        json_object_set_new(q, "group_size", json_integer(o->rtn_group));
+        json_object_set_new(q, "storage", json_string("dequantised bf16 (HF layout)"));
+        return q;
+    }
+    json_object_set_new(q, "quant_method", json_string("exl3"));
+    json_object_set_new(q, "version", json_string("sparq " SPARQ_VERSION));
+    json_object_set_new(q, "bits", json_real(o->bits));
+    json_object_set_new(q, "head_bits", json_integer(o->head_bits));
+    json_t *cal = json_object();
+    bool calibrated = o->method == QZ_METHOD_TRELLIS;
+    json_object_set_new(cal, "rows", json_integer(calibrated ? j->rows : 0));
+    json_object_set_new(cal, "cols", json_integer(calibrated ? j->T : 0));
+    json_object_set_new(q, "calibration", cal);
+    json_object_set_new(q, "out_scales", json_string("always"));
+    json_object_set_new(q, "codebook", json_string(trellis_cb_name(o->cb)));
+    if (!calibrated) json_object_set_new(q, "method", json_string(qz_method_name(o->method)));
+    return q;
+}
+
+static sparq_status write_json(const char *path, json_t *v)
+{
+    char *s = json_dumps(v, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
+    RETURN_IF(!s, SPARQ_E_NOMEM, "%s: out of memory formatting JSON", path);
+    size_t n = strlen(s);
+    char *s2 = realloc(s, n + 2);
+    if (s2) {
+        s = s2;
+        s[n++] = '\n';
+        s[n] = 0;
+    }
+    sparq_status st = sparq_file_write_atomic(path, s, n);
+    free(s);
+    return st;
+}
+
+static sparq_status copy_file(const char *src_dir, const char *dst_dir, const char *name)
+{
+    char *src = sparq_path_join(src_dir, name), *dst = sparq_path_join(dst_dir, name);
+    sparq_status st = SPARQ_OK;
+    if (!src || !dst) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    else if (sparq_path_exists(src)) {
+        char *data = NULL;
+        size_t n = 0;
+        st = sparq_file_read_all(src, 0, &data, &n);
+        if (st == SPARQ_OK) st = sparq_file_write_atomic(dst, data, n);
+        sparq_free(data);
+    }
+    sparq_free(src);
+    sparq_free(dst);
+    return st;
+}
+
+static sparq_status assemble_output(qjob *j)
+{
+    const qz_opts *o = j->o;
+    sparq_status st = SPARQ_OK;
+    int n_work = j->n_layers + 1;
+    sf_model **wf = sparq_calloc((size_t)n_work, sizeof *wf);
+    RETURN_IF(!wf, SPARQ_E_NOMEM, "out of memory");
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++) {
+        char *p = work_file(j, i < j->n_layers ? i : -1);
+        st = p ? sf_open(&wf[i], p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        sparq_free(p);
+    }
+    /* Keys replaced by quantized tensors. */
+    size_t n_entries = sf_count(j->src), n_q = 0;
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++) n_entries += sf_count(wf[i]);
+    out_entry *ent = sparq_calloc(n_entries ? n_entries : 1, sizeof *ent);
+    char **qkeys = sparq_calloc(n_entries ? n_entries : 1, sizeof *qkeys);
+    if (st == SPARQ_OK && (!ent || !qkeys)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    size_t ne = 0;
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++)
+        for (size_t t = 0; t < sf_count(wf[i]); t++) {
+            const sf_tensor *x = sf_at(wf[i], t);
+            ent[ne++].t = x;
+            size_t nl = strlen(x->name);
+            if (nl > 8 && strcmp(x->name + nl - 8, ".trellis") == 0) {
+                char *k = sparq_malloc(nl + 1);
+                if (!k) {
+                    st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                    break;
+                }
+                snprintf(k, nl + 1, "%.*s.weight", (int)(nl - 8), x->name);
+                qkeys[n_q++] = k;
+            }
+        }
+    if (st == SPARQ_OK) {
+        qsort(qkeys, n_q, sizeof *qkeys, cmp_str);
+        bool head_q = false;
+        for (size_t i = 0; i < n_q; i++) head_q |= strcmp(qkeys[i], "lm_head.weight") == 0;
+        for (size_t t = 0; t < sf_count(j->src); t++) {
+            const sf_tensor *x = sf_at(j->src, t);
+            const char *nm = x->name;
+            if (bsearch(&nm, qkeys, n_q, sizeof *qkeys, cmp_str)) continue;
+            /* RTN and EXL3 work files hold their own `<key>.weight`. */
+            bool dup = false;
+            for (int i = 0; i < n_work && !dup; i++) dup = sf_find(wf[i], nm) != NULL;
+            if (dup || (head_q && strcmp(nm, "lm_head.weight") == 0)) continue;
+            ent[ne++].t = x;
+        }
+        qsort(ent, ne, sizeof *ent, cmp_entry);
+    }
+    /* Shards. */
+    size_t n_shards = 1;
+    uint64_t acc = 0, total = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (acc > 0 && acc + ent[i].t->nbytes > o->shard_bytes) n_shards++, acc = 0;
+        ent[i].shard = n_shards - 1;
+        acc += ent[i].t->nbytes;
+        total += ent[i].t->nbytes;
+    }
+    char *partial = NULL;
+    if (st == SPARQ_OK) {
+        size_t pl = strlen(o->out_dir) + 16;
+        partial = sparq_malloc(pl);
+        if (!partial) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else snprintf(partial, pl, "%s.partial", o->out_dir);
+    }
+    if (st == SPARQ_OK) st = sparq_mkdirs(partial);
+    if (st == SPARQ_OK) {
+        /* Clear leftovers of an interrupted assembly (files only; it is ours). */
+        DIR *dd = opendir(partial);
+        struct dirent *de;
+        while (dd && (de = readdir(dd))) {
+            if (de->d_name[0] == '.') continue;
+            char *p = sparq_path_join(partial, de->d_name);
+            if (p) unlink(p);
+            sparq_free(p);
+        }
+        if (dd) closedir(dd);
+    }
+    json_t *wmap = json_object();
+    for (size_t s = 0; s < n_shards && st == SPARQ_OK; s++) {
+        char fname[64];
+        if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
+        else snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
+        char *p = sparq_path_join(partial, fname);
+        sf_writer *w = NULL;
+        st = p ? sf_writer_create(&w, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        if (st == SPARQ_OK) st = sf_writer_set_metadata(w, "format", "pt");
+        for (size_t i = 0; i < ne && st == SPARQ_OK; i++) {
+            if (ent[i].shard != s) continue;
+            const sf_tensor *x = ent[i].t;
+            st = sf_writer_add_ref(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
+            json_object_set_new(wmap, x->name, json_string(fname));
+        }
+        if (st == SPARQ_OK) st = sf_writer_finish(w);
+        else if (w) sf_writer_free(w);
+        sparq_free(p);
+    }
+    if (st == SPARQ_OK && n_shards > 1) {
+        json_t *idx = json_object(), *md = json_object();
+        json_object_set_new(md, "total_size", json_integer((json_int_t)total));
+        json_object_set_new(idx, "metadata", md);
+        json_object_set(idx, "weight_map", wmap);
+        char *p = sparq_path_join(partial, "model.safetensors.index.json");
+        st = p ? write_json(p, idx) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        sparq_free(p);
+        json_decref(idx);
+    }
+    json_decref(wmap);
+    /* config.json + quantization_config.json */
+    if (st == SPARQ_OK) {
+        char *sp = sparq_path_join(o->model_dir, "config.json");
+        json_error_t jerr;
+        json_t *cfg = sp ? json_load_file(sp, JSON_PRESERVE_ORDER, &jerr) : NULL;
+        if (!cfg) st = sparq_err(SPARQ_E_FORMAT, "%s: cannot read: %s", sp ? sp : "config.json", jerr.text);
+        if (st == SPARQ_OK) {
+            if (o->method != QZ_METHOD_RTN) json_object_set_new(cfg, "quantization_config", quant_config_json(j, o));
+            char *p = sparq_path_join(partial, "config.json");
+            st = p ? write_json(p, cfg) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+            sparq_free(p);
+        }
+        json_decref(cfg);
+        sparq_free(sp);
+    }
+    if (st == SPARQ_OK) {
+        json_t *qc = quant_config_json(j, o), *storage = json_object();
+        for (size_t i = 0; i < ne; i++) {
+            const sf_tensor *x = ent[i].t;
+            const char *dot = strrchr(x->name, '.');
+            char module[512];
+            snprintf(module, sizeof module, "%.*s", dot ? (int)(dot - x->name) : (int)strlen(x->name), x->name);
+            json_t *mod = json_object_get(storage, module);
+            if (!mod) {
+                mod = json_object();
+                json_object_set_new(mod, "stored_tensors", json_object());
+                json_object_set_new(storage, module, mod);
+            }
+            json_t *td = json_object(), *shape = json_array();
+            for (int d = 0; d < x->ndim; d++) json_array_append_new(shape, json_integer((json_int_t)x->shape[d]));
+            json_object_set_new(td, "shape", shape);
+            json_object_set_new(td, "n_bytes", json_integer((json_int_t)x->nbytes));
+            json_object_set_new(td, "dtype", json_string(torch_dtype(x->dtype)));
+            json_object_set_new(json_object_get(mod, "stored_tensors"), x->name, td);
+            if (dot && strcmp(dot, ".trellis") == 0) {
+                json_object_set_new(mod, "quant_format", json_string("exl3"));
+                json_object_set_new(mod, "bits_per_weight", json_integer((json_int_t)(x->shape[2] / 16)));
+                if (o->cb == TRELLIS_CB_MUL1) json_object_set_new(mod, "mul1_multiplier", json_integer(MUL1_MULT));
+                if (o->cb == TRELLIS_CB_MCG) json_object_set_new(mod, "mcg_multiplier", json_integer(MCG_MULT));
+            }
+        }
+        json_object_set_new(qc, "tensor_storage", storage);
+        char *p = sparq_path_join(partial, "quantization_config.json");
+        st = p ? write_json(p, qc) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        sparq_free(p);
+        json_decref(qc);
+    }
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                        "chat_template.jinja", "special_tokens_map.json", "vocab.json",
+                                        "merges.txt", "tokenizer.model"};
+    for (size_t i = 0; i < sizeof extra / sizeof *extra && st == SPARQ_OK; i++)
+        st = copy_file(o->model_dir, partial, extra[i]);
+    if (st == SPARQ_OK && rename(partial, o->out_dir) != 0)
+        st = sparq_err(SPARQ_E_IO, "%s: cannot rename to %s", partial, o->out_dir);
+    sparq_free(partial);
+    for (size_t i = 0; i < n_q; i++) sparq_free(qkeys[i]);
+    sparq_free(qkeys);
+    sparq_free(ent);
+    for (int i = 0; i < n_work; i++) sf_close(wf[i]);
+    sparq_free(wf);
+    return st;
+}
+
+/* --- job signature ----------------------------------------------------------------- */
+
+static sparq_status check_job(qjob *j, bool resume)
+{
+    const qz_opts *o = j->o;
+    char sig[4096];
+    int n = snprintf(sig, sizeof sig,
+                     "model=%s\nmethod=%s\nbits=%.6f\nhead_bits=%d\ncodebook=%s\nrows=%d\nlen=%d\nrandom=%.6f\n"
+                     "seed=%llu\nrtn_group=%d\nscale_search=%d\n",
+                     o->model_dir, qz_method_name(o->method), o->bits, o->head_bits, trellis_cb_name(o->cb),
+                     o->calib_rows, o->calib_len, o->random_rows_frac, (unsigned long long)o->seed, o->rtn_group,
+                     (int)o->scale_search);
+    for (int i = 0; i < o->n_calib && n < (int)sizeof sig; i++)
+        n += snprintf(sig + n, sizeof sig - (size_t)n, "calib=%s\n", o->calib[i]);
+    for (int i = 0; i < o->n_rules && n < (int)sizeof sig; i++)
+        n += snprintf(sig + n, sizeof sig - (size_t)n, "rule=%s=%d\n", o->rules[i].pattern, o->rules[i].K);
+    char *path = sparq_path_join(j->work, "job.txt");
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = SPARQ_OK;
+    if (resume && sparq_path_exists(path)) {
+        char *old = NULL;
+        size_t len = 0;
+        st = sparq_file_read_all(path, 1 << 20, &old, &len);
+        if (st == SPARQ_OK && (len != strlen(sig) || memcmp(old, sig, len) != 0))
+            st = sparq_err(SPARQ_E_ARG, "%s: --resume with different options than the interrupted run", path);
+        sparq_free(old);
+    } else {
+        st = sparq_file_write_atomic(path, sig, strlen(sig));
+    }
+    sparq_free(path);
+    return st;
+}
+
+/* --- report files -------------------------------------------------------------------- */
+
+sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const char *path)
+{
+    json_t *root = json_object(), *layers = json_array(), *tensors = json_array();
+    json_object_set_new(root, "method", json_string(qz_method_name(o->method)));
+    json_object_set_new(root, "bits", json_real(o->bits));
+    json_object_set_new(root, "head_bits", json_integer(o->head_bits));
+    json_object_set_new(root, "codebook", json_string(trellis_cb_name(o->cb)));
+    json_object_set_new(root, "calib_rows", json_integer(r->calib_rows));
+    json_object_set_new(root, "calib_len", json_integer(r->calib_len));
+    json_object_set_new(root, "random_rows", json_integer(r->random_rows));
+    json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(root, "weights_quantized", json_integer((json_int_t)r->n_weights));
+    json_object_set_new(root, "quant_seconds", json_real(r->quant_seconds));
+    json_object_set_new(root, "weights_per_second",
+                        json_real(r->quant_seconds > 0 ? (double)r->n_weights / r->quant_seconds : 0.0));
+    json_object_set_new(root, "total_seconds", json_real(r->total_seconds));
+    json_object_set_new(root, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
+    json_object_set_new(root, "mem_estimate_bytes", json_integer((json_int_t)r->mem_estimate));
+    json_object_set_new(root, "resumed_layers", json_integer(r->resumed_layers));
+    for (int i = 0; i < r->n_layers; i++) {
+        const qz_layer_stat *l = &r->layers[i];
+        json_t *x = json_object();
+        json_object_set_new(x, "layer", json_integer(l->layer));
+        json_object_set_new(x, "rel_err", json_real(l->rel_err));
+        json_object_set_new(x, "cosine", json_real(l->cosine));
+        json_object_set_new(x, "sqnr_db", json_real(l->sqnr_db));
+        json_object_set_new(x, "mean_proxy_err", json_real(l->mean_proxy));
+        json_object_set_new(x, "max_proxy_err", json_real(l->max_proxy));
+        json_object_set_new(x, "seconds", json_real(l->seconds));
+        json_object_set_new(x, "resumed", json_boolean(l->resumed));
+        json_array_append_new(layers, x);
+    }
+    for (int i = 0; i < r->n_tensors; i++) {
+        const qz_tensor_stat *t = &r->tensors[i];
+        json_t *x = json_object();
+        json_object_set_new(x, "key", json_string(t->key));
+        json_object_set_new(x, "bits", json_integer(t->K));
+        json_object_set_new(x, "in", json_integer(t->k));
+        json_object_set_new(x, "out", json_integer(t->n));
+        json_object_set_new(x, "proxy_err", json_real(t->proxy_err));
+        json_array_append_new(tensors, x);
+    }
+    json_object_set_new(root, "layers", layers);
+    json_object_set_new(root, "tensors", tensors);
+    sparq_status st = write_json(path, root);
+    json_decref(root);
+    return st;
+}
+
+sparq_status qz_report_write_svg(const qz_report *r, const char *path)
+{
+    const int W = 640, H = 320, ml = 60, mr = 20, mt = 30, mb = 40;
+    double ymax = 1e-6;
+    for (int i = 0; i < r->n_layers; i++) ymax = fmax(ymax, fmax(r->layers[i].rel_err, r->layers[i].mean_proxy));
+    ymax *= 1.1;
+    size_t cap = 8192 + (size_t)r->n_layers * 256;
+    char *s = sparq_malloc(cap);
+    RETURN_IF(!s, SPARQ_E_NOMEM, "out of memory");
+    int n = snprintf(s, cap,
+                     "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+                     "font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+                     "<text x=\"%d\" y=\"18\" font-size=\"13\">error by layer: hidden-state rel. error (blue), "
+                     "mean proxy error (orange)</text>\n"
+                     "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n"
+                     "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n"
+                     "<text x=\"5\" y=\"%d\">%.3g</text><text x=\"5\" y=\"%d\">0</text>\n"
+                     "<text x=\"%d\" y=\"%d\">layer</text>\n",
+                     W, H, ml, ml, H - mb, W - mr, H - mb, ml, mt, ml, H - mb, mt + 4, ymax, H - mb, W / 2, H - 8);
+    const char *colors[2] = {"#1f77b4", "#ff7f0e"};
+    for (int series = 0; series < 2; series++) {
+        n += snprintf(s + n, cap - (size_t)n, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
+                      colors[series]);
+        for (int i = 0; i < r->n_layers; i++) {
+            double v = series == 0 ? r->layers[i].rel_err : r->layers[i].mean_proxy;
+            double x = ml + (r->n_layers > 1 ? (double)i / (r->n_layers - 1) : 0.5) * (W - ml - mr);
+            double y = (H - mb) - v / ymax * (H - mb - mt);
+            n += snprintf(s + n, cap - (size_t)n, "%.1f,%.1f ", x, y);
+        }
+        n += snprintf(s + n, cap - (size_t)n, "\"/>\n");
+    }
+    for (int i = 0; i < r->n_layers; i++) {
+        double x = ml + (r->n_layers > 1 ? (double)i / (r->n_layers - 1) : 0.5) * (W - ml - mr);
+        n += snprintf(s + n, cap - (size_t)n, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x,
+                      H - mb + 14, r->layers[i].layer);
+    }
+    n += snprintf(s + n, cap - (size_t)n, "</svg>\n");
+    sparq_status st = sparq_file_write_atomic(path, s, (size_t)n);
+    sparq_free(s);
+    return st;
+}
+
+/* --- the job ---------------------------------------------------------------------- */
+
+static void job_free(qjob *j)
+{
+    for (int K = 0; K <= TRELLIS_K_MAX; K++) viterbi_free(j->enc[K]);
+    sq_model_free(j->m);
+    sf_close(j->src);
+    sparq_pool_free(j->pool);
+    sparq_free(j->tokens);
+    sparq_aligned_free(j->hq);
+    sparq_aligned_free(j->href);
+    sparq_aligned_free(j->tmp);
+    sparq_free(j->pos);
+    sparq_free(j->work);
+}
+
+sparq_status qz_run(const qz_opts *o, qz_report *rep)
+{
+    double t_start = sparq_now();
+    qjob j = {.o = o, .rep = rep};
+    sparq_status st = SPARQ_OK;
+    RETURN_IF(!o->model_dir || !o->out_dir, SPARQ_E_ARG, "model and output directories are required");
+    RETURN_IF(o->bits < 1.0 || o->bits > 8.0, SPARQ_E_ARG, "--bits %.3g is outside 1..8", o->bits);
+    RETURN_IF(o->head_bits < 1 || o->head_bits > 8, SPARQ_E_ARG, "--head-bits %d is outside 1..8", o->head_bits);
+    RETURN_IF(o->calib_len < 1 || o->calib_rows < 1, SPARQ_E_ARG, "--calib-rows and --calib-len must be >= 1");
+    RETURN_IF(sparq_path_exists(o->out_dir), SPARQ_E_ARG, "%s already exists (refusing to overwrite)", o->out_dir);
+    if (o->work_dir) j.work = sparq_strdup(o->work_dir);
+    else {
+        size_t n = strlen(o->out_dir) + 8;
+        j.work = sparq_malloc(n);
+        if (j.work) snprintf(j.work, n, "%s.work", o->out_dir);
+    }
+    RETURN_IF(!j.work, SPARQ_E_NOMEM, "out of memory");
+    st = sparq_mkdirs(j.work);
+    if (st == SPARQ_OK) st = check_job(&j, o->resume);
+    if (st == SPARQ_OK) st = sparq_pool_create(&j.pool, o->threads);
+    if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
+
+    /* Model: rows per forward step = whole calibration sequences. */
+    if (st == SPARQ_OK) {
+        sq_model_opts mo;
+        sq_model_opts_default(&mo);
+        j.T = o->calib_len;
+        j.batch_seqs = 2048 / j.T > 0 ? 2048 / j.T : 1;
+        if (j.batch_seqs > o->calib_rows) j.batch_seqs = o->calib_rows;
+        mo.ctx = j.T;
+        mo.max_rows = j.batch_seqs * j.T;
+        mo.n_threads = o->threads;
+        st = sq_model_load(&j.m, o->model_dir, &mo);
+    }
+    if (st == SPARQ_OK) {
+        j.cfg = sq_model_cfg(j.m);
+        j.d = (int)j.cfg->hidden_size;
+        j.n_layers = (int)j.cfg->num_hidden_layers;
+        st = build_calib_tokens(o, (int)j.cfg->vocab_size, &j.tokens, &j.rows, &rep->random_rows);
+    }
+    size_t nh = 0;
+    if (st == SPARQ_OK) {
+        rep->calib_rows = j.rows;
+        rep->calib_len = j.T;
+        nh = (size_t)j.rows * j.T * j.d;
+        /* Memory estimate: three hidden-state sets, the Hessians of one layer,
+         * the largest linear's work (5 k×n + 2 k² floats) and the head's. */
+        const sq_model_config *c = j.cfg;
+        uint64_t qd = (uint64_t)c->num_attention_heads * c->head_dim;
+        uint64_t inter = (uint64_t)(c->moe_intermediate_size > c->intermediate_size ? c->moe_intermediate_size
+                                                                                    : c->intermediate_size);
+        uint64_t hess = 4 * (2 * (uint64_t)j.d * j.d + qd * qd + (uint64_t)c->num_experts * inter * inter);
+        uint64_t big = (uint64_t)j.d * (uint64_t)c->vocab_size;
+        uint64_t lin = 4 * (5 * big + 2 * (uint64_t)j.d * j.d);
+        rep->mem_estimate = 3 * nh * 4 + hess + lin + (64ull << 20);
+        if (o->max_mem && rep->mem_estimate > o->max_mem) {
+            char a[32], b[32];
+            sparq_format_bytes(a, sizeof a, (double)rep->mem_estimate);
+            sparq_format_bytes(b, sizeof b, (double)o->max_mem);
+            st = sparq_err(SPARQ_E_FIT,
+                           "estimated working set %s exceeds --max-mem %s: lower --calib-rows/--calib-len", a, b);
+        }
+    }
+    if (st == SPARQ_OK) {
+        j.hq = sparq_aligned_alloc(64, nh * sizeof(float));
+        j.href = sparq_aligned_alloc(64, nh * sizeof(float));
+        j.tmp = sparq_aligned_alloc(64, nh * sizeof(float));
+        j.pos = sparq_malloc((size_t)j.batch_seqs * j.T * sizeof(int));
+        rep->layers = sparq_calloc((size_t)j.n_layers, sizeof *rep->layers);
+        if (!j.hq || !j.href || !j.tmp || !j.pos || !rep->layers)
+            st = sparq_err(SPARQ_E_NOMEM, "out of memory for %d calibration rows", j.rows);
+        else {
+            rep->n_layers = j.n_layers;
+            for (int r = 0; r < j.batch_seqs * j.T; r++) j.pos[r] = r % j.T;
+        }
+    }
+    int done = -1;
+    if (st == SPARQ_OK && o->resume) st = load_hidden(&j, &done);
+    if (st == SPARQ_OK && done >= j.n_layers) done = j.n_layers - 1;
+    for (int L = 0; L <= done && st == SPARQ_OK; L++) st = restore_layer_stats(&j, L);
+    if (st == SPARQ_OK && done < 0) {
+        st = sq_model_embed(j.m, j.tokens, j.rows * j.T, j.hq);
+        if (st == SPARQ_OK) memcpy(j.href, j.hq, nh * sizeof(float));
+    }
+    double t_layers = sparq_now();
+    for (int L = done + 1; L < j.n_layers && st == SPARQ_OK; L++) {
+        st = do_layer(&j, L, j.n_layers);
+        rep->total_seconds = sparq_now() - t_layers;
+        if (st == SPARQ_OK && L == o->stop_after_layer)
+            st = sparq_err(SPARQ_E_INTERRUPTED, "stopped after layer %d as asked (--stop-after-layer)", L);
+    }
+    if (st == SPARQ_OK) {
+        char *hp = work_file(&j, -1);
+        bool have = hp && o->resume && done == j.n_layers - 1 && sparq_path_exists(hp);
+        sparq_free(hp);
+        if (have) {
+            sf_model *sf = NULL;
+            char *p = work_file(&j, -1);
+            st = p ? sf_open(&sf, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+            sparq_free(p);
+            if (st == SPARQ_OK) {
+                const char *v = sf_metadata(sf, "proxy.lm_head"), *kv = sf_metadata(sf, "K.lm_head");
+                st = report_add_tensor(rep, "lm_head", kv ? atoi(kv) : 0, j.d, (int)j.cfg->vocab_size,
+                                       v ? atof(v) : 0.0);
+                sf_close(sf);
+            }
+        } else {
+            st = do_head(&j);
+        }
+    }
+    if (st == SPARQ_OK) st = assemble_output(&j);
+    rep->quant_seconds = j.t_quant;
+    rep->total_seconds = sparq_now() - t_start;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) rep->peak_rss = (uint64_t)ru.ru_maxrss * 1024;
+    job_free(&j);
+    return st;
+}

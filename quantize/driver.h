@@ -1,0 +1,142 @@
+/* quantize/driver.h — the streaming quantization driver behind
+ * `sparq quantize`: one decoder layer at a time, calibrated EXL3 output in
+ * exllamav3's on-disk layout, resumable, with a quality report.
+ *
+ * Per layer L (reference.md §1.3):
+ *   1. capture Hessians: the calibration hidden states go through layer L
+ *      with the runtime's observer in all_experts mode (every token reaches
+ *      every expert); q/k/v share the layer-input H, o_proj gets its own,
+ *      gate/up of every expert share the post-attention-norm H, each expert's
+ *      down_proj gets its own;
+ *   2. the reference hidden states (never quantized) go through the
+ *      original layer L;
+ *   3. every linear of L is quantized (quantize/ldlq.h) and swapped into the
+ *      model (sq_model_linear + the runtime's EXL3 sq_linear);
+ *   4. the quantized-path hidden states go through the quantized layer with
+ *      normal routing; rel. error / cosine / SQNR against the reference rows
+ *      are recorded;
+ *   5. the layer's tensors, metrics and both hidden-state sets are written to
+ *      the work dir atomically: that is the checkpoint `--resume` restarts
+ *      from (same seed ⇒ byte-identical output).
+ * Then lm_head (head_bits, Hessian of the final-normed hidden states), and the
+ * output directory is assembled from the source's unquantized tensors and the
+ * work dir's quantized ones: sharded safetensors (+ index), config.json with
+ * quantization_config, quantization_config.json, tokenizer files — written
+ * to OUT.partial and renamed to OUT.
+ *
+ * Bits (exllamav3's defaults): routed experts K = floor(bits), attention
+ * K+2, dense MLP K+1, lm_head head_bits; embeddings, norms and the router
+ * stay unquantized. A fractional `bits` upgrades the experts of an evenly
+ * spread share of the layers by one bit. Rules `PATTERN=K` (fnmatch on the
+ * tensor key, last match wins) override.
+ *
+ * Baselines: method TRELLIS_NOCALIB (identity Hessian, same format) and RTN
+ * (round-to-nearest with per-group asymmetric scales; written DEQUANTISED to
+ * bf16 in an ordinary HF layout, so any loader can evaluate it; its
+ * quantization_config.json says quant_method "rtn"). */
+#ifndef SPARQ_QUANTIZE_DRIVER_H
+#define SPARQ_QUANTIZE_DRIVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/cpu/trellis.h"
+
+typedef enum qz_method {
+    QZ_METHOD_TRELLIS = 0,     /* calibrated EXL3 (default) */
+    QZ_METHOD_TRELLIS_NOCALIB, /* EXL3 with an identity Hessian */
+    QZ_METHOD_RTN,             /* round-to-nearest baseline, stored dequantised (bf16) */
+} qz_method;
+
+/* "trellis", "trellis-nocalib", "rtn"; parse returns false if unknown. */
+const char *qz_method_name(qz_method m);
+bool qz_method_parse(const char *s, qz_method *out);
+
+#define QZ_MAX_RULES 32
+#define QZ_MAX_CALIB 16
+
+/* How each linear's global scale g is found (ldlq.h). */
+typedef enum qz_scale_search {
+    QZ_SCALE_FULL = 0, /* search for every tensor (exllamav3) */
+    QZ_SCALE_SHARED,   /* default: search for expert 0 of each projection and K in a MoE layer and reuse
+                          g for the other experts (the search costs several times the quantization of a
+                          small matrix; regularised experts have near-identical statistics) */
+    QZ_SCALE_FIXED,    /* no search: ldlq_default_g(K, codebook) (fast; for tests) */
+} qz_scale_search;
+
+typedef struct qz_bits_rule {
+    const char *pattern; /* fnmatch pattern on the tensor key, e.g. "*.down_proj" */
+    int K;
+} qz_bits_rule;
+
+typedef struct qz_opts {
+    const char *model_dir;  /* source HF directory (bf16/fp16/fp32 safetensors) */
+    const char *out_dir;    /* created; must not exist */
+    const char *work_dir;   /* NULL: "<out_dir>.work" */
+    double bits;            /* expert base bits, 1..8, fractional allowed (default 3) */
+    int head_bits;          /* lm_head bits (default 6) */
+    qz_bits_rule rules[QZ_MAX_RULES];
+    int n_rules;
+    const char *calib[QZ_MAX_CALIB]; /* text files; *.jsonl: the "text" field of every line */
+    int n_calib;
+    int calib_rows;          /* rows of calib_len tokens (default 16) */
+    int calib_len;           /* tokens per row (default 256) */
+    double random_rows_frac; /* share of rows of uniform random token ids (default 0.15) */
+    trellis_codebook cb;     /* default mul1 */
+    qz_method method;
+    int rtn_group;           /* RTN group size along the input dim (default 128) */
+    qz_scale_search scale_search; /* default QZ_SCALE_SHARED */
+    bool resume;             /* continue from work_dir's checkpoint */
+    uint64_t max_mem;        /* bytes; 0 = no limit (checked against the estimate before starting) */
+    uint64_t shard_bytes;    /* max bytes per output shard (default 4 GiB) */
+    uint64_t seed;           /* default 0 */
+    int threads;             /* ≤ 0: all CPUs */
+    int stop_after_layer;    /* testing: return SPARQ_E_INTERRUPTED after this layer's checkpoint (-1 off) */
+} qz_opts;
+
+void qz_opts_default(qz_opts *o);
+
+/* Per-tensor and per-layer results. */
+typedef struct qz_tensor_stat {
+    char key[192];
+    int K;           /* bits (RTN: its bits) */
+    int k, n;        /* in, out */
+    double proxy_err;/* regularised-space proxy (trellis); relative H-weighted error (RTN) */
+} qz_tensor_stat;
+
+typedef struct qz_layer_stat {
+    int layer;
+    double rel_err;  /* ‖h_q − h_ref‖ / ‖h_ref‖ over all calibration rows after this layer */
+    double cosine;   /* mean per-row cosine similarity */
+    double sqnr_db;  /* 10·log10(‖h_ref‖² / ‖h_q − h_ref‖²) */
+    double mean_proxy, max_proxy;
+    double seconds;  /* wall time of the layer (0 if restored from the checkpoint) */
+    bool resumed;
+} qz_layer_stat;
+
+typedef struct qz_report {
+    qz_tensor_stat *tensors;
+    int n_tensors, cap_tensors;
+    qz_layer_stat *layers;
+    int n_layers;
+    uint64_t n_weights;      /* weights quantized in this run (not restored ones) */
+    double quant_seconds;    /* time spent inside the quantizer in this run */
+    double total_seconds;
+    uint64_t peak_rss;       /* bytes (getrusage) */
+    uint64_t mem_estimate;   /* bytes: the driver's own estimate of its peak working set */
+    int calib_rows, calib_len, random_rows;
+    int resumed_layers;
+} qz_report;
+
+void qz_report_free(qz_report *r);
+
+/* Run the whole job. `rep` (zeroed by the caller) receives the report even
+ * on some failures (whatever was done). */
+sparq_status qz_run(const qz_opts *o, qz_report *rep);
+
+/* Write the report as JSON / as an SVG plot of the per-layer error. */
+sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const char *path);
+sparq_status qz_report_write_svg(const qz_report *r, const char *path);
+
+#endif

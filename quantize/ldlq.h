@@ -1,0 +1,103 @@
+/* quantize/ldlq.h — calibrated EXL3 quantization of one linear layer:
+ * Hessian preparation, weight regularisation, global-scale search and block
+ * LDLQ with the trellis encoder, exactly the algorithm of reference.md §1.3
+ * (exllamav3's `quantize_exl3`), written from the description.
+ *
+ * Two steps, because many linears share one input Hessian (q/k/v; gate/up of
+ * every expert of a MoE layer):
+ *   1. ldlq_hessian_prepare(): H (the mean of xᵀx) → damped (0.025·mean diag,
+ *      more if Cholesky fails), rotated by random input signs su and the
+ *      blockwise 128-Hadamard, factored H = L·D·Lᵀ with 16×16 blocks.
+ *   2. ldlq_quantize(): for each weight W (in=k, out=n; the EXL3 orientation,
+ *      i.e. the TRANSPOSE of an HF `[out, in]` weight):
+ *      random output signs and per-output-channel RMS scales → svh; output
+ *      Hadamard; per-input-channel RMS scales → suh (÷ −1.24371088); input
+ *      Hadamard; global scale g by a coarse grid 0.1..1.9 then a fine grid and
+ *      a parabolic step on a sample of tiles; block LDLQ from the last 16-row
+ *      strip to the first, each strip's target = its rows + Lᵀ·(error of the
+ *      later rows), every 16×16 tile Viterbi-encoded. Output: the packed
+ *      trellis, suh and svh in the on-disk layout (reference.md §1.4) and the
+ *      proxy error.
+ *
+ * Everything is deterministic given the seeds (and independent of the thread
+ * count). An identity Hessian (h == NULL) gives the uncalibrated variant
+ * (no error feedback): `--method trellis-nocalib`. */
+#ifndef SPARQ_QUANTIZE_LDLQ_H
+#define SPARQ_QUANTIZE_LDLQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "common/threadpool.h"
+#include "kernels/cpu/trellis.h"
+#include "quantize/viterbi.h"
+
+/* exllamav3's codebook scale: suh carries 1 / (−1.24371088 · g). */
+#define LDLQ_CODEBOOK_SCALE 1.24371088f
+#define LDLQ_SIGMA_REG 0.025f
+
+/* A prepared (damped, rotated, factored) Hessian for inputs of size k. */
+typedef struct ldlq_hessian ldlq_hessian;
+
+/* Prepare H for quantization. h: k×k row-major fp32, the MEAN of xᵀx over the
+ * calibration rows (not modified), or NULL for the identity (uncalibrated).
+ * k must be a multiple of 128. sigma_reg ≤ 0 means LDLQ_SIGMA_REG. seed picks
+ * the random input signs su (shared by every weight quantized with this H).
+ * `name` is used in messages. If Cholesky fails, damping is multiplied by 4
+ * and retried (up to 8 times); ldlq_hessian_damping() tells what was used. A
+ * non-finite H or one with a zero diagonal falls back to the identity and
+ * says so through ldlq_hessian_is_identity(). */
+sparq_status ldlq_hessian_prepare(ldlq_hessian **out, const float *h, int k, float sigma_reg, uint64_t seed,
+                                  const char *name);
+void ldlq_hessian_free(ldlq_hessian *hs);
+int ldlq_hessian_k(const ldlq_hessian *hs);
+bool ldlq_hessian_is_identity(const ldlq_hessian *hs);
+/* The damping factor actually added (× mean diag), 0 for the identity. */
+float ldlq_hessian_damping(const ldlq_hessian *hs);
+
+typedef struct ldlq_opts {
+    int K;                /* bits per weight, 1..8 */
+    trellis_codebook cb;  /* must match the encoder's */
+    uint64_t seed;        /* output signs */
+    int out_scales;       /* -1: exllamav3's rule (on unless 2 % of input channels hold ≥ 15 % of
+                             the RMS mass); 0 off; 1 on */
+    bool weighted;        /* weight each row of a strip by diag(D) in the Viterbi search */
+    double g_fixed;       /* > 0: use this global scale instead of searching (the driver reuses one
+                             expert's scale for the other experts of a layer; tests use
+                             ldlq_default_g to save time) */
+} ldlq_opts;
+
+/* A typical global scale for K and codebook (what the search finds on
+ * regularised weights; measured on exllamav3's golden cases). */
+double ldlq_default_g(int K, trellis_codebook cb);
+
+void ldlq_opts_default(ldlq_opts *o, int K);
+
+/* What one quantization produced. The three arrays are caller-allocated:
+ * trellis (k/16)·(n/16)·16K uint16, suh k fp16 bits, svh n fp16 bits. */
+typedef struct ldlq_result {
+    uint16_t *trellis;
+    uint16_t *suh;
+    uint16_t *svh;
+    float *w_hat;       /* optional (NULL): k×n, the weight the output decodes to (original basis) */
+    double proxy_err;   /* tr(E H Eᵀ)/tr(W H Wᵀ) in the regularised space with the damped H —
+                           exllamav3's definition (its `proxy_err`) */
+    double g_scale;     /* the global scale chosen */
+    double sample_mse;  /* the scale search's sample MSE at g */
+    bool out_scales;    /* whether output-channel scales were applied */
+} ldlq_result;
+
+/* Quantize w (k×n row-major, fp32, not modified) with the prepared Hessian.
+ * enc must be a viterbi encoder for opts->K / opts->cb with at least
+ * sparq_pool_size(pool) slots (1 for a NULL pool). `name` is for messages. */
+sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                           viterbi_enc *enc, sparq_pool *pool, const char *name, ldlq_result *res);
+
+/* tr(Eᵀ H E) / tr(Wᵀ H W) with E = w − wq (k×n row-major each; h k×k, or
+ * NULL for the identity). Used to compare a stored quantization with the
+ * original weight in the original basis. Returns a negative value on
+ * allocation failure. */
+double ldlq_proxy_err(const float *h, int k, const float *w, const float *wq, int n);
+
+#endif

@@ -7,6 +7,14 @@
 
 static const cli_command commands[] = {
     /* @commands-table: one line per command, in the order `sparq help` lists them */
+    {"quantize", "calibrated EXL3 quantization of a model, streaming, resumable, with a report", cmd_quantize},
+    {"tokenize", "text -> token ids and back with a model's tokenizer", cmd_tokenize},
+    {"run", "generate text with a model on the CPU (streaming; --chat)", cmd_run},
+    {"eval", "perplexity of a model on a text; KL divergence against a reference", cmd_eval},
+    {"plan", "memory plan of a model on N boxes: per-node table and a verdict", cmd_plan},
+    {"pack", "write a checksummed bundle for N boxes (refuses what does not fit)", cmd_pack},
+    {"verify", "check a bundle's sizes and block checksums", cmd_verify},
+    {"inspect", "describe a model: architecture, parameters, bytes by dtype, tensors", cmd_inspect},
     {"version", "print the version and build configuration", cmd_version},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);

@@ -18,7 +18,9 @@ meson test -C build --no-rebuild --print-errorlogs --num-processes "$JOBS" \
 
 # Fuzz targets need clang's libFuzzer; they get their own build directory.
 if [ ! -f build-fuzz/build.ninja ]; then
-  CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dbuildtype=debug
+  CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+else  # an older build-fuzz may lack the sanitizers the library needs
+  meson configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
 fi
 ninja -C build-fuzz -j "$JOBS"
 SPARQ_FUZZ_SECONDS=$FUZZ_SECONDS meson test -C build-fuzz --no-rebuild --print-errorlogs \

@@ -1,10 +1,13 @@
 #!/bin/sh
 # tools/demo.sh — README command (1): install the Debian packages sparq needs,
 # build build/ with meson, and run the main job on the small model shipped in
-# the repo. Until the quantize/eval/pack/run issues land, the main job is
-# `sparq inspect` of tests/data/tiny-qwen3moe (the fixture) or, while that is
-# absent, of tests/data/exl3-model/exl3-3.0bpw (exllamav3's 3.0 bpw quant).
-# Later issues extend this script toward quantize → eval → pack → verify → run.
+# the repo (tests/data/tiny-qwen3moe, a trained 9.2M-parameter Qwen3-MoE):
+#
+#   inspect → quantize (EXL3, 3-bit experts, calibrated) → eval (perplexity and
+#   KL divergence against the original) → plan → pack (2 boxes) → verify → run
+#
+# Everything it writes goes to build/demo/ (remade on every run). About two
+# minutes on a 2-core machine, most of it the quantizer's Viterbi search.
 set -eu
 cd "$(dirname "$0")/.."
 ./tools/install-deps.sh
@@ -12,8 +15,31 @@ JOBS=${JOBS:-$(nproc)}
 [ -f build/build.ninja ] || meson setup build
 ninja -C build -j "$JOBS"
 
-MODEL=tests/data/exl3-model/exl3-3.0bpw
-[ -f tests/data/tiny-qwen3moe/config.json ] && MODEL=tests/data/tiny-qwen3moe
-echo
-echo "== sparq inspect $MODEL"
-build/cli/sparq inspect "$MODEL"
+SPARQ=build/cli/sparq
+MODEL=tests/data/tiny-qwen3moe
+OUT=build/demo
+rm -rf "$OUT"
+mkdir -p "$OUT"
+step() { printf '\n== %s\n' "$*"; }
+
+step "sparq inspect $MODEL"
+$SPARQ inspect "$MODEL"
+
+step "sparq quantize $MODEL $OUT/tiny-3bpw --bits 3"
+$SPARQ quantize "$MODEL" "$OUT/tiny-3bpw" --bits 3 --calib tests/data/text/calib.txt \
+  --report "$OUT/tiny-3bpw-report.json"
+
+step "sparq eval $OUT/tiny-3bpw --ref $MODEL (held-out text)"
+$SPARQ eval "$OUT/tiny-3bpw" --ref "$MODEL" --text tests/data/text/eval.txt --ctx 512 --max-windows 16
+
+step "sparq plan $OUT/tiny-3bpw --boxes 2"
+$SPARQ plan "$OUT/tiny-3bpw" --boxes 2 --ctx 4096 --users 2
+
+step "sparq pack $OUT/tiny-3bpw $OUT/bundle --boxes 2"
+$SPARQ pack "$OUT/tiny-3bpw" "$OUT/bundle" --boxes 2 --ctx 4096 --users 2
+
+step "sparq verify $OUT/bundle"
+$SPARQ verify "$OUT/bundle"
+
+step "sparq run $OUT/tiny-3bpw"
+$SPARQ run "$OUT/tiny-3bpw" -p "The SQLite library" -n 48

@@ -19,12 +19,14 @@ for path in sys.argv[1:]:
             continue
         t = json.loads(line)
         res = t.get("result")
-        name = f"{t.get('suite', [''])[0]} / {t.get('name')}"
+        name = t.get("name", "?")
         if res in ("OK", "EXPECTEDFAIL"):
             passed += 1
         elif res == "SKIP":
             skipped += 1
-            print(f"skipped: {name}")
+            why = next((ln[5:].strip() for ln in (t.get("stdout") or "").splitlines()
+                        if ln.startswith("SKIP:")), "no reason given")
+            print(f"skipped: {name}: {why}")
         else:
             failed += 1
             print(f"FAILED: {name} ({res})")

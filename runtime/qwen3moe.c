@@ -27,6 +27,8 @@
 
 #include "common/alloc.h"
 #include "common/half.h"
+#include "common/file.h"
+#include "formats/manifest.h"
 #include "formats/safetensors.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/memplan.h"
@@ -304,6 +306,36 @@ static size_t carve(sq_model *m, char *base)
     return o;
 }
 
+/* A bundle written by `sparq pack` has manifest.json at its top, config and
+ * tokenizer beside it, and node K's weights in node-K/. The quick check
+ * (sizes of every file the node needs) runs before anything is mapped, and
+ * the KV cache and workspace are sized from the plan the bundle was packed
+ * for (ctx × users, prefill chunk), as design.md asks: a bundle that plan
+ * said fits is loaded with exactly the sizes that were planned. Only a
+ * single-node bundle runs in one process. On success *weights_dir is the
+ * node's folder (heap) and *plan_threads the thread count the plan assumed. */
+static sparq_status open_bundle(const char *dir, sq_model_opts *o, char **weights_dir, int *plan_threads)
+{
+    sq_manifest man;
+    FORWARD_IF(sq_manifest_load(&man, dir));
+    sparq_status st = SPARQ_OK;
+    if (man.boxes != 1)
+        st = sparq_err(SPARQ_E_UNSUPPORTED,
+                       "%s: bundle packed for %d boxes; it must run as %d processes, one per box, which this "
+                       "build cannot do yet: pack it with --boxes 1 to run it in one process",
+                       dir, man.boxes, man.boxes);
+    else if ((st = sq_bundle_check_quick(dir, &man, 0)) == SPARQ_OK) {
+        o->ctx = (int)man.ctx;
+        o->n_seq = (int)man.users;
+        o->max_rows = (int)man.chunk;
+        *plan_threads = (int)man.threads;
+        *weights_dir = sparq_path_join(dir, "node-0");
+        if (!*weights_dir) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
+    }
+    sq_manifest_free(&man);
+    return st;
+}
+
 sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts *opts)
 {
     *out = NULL;
@@ -322,6 +354,15 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
         st = sparq_err((code), __VA_ARGS__);   \
         goto fail;                             \
     } while (0)
+    char *weights_dir = NULL;
+    int plan_threads = 0;
+    {
+        char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME);
+        if (!mpath) FAIL(SPARQ_E_NOMEM, "out of memory");
+        const int is_bundle = sparq_path_exists(mpath);
+        sparq_free(mpath);
+        if (is_bundle) TRY(open_bundle(dir, &m->opts, &weights_dir, &plan_threads));
+    }
     TRY(sq_config_load(&m->cfg, dir));
     const sq_model_config *c = &m->cfg;
     if (c->arch != SQ_ARCH_QWEN3_MOE) FAIL(SPARQ_E_UNSUPPORTED, "%s: architecture '%s' not supported", dir, c->model_type);
@@ -357,7 +398,7 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
-    TRY(sf_open(&m->sf, dir));
+    TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
     TRY(find_tensor(m, "model.embed_tokens.weight", &m->embed));
     TRY(check_shape(m, m->embed, 2, (uint64_t)m->vocab, (uint64_t)m->d));
     {
@@ -392,6 +433,7 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     p.chunk = m->opts.max_rows;
     p.logits_rows = 0;
     p.kv_dtype = SQ_KV_F32;
+    if (plan_threads > 0) p.threads = plan_threads;
     m->plan_kv = sq_memplan_kv_bytes(c, m->n_layers, &p);
     m->plan_ws = sq_memplan_workspace_bytes(c, &p, true);
 
@@ -419,9 +461,11 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     size_t sf = sq_exec_scratch_floats(max_in, m->opts.ctx);
     TRY(sq_exec_reserve(m->ex, sf));
     m->scratch_bytes = (uint64_t)sf * sizeof(float) * (uint64_t)m->ex->n_threads;
+    sparq_free(weights_dir);
     *out = m;
     return SPARQ_OK;
 fail:
+    sparq_free(weights_dir);
     sq_model_free(m);
     return st;
 #undef TRY

@@ -1,5 +1,7 @@
-/* kernels/cuda/trellis.cu — the promoted EXL3 trellis kernels (lab version v2,
- * see kernels/cuda/lab/README.md) behind the C API of trellis_cuda.h.
+/* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
+ * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
+ * README.md; trellis_cuda_gemm runs v10, the balanced kernel below with the
+ * lab options of trellis_decode.cuh and programmatic dependent launch).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -12,8 +14,9 @@
  *             rows cost the same decode); partial sums go to t with fp32
  *             atomics;
  *  3. output: y = had128(t) ⊙ svh, and t is zeroed again for the next call.
- * The decode dominates: per weight about five integer/fp16 instructions, so
- * at K ≤ 4 the main kernel is bound by the ALU issue rate, not by memory.
+ * The decode dominates: per weight about four (v10) to five (v2) integer/fp16
+ * instructions, so at K ≤ 4 the main kernel is bound by the integer issue
+ * rate, not by memory.
  *
  * Decode-only (trellis_cuda_decode_inner) uses the same lane decode and
  * scatters each lane's 8 values into the 16×16 tile. */
@@ -54,22 +57,28 @@ static sparq_status cuda_status(cudaError_t e, const char *what)
 
 /* --- kernels ------------------------------------------------------------------- */
 
-/* u[r·k + i] = fp16(had128(x ⊙ suh)); grid (k/128, rows), 128 threads. */
+/* u[r·k + i] = fp16(had128(x ⊙ suh)); grid (k/128, rows), 128 threads.
+ * PDL: let the main kernel start at once (it waits for u itself). */
+template <bool PDL = false>
 __global__ void __launch_bounds__(128) k_input(const float *__restrict__ x, const __half *__restrict__ suh,
                                                __half *__restrict__ u, int k)
 {
     __shared__ float sm[128];
+    if constexpr (PDL) griddep_launch();
     const size_t i = (size_t)blockIdx.x * 128 + threadIdx.x, r = blockIdx.y;
     float v = x[r * k + i] * __half2float(suh[i]);
     v = had128_block(v, sm);
     u[r * k + i] = __float2half_rn(v);
 }
 
-/* y[r·n + j] = had128(t)[j] ⊙ svh[j], then t = 0; grid (n/128, rows). */
+/* y[r·n + j] = had128(t)[j] ⊙ svh[j], then t = 0; grid (n/128, rows).
+ * PDL: launched early, waits for the main kernel before reading t. */
+template <bool PDL = false>
 __global__ void __launch_bounds__(128) k_output(float *__restrict__ t, const __half *__restrict__ svh,
                                                 float *__restrict__ y, int n)
 {
     __shared__ float sm[128];
+    if constexpr (PDL) griddep_wait();
     const size_t j = (size_t)blockIdx.x * 128 + threadIdx.x, r = blockIdx.y;
     float v = t[r * n + j];
     t[r * n + j] = 0.0f;
@@ -77,8 +86,9 @@ __global__ void __launch_bounds__(128) k_output(float *__restrict__ t, const __h
     y[r * n + j] = v * __half2float(svh[j]);
 }
 
-/* Q → fp16 (k×n row-major), one warp per tile, 8 tiles per 256-thread block. */
-template <int K, int CB>
+/* Q → fp16 (k×n row-major), one warp per tile, 8 tiles per 256-thread block;
+ * D = the lab decode options (trellis_decode.cuh), 0 for the real one. */
+template <int K, int CB, int D = 0>
 __global__ void __launch_bounds__(256) k_decode(const uint32_t *__restrict__ trellis, __half *__restrict__ q,
                                                 int k, int n)
 {
@@ -89,8 +99,13 @@ __global__ void __launch_bounds__(256) k_decode(const uint32_t *__restrict__ tre
     const size_t kt = tile / ntiles, nt = tile % ntiles;
     const lane_ring lr = lane_ring_make(K, lane);
     const uint32_t *p = trellis + tile * (8 * K);
-    uint32_t v[4];
-    lane_decode<K, CB>(__ldg(p + lr.o0), __ldg(p + lr.o1), __ldg(p + lr.o2), lr.r, v);
+    constexpr int NWD = lane_nwords<K, D>();
+    uint32_t w[NWD], v[4], sel0 = 0, sel1 = 0;
+    w[0] = __ldg(p + lr.o0);
+    w[1] = __ldg(p + lr.o1);
+    if constexpr (NWD == 3) w[NWD - 1] = __ldg(p + lr.o2);
+    if constexpr ((D & DEC_IMMA) != 0) imma_sel_make(lane, sel0, sel1);
+    lane_decode_w<K, CB, D, NWD>(w, lr.r, sel0, sel1, 1u, v);
     const int g = lane >> 2, c = lane & 3;
     __half *base = q + (16 * kt) * n + 16 * nt + g;
 #pragma unroll
@@ -142,13 +157,17 @@ __global__ void __launch_bounds__(256) k_gemm(const uint32_t *__restrict__ trell
  * steps of 4 k tiles), flushing its accumulators with atomics whenever it
  * crosses into the next column group: no partial last wave. TPB threads per
  * block, MINB = blocks per SM the register budget is set for
- * (__launch_bounds__). */
-template <int K, int CB, int MINB, int TPB>
+ * (__launch_bounds__). D = the lab options of v6+ (trellis_decode.cuh:
+ * DEC_2W two ring words per lane at K ≤ 4, DEC_IMMA tensor-core byte sums for
+ * mul1, DEC_PF next step's words loaded before the current step's decode,
+ * DEC_FMA masks on the FMA pipe; one = 1, see lane_state_d); D = 0 is v4. */
+template <int K, int CB, int MINB, int TPB, int D = 0>
 __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restrict__ trellis,
                                                         const uint32_t *__restrict__ u2, float *__restrict__ t,
-                                                        int k, int n, int rows, int total_warps)
+                                                        int k, int n, int rows, int total_warps, uint32_t one)
 {
-    constexpr int NW = 2, U = 4, TW = 8 * K;
+    constexpr int NW = (D & DEC_NW4) ? 4 : 2, U = (D & DEC_NW4) ? 2 : 4, TW = 8 * K, NWD = lane_nwords<K, D>();
+    if constexpr ((D & DEC_PDL) != 0) griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW, spg = ktiles / U;
@@ -161,20 +180,47 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
     const bool lo_ok = g < rows, hi_ok = g + 8 < rows;
     const uint32_t *ua = u2 + (((size_t)g * k) >> 1) + c;
     const uint32_t *ub = u2 + (((size_t)(g + 8) * k) >> 1) + c;
+    uint32_t sel0 = 0, sel1 = 0;
+    if constexpr ((D & DEC_IMMA) != 0) imma_sel_make(lane, sel0, sel1);
+    bool waited = (D & DEC_PDL) == 0; /* PDL: u is read only after griddep_wait */
     while (q < q1) {
         const int grp = (int)(q / spg);
         const long long qend = min(q1, (long long)(grp + 1) * spg);
         const uint32_t *p = trellis + (size_t)grp * NW * TW;
         float acc[NW][2][4];
         acc_zero<NW>(acc);
+        uint32_t w[U][NW][NWD];
+        if constexpr ((D & DEC_PF) != 0)
+            words_load<K, NW, U, NWD>(p + (size_t)(q - (long long)grp * spg) * U * row_stride, row_stride, lr, w);
+        if (!waited) {
+            griddep_wait();
+            waited = true;
+        }
         for (; q < qend; q++) {
             const int kt = (int)(q - (long long)grp * spg) * U;
-            uint32_t w[U][NW][3], a[U][4];
-            words_load<K, NW, U>(p + (size_t)kt * row_stride, row_stride, lr, w);
+            uint32_t a[U][4];
+            if constexpr ((D & DEC_PF) != 0) {
+                uint32_t wn[U][NW][NWD];
+                /* the next step's words (the last step reloads its own: no branch) */
+                const int ktn = q + 1 < qend ? kt + U : kt;
+                words_load<K, NW, U, NWD>(p + (size_t)ktn * row_stride, row_stride, lr, wn);
 #pragma unroll
-            for (int s = 0; s < U; s++) afrag_load(ua, ub, kt + s, lo_ok, hi_ok, a[s]);
+                for (int s = 0; s < U; s++) afrag_load(ua, ub, kt + s, lo_ok, hi_ok, a[s]);
 #pragma unroll
-            for (int s = 0; s < U; s++) tiles_mma<K, CB, NW>(w[s], lr.r, a[s], acc);
+                for (int s = 0; s < U; s++) tiles_mma<K, CB, NW, D, NWD>(w[s], lr.r, a[s], acc, sel0, sel1, one);
+#pragma unroll
+                for (int s = 0; s < U; s++)
+#pragma unroll
+                    for (int j = 0; j < NW; j++)
+#pragma unroll
+                        for (int e = 0; e < NWD; e++) w[s][j][e] = wn[s][j][e];
+            } else {
+                words_load<K, NW, U, NWD>(p + (size_t)kt * row_stride, row_stride, lr, w);
+#pragma unroll
+                for (int s = 0; s < U; s++) afrag_load(ua, ub, kt + s, lo_ok, hi_ok, a[s]);
+#pragma unroll
+                for (int s = 0; s < U; s++) tiles_mma<K, CB, NW, D, NWD>(w[s], lr.r, a[s], acc, sel0, sel1, one);
+            }
         }
         acc_flush<NW>(t, n, 16 * grp * NW, lane, lo_ok, hi_ok, acc);
     }
@@ -217,7 +263,7 @@ static auto with_k_cb(int K, int cb, F &&f) -> decltype(f(ic<1>{}, ic<0>{}))
 }
 
 typedef void (*gemm_fn)(const uint32_t *, const uint32_t *, float *, int, int, int, int);
-typedef void (*bal_fn)(const uint32_t *, const uint32_t *, float *, int, int, int, int);
+typedef void (*bal_fn)(const uint32_t *, const uint32_t *, float *, int, int, int, int, uint32_t);
 typedef void (*decode_fn)(const uint32_t *, __half *, int, int);
 typedef void (*fused_fn)(const uint32_t *, const float *, const __half *, const __half *, float *, unsigned *,
                          float *, int, int, int, int);
@@ -259,16 +305,65 @@ static bal_fn bal_pick(int K, int cb, int minb)
     });
 }
 
-static fused_fn fused_pick(int K, int cb)
+/* Lab versions v6..v8, v10, v12: the balanced kernel with the lab options D
+ * (trellis_decode.cuh), every K and codebook; -1 for another version. */
+static int lab_version_opts(int version)
 {
-    return with_k_cb(K, cb, [](auto k, auto c) -> fused_fn {
-        return k_gemm_fused<decltype(k)::value, decltype(c)::value, 4>;
+    switch (version) {
+    case 6: return DEC_2W | DEC_PF;
+    case 7: return DEC_2W | DEC_PF | DEC_IMMA;
+    case 8: return DEC_2W | DEC_PF | DEC_IMMA | DEC_FMA;
+    case 10: return DEC_2W | DEC_PF | DEC_IMMA | DEC_FMA | DEC_PDL;
+    case 12: return DEC_2W | DEC_PF | DEC_IMMA | DEC_FMA | DEC_PDL | DEC_NW4;
+    default: return -1;
+    }
+}
+
+static bal_fn lab_pick(int K, int cb, int version)
+{
+    const int d = lab_version_opts(version);
+    return with_k_cb(K, cb, [&](auto k, auto c) -> bal_fn {
+        constexpr int KK = decltype(k)::value, CC = decltype(c)::value;
+        constexpr int V8 = DEC_2W | DEC_PF | DEC_IMMA | DEC_FMA;
+        switch (d) {
+        case DEC_2W | DEC_PF: return k_gemm_bal<KK, CC, 2, 256, DEC_2W | DEC_PF>;
+        case DEC_2W | DEC_PF | DEC_IMMA: return k_gemm_bal<KK, CC, 2, 256, DEC_2W | DEC_PF | DEC_IMMA>;
+        case V8: return k_gemm_bal<KK, CC, 2, 256, V8>;
+        case V8 | DEC_PDL: return k_gemm_bal<KK, CC, 2, 256, V8 | DEC_PDL>;
+        case V8 | DEC_PDL | DEC_NW4: return k_gemm_bal<KK, CC, 2, 256, V8 | DEC_PDL | DEC_NW4>;
+        default: return NULL;
+        }
     });
 }
 
-static decode_fn decode_pick(int K, int cb)
+/* v3 (version 3), v9 (v3 with v7's decode) or v11 (v3 with v8's decode). */
+static fused_fn fused_pick(int K, int cb, int version = 3)
 {
-    return with_k_cb(K, cb, [](auto k, auto c) -> decode_fn { return k_decode<decltype(k)::value, decltype(c)::value>; });
+    return with_k_cb(K, cb, [&](auto k, auto c) -> fused_fn {
+        constexpr int KK = decltype(k)::value, CC = decltype(c)::value;
+        if (version == 9) return k_gemm_fused<KK, CC, 4, DEC_2W | DEC_IMMA>;
+        if (version == 11) return k_gemm_fused<KK, CC, 4, DEC_2W | DEC_IMMA | DEC_FMA>;
+        return version == 3 ? k_gemm_fused<KK, CC, 4> : NULL;
+    });
+}
+
+/* The real decode (version 0), or the decode of lab version 6..9. */
+static decode_fn decode_pick(int K, int cb, int version = 0)
+{
+    return with_k_cb(K, cb, [&](auto k, auto c) -> decode_fn {
+        constexpr int KK = decltype(k)::value, CC = decltype(c)::value;
+        switch (version) {
+        case 0: return k_decode<KK, CC>;
+        case 6: return k_decode<KK, CC, DEC_2W>;
+        case 7:
+        case 9: return k_decode<KK, CC, DEC_2W | DEC_IMMA>;
+        case 8:
+        case 10:
+        case 11:
+        case 12: return k_decode<KK, CC, DEC_2W | DEC_IMMA | DEC_FMA>;
+        default: return NULL;
+        }
+    });
 }
 
 static void moe_pick(int K, int cb, moe_gu_fn *gu, moe_down_fn *down)
@@ -442,9 +537,15 @@ void trellis_cuda_ws_free(trellis_cuda_ws *ws)
 
 sparq_status trellis_cuda_decode_inner(const trellis_cuda_linear *lin, uint16_t *q, void *stream)
 {
+    return trellis_cuda_decode_lab(lin, q, stream, 0);
+}
+
+sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q, void *stream, int version)
+{
     RETURN_IF(!lin || !q, SPARQ_E_ARG, "cuda decode: missing linear or output");
-    decode_fn fn = decode_pick(lin->K, lin->cb);
-    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no CUDA decode for K=%d codebook %d", lin->name, lin->K, lin->cb);
+    decode_fn fn = decode_pick(lin->K, lin->cb, version);
+    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no CUDA decode for K=%d codebook %d (lab version %d)", lin->name,
+              lin->K, lin->cb, version);
     const size_t tiles = (size_t)(lin->k / 16) * (lin->n / 16);
     fn<<<(unsigned)((tiles + 7) / 8), 256, 0, (cudaStream_t)stream>>>(lin->trellis, (__half *)q, lin->k, lin->n);
     CUDA_RETURN_IF(cudaGetLastError(), "%s: decode launch", lin->name);
@@ -509,11 +610,11 @@ sparq_status trellis_cuda_gemm_lab(const trellis_cuda_linear *lin, const float *
  * 16 rows × (64·8 + 4) · 4 B = 33 KB, under the 48 KB static limit. */
 #define FUSED_MAX_CHUNK 64
 
-sparq_status trellis_cuda_gemm_v3(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
-                                  trellis_cuda_ws *ws, void *stream, int chunk)
+static sparq_status gemm_fused_run(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                   trellis_cuda_ws *ws, void *stream, int chunk, int version)
 {
     FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
-    fused_fn fn = fused_pick(lin->K, lin->cb);
+    fused_fn fn = fused_pick(lin->K, lin->cb, version);
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no CUDA gemm kernel for K=%d codebook %d", lin->name, lin->K, lin->cb);
     const int ktiles = lin->k / 16, nbc = (lin->n + FUSED_COLS - 1) / FUSED_COLS;
     if (chunk <= 0) {
@@ -532,15 +633,18 @@ sparq_status trellis_cuda_gemm_v3(const trellis_cuda_linear *lin, const float *x
     return SPARQ_OK;
 }
 
-sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
-                                   trellis_cuda_ws *ws, void *stream, int minb, unsigned parts)
+sparq_status trellis_cuda_gemm_v3(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                  trellis_cuda_ws *ws, void *stream, int chunk)
 {
-    FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
-    if (minb <= 0) minb = 2;
-    bal_fn fn = bal_pick(lin->K, lin->cb, minb);
-    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no balanced CUDA gemm for K=%d codebook %d (%d blocks/SM)", lin->name,
-              lin->K, lin->cb, minb);
-    const int tpb = minb >= 5 ? 128 : 256, wpb = tpb / 32;
+    return gemm_fused_run(lin, x, rows, y, ws, stream, chunk, 3);
+}
+
+/* The three launches of v4 and v6+ around a balanced main kernel fn (TPB
+ * threads per block): grid = the resident warps, at most one per work item. */
+static sparq_status gemm_bal_launch(const trellis_cuda_linear *lin, bal_fn fn, int tpb, const float *x, int rows,
+                                    float *y, trellis_cuda_ws *ws, void *stream, unsigned parts, bool pdl = false)
+{
+    const int wpb = tpb / 32;
     int per_sm = 0;
     CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
                    lin->name);
@@ -552,12 +656,41 @@ sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *
     const int blocks = (int)((warps + wpb - 1) / wpb);
     warps = (long long)blocks * wpb;
     cudaStream_t s = (cudaStream_t)stream;
+    if (pdl) {
+        /* main and output may start before their predecessor ends (they wait
+         * with griddepcontrol.wait before reading its results) */
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        if (parts & TRELLIS_CUDA_PART_INPUT) {
+            k_input<true><<<dim3(lin->k / 128, rows), 128, 0, s>>>(x, lin->suh, ws->u, lin->k);
+            CUDA_RETURN_IF(cudaGetLastError(), "%s: input transform launch", lin->name);
+        }
+        if (parts & TRELLIS_CUDA_PART_MAIN) {
+            cfg.gridDim = dim3(blocks);
+            cfg.blockDim = dim3(tpb);
+            CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, lin->trellis, (const uint32_t *)ws->u, ws->t, lin->k, lin->n,
+                                              rows, (int)warps, 1u),
+                           "%s: balanced gemm launch (%d blocks, PDL)", lin->name, blocks);
+        }
+        if (parts & TRELLIS_CUDA_PART_OUTPUT) {
+            cfg.gridDim = dim3(lin->n / 128, rows);
+            cfg.blockDim = dim3(128);
+            CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_output<true>, ws->t, (const __half *)lin->svh, y, lin->n),
+                           "%s: output transform launch (PDL)", lin->name);
+        }
+        return SPARQ_OK;
+    }
     if (parts & TRELLIS_CUDA_PART_INPUT) {
         k_input<<<dim3(lin->k / 128, rows), 128, 0, s>>>(x, lin->suh, ws->u, lin->k);
         CUDA_RETURN_IF(cudaGetLastError(), "%s: input transform launch", lin->name);
     }
     if (parts & TRELLIS_CUDA_PART_MAIN) {
-        fn<<<blocks, tpb, 0, s>>>(lin->trellis, (const uint32_t *)ws->u, ws->t, lin->k, lin->n, rows, (int)warps);
+        fn<<<blocks, tpb, 0, s>>>(lin->trellis, (const uint32_t *)ws->u, ws->t, lin->k, lin->n, rows, (int)warps, 1u);
         CUDA_RETURN_IF(cudaGetLastError(), "%s: balanced gemm launch (%d blocks)", lin->name, blocks);
     }
     if (parts & TRELLIS_CUDA_PART_OUTPUT) {
@@ -567,23 +700,38 @@ sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *
     return SPARQ_OK;
 }
 
-/* Which lab version trellis_cuda_gemm runs (kernels/cuda/lab/README.md, measured
- * in docs/benchmarks-cuda.md): v3 (one launch) everywhere except K = 3 on
- * linears of ≥ 4 M weights, where v4 (three launches, balanced) was faster on
- * every measured shape (by 0.2–3 µs) and v3 lags for a reason not yet found. */
-static int gemm_default_version(const trellis_cuda_linear *lin)
+sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                   trellis_cuda_ws *ws, void *stream, int minb, unsigned parts)
 {
-    return lin->K == 3 && (long long)lin->k * lin->n >= (4LL << 20) ? 4 : 3;
+    FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
+    if (minb <= 0) minb = 2;
+    bal_fn fn = bal_pick(lin->K, lin->cb, minb);
+    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no balanced CUDA gemm for K=%d codebook %d (%d blocks/SM)", lin->name,
+              lin->K, lin->cb, minb);
+    return gemm_bal_launch(lin, fn, minb >= 5 ? 128 : 256, x, rows, y, ws, stream, parts);
 }
 
+sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                    trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
+{
+    if (version == 9 || version == 11) return gemm_fused_run(lin, x, rows, y, ws, stream, 0, version);
+    FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
+    bal_fn fn = lab_pick(lin->K, lin->cb, version);
+    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no CUDA gemm lab version %d for K=%d codebook %d", lin->name, version,
+              lin->K, lin->cb);
+    return gemm_bal_launch(lin, fn, 256, x, rows, y, ws, stream, parts, (lab_version_opts(version) & DEC_PDL) != 0);
+}
+
+/* trellis_cuda_gemm runs lab version v10 (kernels/cuda/lab/README.md; run 9
+ * in docs/benchmarks-cuda.md): three launches overlapped by programmatic
+ * dependent launch, a balanced main grid and v8's decode. It was the fastest
+ * version on 17 of the 18 benchmark rows (v3 was 0.56 µs faster on 2304×5120
+ * K=2) and faster than the previous default (v3 / v4) on the same 17. */
 sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                trellis_cuda_ws *ws, void *stream)
 {
     RETURN_IF(!lin, SPARQ_E_ARG, "cuda gemm: no linear");
-    const int version = gemm_default_version(lin);
-    if (version == 3) return trellis_cuda_gemm_v3(lin, x, rows, y, ws, stream, 0);
-    if (version == 4) return trellis_cuda_gemm_bal(lin, x, rows, y, ws, stream, 0, TRELLIS_CUDA_PART_ALL);
-    return trellis_cuda_gemm_lab(lin, x, rows, y, ws, stream, 0, 0, 0, TRELLIS_CUDA_PART_ALL);
+    return trellis_cuda_gemm_labv(lin, x, rows, y, ws, stream, 10, TRELLIS_CUDA_PART_ALL);
 }
 
 sparq_status trellis_cuda_gemm_prefill(trellis_cuda_linear *lin, const float *x, int rows, float *y, void *stream)

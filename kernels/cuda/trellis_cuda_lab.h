@@ -43,6 +43,24 @@ sparq_status trellis_cuda_gemm_v3(const trellis_cuda_linear *lin, const float *x
 sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                    trellis_cuda_ws *ws, void *stream, int minb, unsigned parts);
 
+/* Lab versions v6..v8 (kernels/cuda/lab/README.md): v4's three launches
+ * and balanced grid with a cheaper decode. version 6 = two ring words per
+ * lane at K ≤ 4 and the next step's words loaded ahead; 7 = 6 + mul1 byte
+ * sums on the tensor core (one mma.m16n8k32 u8 per 4 weights a lane instead
+ * of dp4a); 8 = 7 + state masks moved from the ALU to the FMA pipe;
+ * 9 = v3's one launch with v7's decode (parts ignored: always the whole op);
+ * 10 = 8 with the three launches overlapped by programmatic dependent launch;
+ * 11 = v3's one launch with v8's decode; 12 = 10 with 4 tile columns × 2 k
+ * tiles per step.
+ * Every K and codebook; SPARQ_E_UNSUPPORTED for another version. parts as
+ * for trellis_cuda_gemm_lab. */
+sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                    trellis_cuda_ws *ws, void *stream, int version, unsigned parts);
+
+/* trellis_cuda_decode_inner with the tile decode of lab version 6..12 (0 =
+ * the real one), so the test can check each version's decode bit for bit. */
+sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q, void *stream, int version);
+
 #ifdef __cplusplus
 }
 #endif

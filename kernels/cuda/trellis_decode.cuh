@@ -33,6 +33,50 @@ namespace trellis_dev {
 
 enum { CB_3INST = 0, CB_MCG = 1, CB_MUL1 = 2 };
 
+/* Lab options of the decode and loop (template bit mask D; 0 = v2..v5):
+ *  DEC_2W:   K ≤ 4 reads two ring words per lane, not three (the lane's
+ *            16 + 7K state bits start at b0 mod 32 ≤ 48 − 7K for every
+ *            lane, so they end within 64 bits: the third word is never
+ *            needed);
+ *  DEC_IMMA: mul1 byte sums on the tensor core (imma_bytesum4) instead of
+ *            one dp4a per weight;
+ *  DEC_PF:   the balanced loop loads the next step's words before decoding
+ *            the current one (register double buffering);
+ *  DEC_FMA:  states that lie inside the first aligned word are cut out with
+ *            a multiply by 2^s (IMAD, FMA pipe) and a shift instead of a shift
+ *            and a mask (both ALU pipe), to balance the two integer pipes;
+ *  DEC_PDL:  the three launches overlap by programmatic dependent launch: the
+ *            main kernel loads its first trellis words while the input
+ *            transform still runs, the output transform is resident early;
+ *  DEC_NW4:  the balanced loop takes 4 tile columns × 2 k tiles per step
+ *            (one A fragment per 4 tiles) instead of 2 × 4. */
+enum { DEC_2W = 1, DEC_IMMA = 2, DEC_PF = 4, DEC_FMA = 8, DEC_PDL = 16, DEC_NW4 = 32 };
+
+/* Programmatic dependent launch (sm_90+, GB10 included; a no-op in a kernel
+ * launched without the attribute, and compiled out for older targets, where
+ * the launches are plainly serialised): griddep_launch lets the next kernel
+ * of the stream start; griddep_wait blocks until the previous kernel has
+ * finished and its writes are visible. */
+__device__ __forceinline__ void griddep_launch()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/* Ring words a lane reads per tile under options D. */
+template <int K, int D>
+__host__ __device__ constexpr int lane_nwords()
+{
+    return (D & DEC_2W) && K <= 4 ? 2 : 3;
+}
+
 /* Per-lane constants: indices (in 32-bit ring words, within a tile of 8K words)
  * of the three words a lane reads, and the funnel shift. */
 struct lane_ring {
@@ -70,6 +114,22 @@ __device__ __forceinline__ uint32_t lane_state(uint32_t a, uint32_t b, uint32_t 
     }
 }
 
+/* lane_state under the lab options D: with DEC_FMA, a state inside a is
+ * (a · 2^s) >> 16, the multiply on the FMA pipe; `one` is 1 at run time (a
+ * kernel argument) so the compiler keeps the multiply instead of turning it
+ * back into a shift. */
+template <int K, int I, int D>
+__device__ __forceinline__ uint32_t lane_state_d(uint32_t a, uint32_t b, uint32_t c, uint32_t one)
+{
+    constexpr int s = I * K;
+    if constexpr ((D & DEC_FMA) != 0 && s > 0 && s + 16 <= 32) {
+        return (a * (one << s)) >> 16;
+    } else {
+        (void)one;
+        return lane_state<K, I>(a, b, c);
+    }
+}
+
 __device__ __forceinline__ uint32_t h2_bits(__half2 h)
 {
     return *reinterpret_cast<uint32_t *>(&h);
@@ -79,17 +139,22 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u)
     return *reinterpret_cast<__half2 *>(&u);
 }
 
+/* mul1 values of two fp16 patterns 1024 + byte sum (low half = first):
+ * one hfma2 by (scale, bias), one rounding as on the CPU. */
+__device__ __forceinline__ uint32_t mul1_finish(uint32_t h0, uint32_t h1)
+{
+    const __half2 h = bits_h2(__byte_perm(h0, h1, 0x5410));
+    const __half2 scale = bits_h2(0x1EEE1EEEu), bias = bits_h2(0xC931C931u);
+    return h2_bits(__hfma2(h, scale, bias));
+}
+
 /* Codebook values of two states as a half2 (low half = s0). */
 template <int CB>
 __device__ __forceinline__ uint32_t cb_pair(uint32_t s0, uint32_t s1)
 {
     if constexpr (CB == CB_MUL1) {
         const uint32_t x0 = s0 * 0x83DCD12Du, x1 = s1 * 0x83DCD12Du;
-        const uint32_t h0 = __dp4a(x0, 0x01010101u, 0x6400u);
-        const uint32_t h1 = __dp4a(x1, 0x01010101u, 0x6400u);
-        const __half2 h = bits_h2(__byte_perm(h0, h1, 0x5410));
-        const __half2 scale = bits_h2(0x1EEE1EEEu), bias = bits_h2(0xC931C931u);
-        return h2_bits(__hfma2(h, scale, bias));
+        return mul1_finish(__dp4a(x0, 0x01010101u, 0x6400u), __dp4a(x1, 0x01010101u, 0x6400u));
     } else {
         uint32_t x0, x1;
         if constexpr (CB == CB_3INST) {
@@ -107,19 +172,74 @@ __device__ __forceinline__ uint32_t cb_pair(uint32_t s0, uint32_t s1)
     }
 }
 
-/* Decode a lane's 8 values from its three ring words w0..w2 and shift r:
- * out[0..1] = B fragment of the left n8 half, out[2..3] of the right half
- * (each a half2: positions 8t+0,1 | 8t+2,3 | 8t+4,5 | 8t+6,7). */
+/* The 0/1 B operand of imma_bytesum4 for this lane: column n of the 32×8
+ * selection matrix sums the four bytes of A's k group π(n), π(2c) = c,
+ * π(2c + 1) = c + 4, so every lane gets back the sums of its own words. */
+__device__ __forceinline__ void imma_sel_make(int lane, uint32_t &b0, uint32_t &b1)
+{
+    const int g = lane >> 2, c = lane & 3;
+    b0 = ((g & 1) == 0 && (g >> 1) == c) ? 0x01010101u : 0u;
+    b1 = ((g & 1) == 1 && (g >> 1) == c) ? 0x01010101u : 0u;
+}
+
+/* d[i] = cadd + (sum of the four bytes of x_i), i = 0..3, for every lane of
+ * the warp at once: one mma.m16n8k32 u8·u8 → s32 (exact integer arithmetic)
+ * with A = the lanes' words (row g: k groups c, c + 4 ← x0, x1; row g + 8 ←
+ * x2, x3) and B from imma_sel_make. Replaces four dp4a per lane. */
+__device__ __forceinline__ void imma_bytesum4(uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3, uint32_t b0,
+                                              uint32_t b1, uint32_t cadd, uint32_t (&d)[4])
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(x0), "r"(x2), "r"(x1), "r"(x3), "r"(b0), "r"(b1), "r"(cadd));
+}
+
+/* Decode a lane's 8 values from its ring words w (lane_nwords<K, D>() of
+ * them, from word lr.o0 on) and shift r: out[0..1] = B fragment of the left
+ * n8 half, out[2..3] of the right half (each a half2: positions 8t+0,1 |
+ * 8t+2,3 | 8t+4,5 | 8t+6,7). sel0/sel1: imma_sel_make (DEC_IMMA only);
+ * one: 1 (DEC_FMA only, see lane_state_d). */
+template <int K, int CB, int D, int NWD>
+__device__ __forceinline__ void lane_decode_w(const uint32_t (&w)[NWD], unsigned r, uint32_t sel0, uint32_t sel1,
+                                              uint32_t one, uint32_t out[4])
+{
+    const uint32_t a = __funnelshift_l(w[1], w[0], r);
+    const uint32_t b = NWD == 2 ? w[1] << r : __funnelshift_l(w[NWD - 1], w[1], r);
+    const uint32_t c = NWD == 2 ? 0u : w[NWD - 1] << r;
+    if constexpr (CB == CB_MUL1 && (D & DEC_IMMA)) {
+        uint32_t x[8];
+        x[0] = lane_state_d<K, 0, D>(a, b, c, one) * 0x83DCD12Du;
+        x[1] = lane_state_d<K, 1, D>(a, b, c, one) * 0x83DCD12Du;
+        x[2] = lane_state_d<K, 2, D>(a, b, c, one) * 0x83DCD12Du;
+        x[3] = lane_state_d<K, 3, D>(a, b, c, one) * 0x83DCD12Du;
+        x[4] = lane_state_d<K, 4, D>(a, b, c, one) * 0x83DCD12Du;
+        x[5] = lane_state_d<K, 5, D>(a, b, c, one) * 0x83DCD12Du;
+        x[6] = lane_state_d<K, 6, D>(a, b, c, one) * 0x83DCD12Du;
+        x[7] = lane_state_d<K, 7, D>(a, b, c, one) * 0x83DCD12Du;
+        uint32_t d[4], e[4];
+        imma_bytesum4(x[0], x[1], x[2], x[3], sel0, sel1, 0x6400u, d);
+        imma_bytesum4(x[4], x[5], x[6], x[7], sel0, sel1, 0x6400u, e);
+        out[0] = mul1_finish(d[0], d[1]);
+        out[1] = mul1_finish(d[2], d[3]);
+        out[2] = mul1_finish(e[0], e[1]);
+        out[3] = mul1_finish(e[2], e[3]);
+    } else {
+        (void)sel0;
+        (void)sel1;
+        out[0] = cb_pair<CB>(lane_state_d<K, 0, D>(a, b, c, one), lane_state_d<K, 1, D>(a, b, c, one));
+        out[1] = cb_pair<CB>(lane_state_d<K, 2, D>(a, b, c, one), lane_state_d<K, 3, D>(a, b, c, one));
+        out[2] = cb_pair<CB>(lane_state_d<K, 4, D>(a, b, c, one), lane_state_d<K, 5, D>(a, b, c, one));
+        out[3] = cb_pair<CB>(lane_state_d<K, 6, D>(a, b, c, one), lane_state_d<K, 7, D>(a, b, c, one));
+    }
+}
+
+/* lane_decode_w from three words (v1..v5). */
 template <int K, int CB>
 __device__ __forceinline__ void lane_decode(uint32_t w0, uint32_t w1, uint32_t w2, unsigned r, uint32_t out[4])
 {
-    const uint32_t a = __funnelshift_l(w1, w0, r);
-    const uint32_t b = __funnelshift_l(w2, w1, r);
-    const uint32_t c = w2 << r;
-    out[0] = cb_pair<CB>(lane_state<K, 0>(a, b, c), lane_state<K, 1>(a, b, c));
-    out[1] = cb_pair<CB>(lane_state<K, 2>(a, b, c), lane_state<K, 3>(a, b, c));
-    out[2] = cb_pair<CB>(lane_state<K, 4>(a, b, c), lane_state<K, 5>(a, b, c));
-    out[3] = cb_pair<CB>(lane_state<K, 6>(a, b, c), lane_state<K, 7>(a, b, c));
+    const uint32_t w[3] = {w0, w1, w2};
+    lane_decode_w<K, CB, 0, 3>(w, r, 0u, 0u, 1u, out);
 }
 
 /* D += A·B for one m16n8k16 fp16 product with fp32 accumulators. */
@@ -138,9 +258,9 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint3
 
 /* Ring words of U consecutive k tiles × NW adjacent tile columns; p points at
  * the first tile, row_stride = 32-bit words from one k tile to the next. */
-template <int K, int NW, int U>
+template <int K, int NW, int U, int NWD = 3>
 __device__ __forceinline__ void words_load(const uint32_t *p, size_t row_stride, const lane_ring &lr,
-                                           uint32_t (&w)[U][NW][3])
+                                           uint32_t (&w)[U][NW][NWD])
 {
 #pragma unroll
     for (int s = 0; s < U; s++) {
@@ -149,7 +269,7 @@ __device__ __forceinline__ void words_load(const uint32_t *p, size_t row_stride,
         for (int j = 0; j < NW; j++) {
             w[s][j][0] = __ldg(pt + j * 8 * K + lr.o0);
             w[s][j][1] = __ldg(pt + j * 8 * K + lr.o1);
-            w[s][j][2] = __ldg(pt + j * 8 * K + lr.o2);
+            if constexpr (NWD == 3) w[s][j][NWD - 1] = __ldg(pt + j * 8 * K + lr.o2);
         }
     }
 }
@@ -166,15 +286,17 @@ __device__ __forceinline__ void afrag_load(const uint32_t *ua, const uint32_t *u
     a[3] = hi_ok ? ub[col + 4] : 0u;
 }
 
-/* acc += A · (decoded tiles) for the NW tile columns of one k tile. */
-template <int K, int CB, int NW>
-__device__ __forceinline__ void tiles_mma(const uint32_t (&w)[NW][3], unsigned r, const uint32_t (&a)[4],
-                                          float (&acc)[NW][2][4])
+/* acc += A · (decoded tiles) for the NW tile columns of one k tile (D, sel0,
+ * sel1: see lane_decode_w). */
+template <int K, int CB, int NW, int D = 0, int NWD = 3>
+__device__ __forceinline__ void tiles_mma(const uint32_t (&w)[NW][NWD], unsigned r, const uint32_t (&a)[4],
+                                          float (&acc)[NW][2][4], uint32_t sel0 = 0u, uint32_t sel1 = 0u,
+                                          uint32_t one = 1u)
 {
 #pragma unroll
     for (int j = 0; j < NW; j++) {
         uint32_t b[4];
-        lane_decode<K, CB>(w[j][0], w[j][1], w[j][2], r, b);
+        lane_decode_w<K, CB, D, NWD>(w[j], r, sel0, sel1, one, b);
         mma_16816(acc[j][0], a, b[0], b[1]);
         mma_16816(acc[j][1], a, b[2], b[3]);
     }

@@ -56,14 +56,14 @@ __host__ __device__ inline size_t fused_smem_bytes(int chunk, int rows)
  * (scatter-add of a routed expert) instead of stored. */
 enum { FUSED_IN_SWIGLU = 1, FUSED_OUT_ADD = 2 };
 
-template <int K, int CB, int U, int MODE>
+template <int K, int CB, int U, int MODE, int D = 0>
 __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis, const float *__restrict__ x,
                                            const float *__restrict__ x2, const __half *__restrict__ suh,
                                            const __half *__restrict__ svh, float *__restrict__ t,
                                            unsigned *__restrict__ counters, float *__restrict__ y, float yscale,
                                            int k, int n, int rows, int chunk)
 {
-    constexpr int NW = 2, TW = 8 * K;
+    constexpr int NW = 2, TW = 8 * K, NWD = lane_nwords<K, D>();
     extern __shared__ uint32_t u_s[]; /* rows × (chunk·8 + 4) half2 */
     __shared__ int s_last;
     (void)x2;
@@ -79,10 +79,13 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
     const int ustride = chunk * 8 + 4; /* half2 words per row */
 
     const lane_ring lr = lane_ring_make(K, lane);
+    uint32_t sel0 = 0, sel1 = 0;
+    if constexpr ((D & DEC_IMMA) != 0) imma_sel_make(lane, sel0, sel1);
+    const uint32_t one = blockDim.x / 256; /* 1, unknown to the compiler (DEC_FMA) */
     const size_t row_stride = (size_t)ntiles * TW;
     const uint32_t *p = trellis + (size_t)kt0 * row_stride + (size_t)(active ? grp : 0) * NW * TW;
 
-    uint32_t wn[U][NW][3];
+    uint32_t wn[U][NW][NWD];
     auto load_step = [&](int kt) { words_load<K, NW, U>(p + (size_t)(kt - kt0) * row_stride, row_stride, lr, wn); };
     if (active) load_step(kt0);
 
@@ -116,19 +119,19 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
     if (active) {
         const uint32_t *ua = u_s + g * ustride + c, *ub = u_s + (g + 8) * ustride + c;
         for (int kt = kt0; kt < kt1; kt += U) {
-            uint32_t w[U][NW][3];
+            uint32_t w[U][NW][NWD];
 #pragma unroll
             for (int s = 0; s < U; s++)
 #pragma unroll
                 for (int j = 0; j < NW; j++)
 #pragma unroll
-                    for (int e = 0; e < 3; e++) w[s][j][e] = wn[s][j][e];
+                    for (int e = 0; e < NWD; e++) w[s][j][e] = wn[s][j][e];
             if (kt + U < kt1) load_step(kt + U);
 #pragma unroll
             for (int s = 0; s < U; s++) {
                 uint32_t a[4];
                 afrag_load(ua, ub, kt - kt0 + s, lo_ok, hi_ok, a);
-                tiles_mma<K, CB, NW>(w[s], lr.r, a, acc);
+                tiles_mma<K, CB, NW, D, NWD>(w[s], lr.r, a, acc, sel0, sel1, one);
             }
         }
         /* 3. partial sums */
@@ -166,14 +169,17 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
     if (threadIdx.x == 0) counters[bc] = 0;
 }
 
-template <int K, int CB, int U>
+/* D: lab options of the decode (trellis_decode.cuh); 0 = v3, DEC_2W |
+ * DEC_IMMA = v9 (v3 with v7's decode; the loads are double-buffered in both),
+ * + DEC_FMA = v11. */
+template <int K, int CB, int U, int D = 0>
 __global__ void __launch_bounds__(256) k_gemm_fused(const uint32_t *__restrict__ trellis,
                                                     const float *__restrict__ x, const __half *__restrict__ suh,
                                                     const __half *__restrict__ svh, float *__restrict__ t,
                                                     unsigned *__restrict__ counters, float *__restrict__ y, int k,
                                                     int n, int rows, int chunk)
 {
-    fused_body<K, CB, U, 0>(trellis, x, nullptr, suh, svh, t, counters, y, 1.0f, k, n, rows, chunk);
+    fused_body<K, CB, U, 0, D>(trellis, x, nullptr, suh, svh, t, counters, y, 1.0f, k, n, rows, chunk);
 }
 
 /* --- fused MoE decode layer (lab v5) ----------------------------------------------

@@ -7,8 +7,10 @@
  *    trellis_linear_gemm for every K and codebook, on shapes that are and are
  *    not multiples of the kernel's blocking, on every lab kernel shape, with
  *    the output poisoned (NaN) before each run so unwritten outputs fail;
- *  - lab versions v3 (one fused launch), v4 (balanced grid) and the default
- *    entry point the same;
+ *  - lab versions v3 (one fused launch), v4 (balanced grid), v6..v12 (round
+ *    2: two-word loads, tensor-core byte sums, FMA masks, programmatic
+ *    dependent launch) and the default entry point the same; each lab
+ *    version's tile decode is also checked bit for bit like the real one;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU;
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
@@ -83,15 +85,22 @@ static uint16_t *check_decode(const trellis_linear *lin, const char *what)
     CHECK(trellis_cuda_alloc(&dq, kn * 2) == SPARQ_OK);
     uint16_t *q = malloc(kn * 2);
     float *ref = malloc(kn * sizeof(float));
-    CHECK(trellis_cuda_decode_inner(dl, dq, NULL) == SPARQ_OK);
-    CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
-    CHECK(trellis_cuda_download(q, dq, kn * 2) == SPARQ_OK);
     CHECK(trellis_linear_decode_inner(lin, ref, NULL) == SPARQ_OK);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < kn; i++)
-        if (q[i] != sparq_f32_to_f16(ref[i]) && bad++ == 0) first = i;
-    CHECK_MSG(bad == 0, "%s: %zu of %zu decoded values differ from the CPU (first at row %zu col %zu: %04x vs %04x)",
-              what, bad, kn, first / lin->n, first % lin->n, q[first], sparq_f32_to_f16(ref[first]));
+    /* the real decode (0), then each lab version's decode (6..12), bit for bit;
+     * the real one's result is what this returns */
+    static const int versions[] = {6, 7, 8, 9, 10, 11, 12, 0};
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0]; v++) {
+        CHECK(trellis_cuda_decode_lab(dl, dq, NULL, versions[v]) == SPARQ_OK);
+        CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_download(q, dq, kn * 2) == SPARQ_OK);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < kn; i++)
+            if (q[i] != sparq_f32_to_f16(ref[i]) && bad++ == 0) first = i;
+        CHECK_MSG(bad == 0,
+                  "%s (decode of version %d): %zu of %zu decoded values differ from the CPU (first at row %zu col "
+                  "%zu: %04x vs %04x)",
+                  what, versions[v], bad, kn, first / lin->n, first % lin->n, q[first], sparq_f32_to_f16(ref[first]));
+    }
     free(ref);
     trellis_cuda_free(dq);
     trellis_cuda_linear_free(dl);
@@ -185,16 +194,16 @@ static double nmse(const float *a, const float *b, size_t n)
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12 };
 
 /* One GEMM check: fresh x, GPU (poisoned output) vs CPU. mode V2 takes
  * nw/unroll/chunk (0 = its defaults), V3 takes chunk, V4 takes nw as its
- * blocks-per-SM variant, PREFILL is the cuBLAS
+ * blocks-per-SM variant, V6..V12 are the lab versions 6..12 (whole op),
+ * PREFILL is the cuBLAS
  * path (rows may exceed 16), DEFAULT is trellis_cuda_gemm. */
 static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, int rows, int nw,
                        int unroll, int chunk, int mode)
 {
-    const int prefill = mode == PREFILL;
     const int k = h->lin.k, n = h->lin.n;
     float *x = malloc((size_t)rows * k * sizeof(float));
     float *y = malloc((size_t)rows * n * sizeof(float)), *ref = malloc((size_t)rows * n * sizeof(float));
@@ -212,6 +221,7 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
     sparq_status st = mode == PREFILL ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
                       : mode == V3    ? trellis_cuda_gemm_v3(dl, dx, rows, dy, ws, NULL, chunk)
                       : mode == V4    ? trellis_cuda_gemm_bal(dl, dx, rows, dy, ws, NULL, nw, TRELLIS_CUDA_PART_ALL)
+                      : mode >= V6    ? trellis_cuda_gemm_labv(dl, dx, rows, dy, ws, NULL, mode, TRELLIS_CUDA_PART_ALL)
                       : mode == DEFAULT
                           ? trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL)
                           : trellis_cuda_gemm_lab(dl, dx, rows, dy, ws, NULL, nw, unroll, chunk, TRELLIS_CUDA_PART_ALL);
@@ -253,6 +263,10 @@ static void test_gemm_all_k(void)
                 check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
                 check_gemm(&h, dl, ws, 1, 2, 0, 0, V4);
                 check_gemm(&h, dl, ws, 16, 2, 0, 0, V4);
+                for (int v = V6; v <= V12; v++) {
+                    check_gemm(&h, dl, ws, 1, 0, 0, 0, v);
+                    check_gemm(&h, dl, ws, 16, 0, 0, 0, v);
+                }
                 trellis_cuda_linear_free(dl);
                 host_lin_free(&h);
             }
@@ -297,14 +311,18 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 2, 0, 0, 0, V3);
         check_gemm(&h, dl, ws, 16, 0, 0, 16, V3);
         check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
+        for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
     }
     trellis_cuda_linear_free(dl);
     host_lin_free(&h);
-    /* 2048 x 2048 K=3 = 4 M weights: the size from which trellis_cuda_gemm picks v4 */
+    /* the default (v10, programmatic dependent launches) called repeatedly on
+     * one workspace: t must be back to zero after each call */
     host_lin_make(&h, 2048, 2048, 3, TRELLIS_CB_MUL1);
-    CHECK(trellis_cuda_linear_upload(&h.lin, "default-v4", &dl) == SPARQ_OK);
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-    check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
+    CHECK(trellis_cuda_linear_upload(&h.lin, "default-large", &dl) == SPARQ_OK);
+    for (int i = 0; i < 3; i++) {
+        check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+        check_gemm(&h, dl, ws, 4 + 6 * i, 0, 0, 0, DEFAULT);
+    }
     trellis_cuda_linear_free(dl);
     host_lin_free(&h);
     trellis_cuda_ws_free(ws);

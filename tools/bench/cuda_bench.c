@@ -12,7 +12,10 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick]   (prints a table; exit 77 without a GPU) */
+ * Usage: cuda_bench [--quick | --lab | --profile]   (prints a table; exit 77
+ * without a GPU). --lab: only the lab round-2 columns (v3, v4, v6..v12 and
+ * the default, whole op and main kernel, + a rows sweep of the default), no
+ * MoE; --profile: a few launches of every version for ncu, no timing. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -87,6 +90,14 @@ typedef struct op {
 
 static void call_ours(op *o, int i)
 {
+    if (o->version == 1) {
+        SK(trellis_cuda_gemm(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s));
+        return;
+    }
+    if (o->version >= 6) {
+        SK(trellis_cuda_gemm_labv(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s, o->version, o->parts));
+        return;
+    }
     if (o->version == 4) {
         SK(trellis_cuda_gemm_bal(o->lins[i % o->ncopies], o->x, o->rows, o->y, o->ws, o->s, o->nw, o->parts));
         return;
@@ -101,6 +112,16 @@ static void call_ours(op *o, int i)
 
 static void call_cublas(op *o, int i);
 static double time_op(op *o, int ncopies_used);
+
+/* Frees the nc device copies of one benchmarked linear and its host arrays. */
+static void copies_free(trellis_cuda_linear **lins, int nc, uint16_t *tw, uint16_t *suh, uint16_t *svh)
+{
+    for (int c = 0; c < nc; c++) trellis_cuda_linear_free(lins[c]);
+    free(lins);
+    free(tw);
+    free(suh);
+    free(svh);
+}
 
 static void call_moe(op *o, int i)
 {
@@ -282,6 +303,8 @@ int main(int argc, char **argv)
 {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0;
+    /* --lab: only the columns of the current lab round (v3, v4, v6..v9, cuBLAS) */
+    const int lab = argc > 1 && strcmp(argv[1], "--lab") == 0;
     if (trellis_cuda_device_count() == 0) {
         printf("skipped: no GPU\n");
         return 77;
@@ -317,6 +340,7 @@ int main(int argc, char **argv)
             SK(trellis_cuda_gemm_v3(lin, x, 1, y, ws, NULL, 0));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
+            for (int v = 6; v <= 12; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
         }
         SK(trellis_cuda_sync(NULL));
         printf("profile mode done\n");
@@ -331,6 +355,12 @@ int main(int argc, char **argv)
     printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
            "over > 256 MB\n",
            G, REPS);
+    if (lab)
+        printf("%-12s %2s %7s %7s %7s | %7s %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %7s %7s %8s %8s\n",
+               "in x out", "K", "v3", "v4", "v4-main", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v6-main",
+               "v7-main", "v8-main", "v10-main", "v12-main", "cublas", "best", "speedup", "membound");
+    if (lab) printf("  (last two columns: default = trellis_cuda_gemm, and cublas / default)\n");
+    else
     printf("%-12s %2s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %6s | %6s %6s %6s | %6s %6s %6s %6s %6s | %7s\n", "in x out",
            "K", "v3", "v3-hot", "v2", "v2-main", "v4", "v4-main", "v4m-b3", "v4m-b5", "v4m-b6", "cublas", "cbl-hot", "speedup", "membound", "%bound", "v3c16",
            "v3c32", "v3c64", "v2-hot", "m:1x4", "m:2x8", "m:4x4", "m:1x8", "v1");
@@ -386,6 +416,48 @@ int main(int argc, char **argv)
             for (int c = 0; c < nc; c++) SK(trellis_cuda_linear_upload(&hl, "bench", &lins[c]));
             op o = {.call = call_ours, .s = s, .lins = lins, .rows = 1, .parts = TRELLIS_CUDA_PART_ALL,
                     .x = x, .y = y, .ws = ws, .version = 3};
+            if (lab) {
+                double t_whole[13], t_mainv[13];
+                static const int vs[] = {1, 3, 4, 6, 7, 8, 9, 10, 11, 12};
+                double best = INFINITY;
+                int bestv = 0;
+                for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+                    o.version = vs[vi];
+                    o.nw = vs[vi] == 4 ? 2 : 0;
+                    o.parts = TRELLIS_CUDA_PART_ALL;
+                    t_whole[vs[vi]] = time_op(&o, nc);
+                    if (vs[vi] > 1 && t_whole[vs[vi]] < best) best = t_whole[vs[vi]], bestv = vs[vi];
+                    t_mainv[vs[vi]] = NAN;
+                    if (vs[vi] == 1 || vs[vi] == 3 || vs[vi] == 9 || vs[vi] == 11) continue;
+                    o.parts = TRELLIS_CUDA_PART_MAIN;
+                    t_mainv[vs[vi]] = time_op(&o, nc);
+                }
+                printf("%5dx%-6d %2d %7.2f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f %7.2f "
+                       "%7.2f %7.2f | %7.2f %5.2f v%-2d %7.2fx %8.2f | %7.2f %6.2fx\n",
+                       k, n, K, t_whole[3], t_whole[4], t_mainv[4], t_whole[6], t_whole[7], t_whole[8], t_whole[9],
+                       t_whole[10], t_whole[11], t_whole[12], t_mainv[6], t_mainv[7], t_mainv[8], t_mainv[10],
+                       t_mainv[12], t_cublas, best,
+                       bestv, t_cublas / best, tbytes / bw * 1e6, t_whole[1], t_cublas / t_whole[1]);
+                fflush(stdout);
+                if (si == 0 && K == 3) {
+                    printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v4/default µs:");
+                    static const int rl[] = {1, 2, 4, 8, 16};
+                    o.parts = TRELLIS_CUDA_PART_ALL;
+                    for (int r = 0; r < 5; r++) {
+                        o.rows = rl[r];
+                        o.version = 4;
+                        o.nw = 2;
+                        const double a = time_op(&o, nc);
+                        o.version = 1;
+                        printf(" %d:%.2f/%.2f", rl[r], a, time_op(&o, nc));
+                    }
+                    o.rows = 1;
+                    printf("\n");
+                    fflush(stdout);
+                }
+                copies_free(lins, nc, tw, suh, svh);
+                continue;
+            }
             const double t_v3 = time_op(&o, nc), t_v3_hot = time_op(&o, 1);
             double tc[3];
             for (int ci = 0; ci < 3; ci++) {
@@ -449,11 +521,7 @@ int main(int argc, char **argv)
                 printf("\n");
                 fflush(stdout);
             }
-            for (int c = 0; c < nc; c++) trellis_cuda_linear_free(lins[c]);
-            free(lins);
-            free(tw);
-            free(suh);
-            free(svh);
+            copies_free(lins, nc, tw, suh, svh);
         }
         trellis_cuda_ws_free(ws);
         for (int c = 0; c < nc16; c++) CK(cudaFree(w16[c]));
@@ -462,6 +530,16 @@ int main(int argc, char **argv)
         CK(cudaFree(y16));
         CK(cudaFree(x));
         CK(cudaFree(y));
+    }
+    if (lab) {
+        printf("\nv3 = one fused launch, v4 = three launches with a balanced grid (-main: its middle launch alone), "
+               "v6 = v4 + two ring words per lane + loads one step ahead, v7 = v6 + mul1 byte sums on the tensor "
+               "core, v8 = v7 + state masks on the FMA pipe, v9 = v3 with v7's decode, v10 = v8 with programmatic "
+               "dependent launch, v11 = v3 with v8's decode, v12 = v10 with 4 tile columns x 2 k tiles per step; "
+               "speedup = cublas / best "
+               "(both cold); membound = trellis bytes / copy bandwidth\n");
+        cublasDestroy(h);
+        return 0;
     }
     printf("\nfused MoE decode layer, K=3 mul1, batch 1 (one token), µs per layer; cold = routing rotates over 8 "
            "expert sets of a layer with E experts\n");

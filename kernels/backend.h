@@ -59,10 +59,27 @@ struct sq_linear {
 /* "f32", "bf16", "f16", "exl3". */
 const char *sq_linear_kind_name(sq_linear_kind k);
 
+/* One layer's feed-forward for the `moe` op. router NULL: a dense MLP
+ * (expert 0, weight 1). gate/up/down are arrays of n_exp linears. */
+typedef struct sq_moe_layer {
+    int n_exp, top_k;
+    bool norm_topk;           /* renormalise the top-k weights to sum 1 */
+    const sq_linear *router;  /* [n_exp, d] or NULL */
+    const sq_linear *gate, *up, *down;
+} sq_moe_layer;
+
+/* Workspace of the `moe` op, backend memory sized for max_rows rows:
+ * rl [R, E]; rw, lw [R, k]; ridx, rows_of [R, k] ints; xg, dn [R, d];
+ * g, u [R, I]. */
+typedef struct sq_moe_ws {
+    float *rl, *rw, *lw, *xg, *g, *u, *dn;
+    int *ridx, *rows_of;
+} sq_moe_ws;
+
 /* --- the backend vtable -------------------------------------------------- */
 
 typedef struct sq_backend {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "cuda" */
 
     /* Dense linear (F32/BF16/F16). Many rows: blocked GEMM; few rows: GEMV. */
     void (*linear)(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y);
@@ -95,7 +112,58 @@ typedef struct sq_backend {
 
     /* y[i] += a · x[i], n elements. */
     void (*axpy)(sq_exec *ex, float a, const float *x, size_t n, float *y);
+
+    /* --- memory and the graph's former host steps (issue 10) -------------
+     * With `device` true, every float/int activation pointer passed to the ops
+     * above and below is backend memory (from `alloc`): device memory for
+     * CUDA. Index arrays the graph fills on the host (rope's pos, attention's
+     * kv_first / kv_len, kv_store's and embed's arguments) stay HOST pointers;
+     * the backend copies them. Weights (sq_linear.w / impl, norm vectors,
+     * inv_freq, the embedding table) stay the host pointers the loader made;
+     * a device backend looks up the copy `prepare` / `prepare_linear` made.
+     * Ops cannot fail; a device error is kept and returned by `to_host` /
+     * `sync`. */
+    bool device;
+
+    /* bytes of backend memory, 64-byte aligned (CPU: host; CUDA: cudaMalloc),
+     * NULL on failure; free(NULL) is a no-op. */
+    void *(*alloc)(sq_exec *ex, size_t bytes);
+    void (*free)(sq_exec *ex, void *p);
+    /* host[0..bytes) = mem[0..bytes) (backend memory → host); waits. */
+    sparq_status (*to_host)(sq_exec *ex, void *host, const void *mem, size_t bytes);
+    /* Wait for queued work; returns the first error any op met. */
+    sparq_status (*sync)(sq_exec *ex);
+
+    /* Make constant host data (a norm vector, an embedding table: `bytes`
+     * from `host`) and a linear's weights usable by the ops (CUDA: upload
+     * once, keyed by the host pointer: the host data must stay unchanged and
+     * allocated while the exec lives). CPU: no-op. */
+    sparq_status (*prepare)(sq_exec *ex, const void *host, size_t bytes);
+    sparq_status (*prepare_linear)(sq_exec *ex, const sq_linear *l);
+
+    /* hidden[i, :] = row tokens[i] of the table [*, d] of `kind` (F32, BF16,
+     * F16), widened to fp32. tokens: host, already range-checked. */
+    void (*embed)(sq_exec *ex, sq_linear_kind kind, const void *table, int d, const int32_t *tokens, int n,
+                  float *hidden);
+
+    /* KV cache append: rows r of k and v [rows, width] go to cache rows
+     * kv_first[r] + pos[r] of kc / vc (host index arrays). */
+    void (*kv_store)(sq_exec *ex, const float *k, const float *v, int rows, size_t width, const int *kv_first,
+                     const int *pos, float *kc, float *vc);
+
+    /* One layer's MoE (or dense MLP) on the device, router included:
+     * out[rows, d] = Σ_j w_j · down_e(silu(gate_e(xn)) ⊙ up_e(xn)) (overwrites
+     * out). NULL on the CPU, whose graph does it on the host (it also serves
+     * the calibration observers). */
+    void (*moe)(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int rows, float *out,
+                const sq_moe_ws *ws);
+    sparq_status (*prepare_moe)(sq_exec *ex, const sq_moe_layer *ml, int max_rows);
+
+    /* Release the exec's `dev` state (called by sq_exec_free); NULL on the CPU. */
+    void (*exec_free)(sq_exec *ex);
 } sq_backend;
+
+
 
 /* The CPU backend (kernels/cpu/ops.c): OpenBLAS sgemm for many rows, an
  * AVX2/F16C GEMV (scalar fallback) for few, threaded on the exec's pool. */
@@ -111,7 +179,19 @@ struct sq_exec {
     int n_threads;
     float **scratch;    /* [n_threads] each scratch_floats long */
     size_t scratch_floats;
+    void *dev;          /* device backend's own state (CUDA: stream, uploaded weights); NULL on the CPU */
 };
+
+/* Where a forward pass runs. */
+typedef enum sq_device { SQ_DEVICE_CPU = 0, SQ_DEVICE_CUDA } sq_device;
+
+/* "cpu" / "cuda" → *out; SPARQ_E_ARG otherwise. */
+sparq_status sq_device_parse(const char *s, sq_device *out);
+
+/* Create an exec on `dev` (CUDA: GPU 0 + a CPU pool of n_threads for host
+ * work). SPARQ_E_UNSUPPORTED when this build has no CUDA backend or there is
+ * no GPU. */
+sparq_status sq_exec_create_on(sq_exec **out, sq_device dev, int n_threads);
 
 /* Create a CPU exec with n_threads (≤ 0: sparq_cpu_count()). Sets OpenBLAS to
  * one thread so it never fights the pool (each worker calls sgemm on its own
@@ -126,10 +206,11 @@ sparq_status sq_exec_reserve(sq_exec *ex, size_t floats);
  * and attention over up to max_ctx keys. */
 size_t sq_exec_scratch_floats(int max_in, int max_ctx);
 
-/* y = l(x): l->forward when set, else the backend's dense linear. */
+/* y = l(x): l->forward when set (a host hook), else the backend's dense
+ * linear. A device backend's `linear` runs every kind, EXL3 included. */
 static inline void sq_linear_forward(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
 {
-    if (l->forward) l->forward(ex, l, x, rows, y);
+    if (l->forward && !ex->be->device) l->forward(ex, l, x, rows, y);
     else ex->be->linear(ex, l, x, rows, y);
 }
 

@@ -22,6 +22,7 @@
 
 #include "common/alloc.h"
 #include "common/half.h"
+#include "kernels/cpu/ops_topk.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -444,34 +445,8 @@ static void cpu_router_topk(sq_exec *ex, const float *logits, int rows, int n_ex
                             float *w)
 {
     (void)ex;
-    for (int r = 0; r < rows; r++) {
-        const float *l = logits + (size_t)r * n_exp;
-        int *ir = idx + (size_t)r * k;
-        float *wr = w + (size_t)r * k;
-        float mx = -INFINITY;
-        for (int e = 0; e < n_exp; e++)
-            if (l[e] > mx) mx = l[e];
-        double sum = 0;
-        for (int e = 0; e < n_exp; e++) sum += expf(l[e] - mx);
-        /* top-k by repeated selection (k is small); strict '>' keeps the lower
-         * index on ties, and probabilities are monotone in logits. */
-        for (int i = 0; i < k; i++) {
-            int best = -1;
-            for (int e = 0; e < n_exp; e++) {
-                bool taken = false;
-                for (int q = 0; q < i; q++) taken |= ir[q] == e;
-                if (taken) continue;
-                if (best < 0 || l[e] > l[best]) best = e;
-            }
-            ir[i] = best;
-            wr[i] = (float)(expf(l[best] - mx) / sum);
-        }
-        if (norm) {
-            float s = 0;
-            for (int i = 0; i < k; i++) s += wr[i];
-            for (int i = 0; i < k; i++) wr[i] /= s;
-        }
-    }
+    for (int r = 0; r < rows; r++)
+        sq_topk_row(logits + (size_t)r * n_exp, n_exp, k, norm, idx + (size_t)r * k, w + (size_t)r * k);
 }
 
 /* --- elementwise ----------------------------------------------------------------------- */
@@ -491,6 +466,66 @@ static void cpu_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
     axpy_any(a, x, n, y);
 }
 
+/* --- memory and former graph steps (host memory: plain copies) ------------------------------- */
+
+static void *cpu_alloc(sq_exec *ex, size_t bytes)
+{
+    (void)ex;
+    return sparq_aligned_alloc(64, bytes ? bytes : 64);
+}
+
+static void cpu_free(sq_exec *ex, void *p)
+{
+    (void)ex;
+    sparq_aligned_free(p);
+}
+
+static sparq_status cpu_to_host(sq_exec *ex, void *host, const void *mem, size_t bytes)
+{
+    (void)ex;
+    if (host != mem && bytes) memmove(host, mem, bytes);
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_sync(sq_exec *ex)
+{
+    (void)ex;
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_prepare(sq_exec *ex, const void *host, size_t bytes)
+{
+    (void)ex, (void)host, (void)bytes;
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_prepare_linear(sq_exec *ex, const sq_linear *l)
+{
+    (void)ex, (void)l;
+    return SPARQ_OK;
+}
+
+static void cpu_embed(sq_exec *ex, sq_linear_kind kind, const void *table, int d, const int32_t *tokens, int n,
+                      float *hidden)
+{
+    (void)ex;
+    const size_t es = kind == SQ_LINEAR_F32 ? 4 : 2;
+    for (int i = 0; i < n; i++)
+        sq_cpu_to_f32(kind, (const char *)table + (size_t)tokens[i] * (size_t)d * es, (size_t)d,
+                      hidden + (size_t)i * d);
+}
+
+static void cpu_kv_store(sq_exec *ex, const float *k, const float *v, int rows, size_t width, const int *kv_first,
+                         const int *pos, float *kc, float *vc)
+{
+    (void)ex;
+    for (int r = 0; r < rows; r++) {
+        const size_t at = ((size_t)kv_first[r] + (size_t)pos[r]) * width;
+        memcpy(kc + at, k + (size_t)r * width, width * sizeof(float));
+        memcpy(vc + at, v + (size_t)r * width, width * sizeof(float));
+    }
+}
+
 static const sq_backend cpu_backend = {
     .name = "cpu",
     .linear = cpu_linear,
@@ -500,6 +535,17 @@ static const sq_backend cpu_backend = {
     .router_topk = cpu_router_topk,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
+    .device = false,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_host = cpu_to_host,
+    .sync = cpu_sync,
+    .prepare = cpu_prepare,
+    .prepare_linear = cpu_prepare_linear,
+    .embed = cpu_embed,
+    .kv_store = cpu_kv_store,
+    .moe = NULL, /* the graph runs the MoE on the host (runtime/qwen3moe.c) */
+    .prepare_moe = NULL,
 };
 
 const sq_backend *sq_backend_cpu(void) { return &cpu_backend; }
@@ -563,6 +609,7 @@ sparq_status sq_exec_reserve(sq_exec *ex, size_t floats)
 void sq_exec_free(sq_exec *ex)
 {
     if (!ex) return;
+    if (ex->be && ex->be->exec_free) ex->be->exec_free(ex);
     if (ex->scratch)
         for (int t = 0; t < ex->n_threads; t++) sparq_aligned_free(ex->scratch[t]);
     sparq_free(ex->scratch);

@@ -1,0 +1,1075 @@
+/* kernels/cuda/backend_cuda.cu — the CUDA backend (kernels/cuda/backend_cuda.h):
+ * every sq_backend op as a CUDA kernel on device memory, and the exec state
+ * that holds the device copies of the weights.
+ *
+ * Why it looks like this: the graph (runtime/qwen3moe.c) keeps calling the
+ * vtable with the host pointers the loader made (sq_linear.w, norm vectors);
+ * this backend maps each such pointer to its device copy through a small hash
+ * table filled by prepare / prepare_linear at load (or on first use). The EXL3
+ * kernels are the "cudalab" helper's (kernels/cuda/trellis_cuda.h), called
+ * through their public API only. Small host index arrays (positions, KV row
+ * ranges, token ids) go through a pinned staging ring, so nothing here waits
+ * for the GPU except to_host / sync and the MoE's expert grouping when the
+ * fused EXL3 path does not apply (docs/cuda.md). Numerics: fp32 throughout,
+ * weights widened exactly; only the order of additions differs from the CPU. */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/trellis_cuda.h"
+
+#include "kernels/cpu/ops_topk.h"
+
+extern "C" {
+#include "common/alloc.h"
+}
+
+/* --- state ------------------------------------------------------------------------- */
+
+enum { ENT_RAW = 1, ENT_EXL3, ENT_MOE, ENT_DMOE };
+
+/* A layer of dense experts for the small-batch MoE kernels: device tables of
+ * the experts' weight pointers (gate[E], up[E], down[E]). */
+typedef struct dense_moe {
+    const void **tab; /* device, 3·E pointers */
+    sq_linear_kind kind;
+    int max_slots;    /* rows·top_k the workspace holds */
+} dense_moe;
+
+typedef struct ent {
+    const void *key;
+    void *dev;
+    int type;
+} ent;
+
+#define STAGE_INTS (1 << 20) /* pinned staging ring for host index arrays */
+
+typedef struct cuda_state {
+    ent *tab;
+    size_t cap, n;
+    int *h_stage, *d_stage; /* ring of STAGE_INTS ints, host pinned / device */
+    size_t stage_at;
+    struct {
+        size_t at, n;
+    } recent[4]; /* the last staged arrays, reused when the same indices come again */
+    int recent_i;
+    trellis_cuda_ws *tws;
+    int tws_k, tws_n;
+    int *h_ids, *h_rows, *h_cnt; /* MoE grouping on the host (pinned) */
+    float *h_w, *h_lw;
+    size_t h_cap, cnt_cap;
+    sparq_status err; /* first error any op met */
+    char errmsg[512];
+} cuda_state;
+
+static cuda_state *state_of(sq_exec *ex) { return (cuda_state *)ex->dev; }
+
+/* Keep the first error (with its message) for to_host / sync. */
+static void keep_err(cuda_state *st, sparq_status s)
+{
+    if (s == SPARQ_OK || st->err != SPARQ_OK) return;
+    st->err = s;
+    snprintf(st->errmsg, sizeof st->errmsg, "%s", sparq_errmsg());
+}
+
+static sparq_status cuda_status(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return SPARQ_OK;
+    return sparq_err(e == cudaErrorMemoryAllocation ? SPARQ_E_NOMEM : SPARQ_E_STATE, "cuda backend: %s: %s (%s)",
+                     what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static void check(cuda_state *st, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess) keep_err(st, cuda_status(e, what));
+}
+
+static size_t hash_ptr(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static ent *find_ent(cuda_state *st, const void *key)
+{
+    if (!st->cap) return NULL;
+    for (size_t i = hash_ptr(key, st->cap);; i = (i + 1) & (st->cap - 1)) {
+        if (st->tab[i].key == key) return &st->tab[i];
+        if (!st->tab[i].key) return NULL;
+    }
+}
+
+static sparq_status add_ent(cuda_state *st, const void *key, void *dev, int type)
+{
+    if (2 * (st->n + 1) > st->cap) {
+        size_t cap = st->cap ? 2 * st->cap : 1024;
+        ent *t = (ent *)sparq_calloc(cap, sizeof *t);
+        RETURN_IF(!t, SPARQ_E_NOMEM, "cuda backend: out of memory (weight table)");
+        for (size_t i = 0; i < st->cap; i++) {
+            if (!st->tab[i].key) continue;
+            size_t j = hash_ptr(st->tab[i].key, cap);
+            while (t[j].key) j = (j + 1) & (cap - 1);
+            t[j] = st->tab[i];
+        }
+        sparq_free(st->tab);
+        st->tab = t;
+        st->cap = cap;
+    }
+    size_t j = hash_ptr(key, st->cap);
+    while (st->tab[j].key) j = (j + 1) & (st->cap - 1);
+    st->tab[j] = (ent){key, dev, type};
+    st->n++;
+    return SPARQ_OK;
+}
+
+/* The device copy of `bytes` of constant host data, uploaded on first use. */
+static sparq_status raw_get(cuda_state *st, const void *host, size_t bytes, void **dev)
+{
+    ent *e = find_ent(st, host);
+    if (e) {
+        *dev = e->dev;
+        return SPARQ_OK;
+    }
+    void *d = NULL;
+    FORWARD_IF(cuda_status(cudaMalloc(&d, bytes ? bytes : 1), "cudaMalloc of a weight copy"));
+    sparq_status s = cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "weight upload");
+    if (s == SPARQ_OK) s = add_ent(st, host, d, ENT_RAW);
+    if (s != SPARQ_OK) {
+        cudaFree(d);
+        return s;
+    }
+    *dev = d;
+    return SPARQ_OK;
+}
+
+static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_linear **out)
+{
+    ent *e = find_ent(st, l->impl);
+    if (e) {
+        *out = (trellis_cuda_linear *)e->dev;
+        return SPARQ_OK;
+    }
+    trellis_cuda_linear *lin;
+    FORWARD_IF(trellis_cuda_linear_upload((const trellis_linear *)l->impl, l->name ? l->name : "exl3", &lin));
+    sparq_status s = add_ent(st, l->impl, lin, ENT_EXL3);
+    if (s != SPARQ_OK) {
+        trellis_cuda_linear_free(lin);
+        return s;
+    }
+    if (l->in > st->tws_k || l->out > st->tws_n) { /* grow the GEMM workspace (syncs: load time) */
+        const int k = l->in > st->tws_k ? l->in : st->tws_k, n = l->out > st->tws_n ? l->out : st->tws_n;
+        trellis_cuda_ws_free(st->tws);
+        st->tws = NULL;
+        st->tws_k = st->tws_n = 0;
+        FORWARD_IF(trellis_cuda_ws_create(k, n, &st->tws));
+        st->tws_k = k;
+        st->tws_n = n;
+    }
+    *out = lin;
+    return SPARQ_OK;
+}
+
+/* Copy n host ints to the device through the pinned ring; returns the device
+ * copy (valid for ops queued after this call). */
+static const int *stage(cuda_state *st, const int *host, size_t n)
+{
+    if (n > STAGE_INTS) {
+        keep_err(st, sparq_err(SPARQ_E_RANGE, "cuda backend: %zu indices exceed the staging ring", n));
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) /* positions, key ranges: often the same as one op ago */
+        if (st->recent[i].n == n && n && memcmp(st->h_stage + st->recent[i].at, host, n * sizeof(int)) == 0)
+            return st->d_stage + st->recent[i].at;
+    if (st->stage_at + n > STAGE_INTS) { /* wrap: earlier copies must have landed */
+        check(st, cudaStreamSynchronize(0), "staging ring wrap");
+        st->stage_at = 0;
+        memset(st->recent, 0, sizeof st->recent);
+    }
+    int *h = st->h_stage + st->stage_at, *d = st->d_stage + st->stage_at;
+    memcpy(h, host, n * sizeof(int));
+    check(st, cudaMemcpyAsync(d, h, n * sizeof(int), cudaMemcpyHostToDevice, 0), "index upload");
+    st->recent[st->recent_i].at = st->stage_at;
+    st->recent[st->recent_i].n = n;
+    st->recent_i = (st->recent_i + 1) % 4;
+    st->stage_at += (n + 31) & ~(size_t)31;
+    return d;
+}
+
+/* --- element conversion ---------------------------------------------------------- */
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); } /* bf16 */
+struct f16_t {
+    uint16_t b;
+};
+__device__ __forceinline__ float to_f(f16_t v) { return __half2float(__ushort_as_half(v.b)); }
+
+/* 8 consecutive weights from a 16-byte-aligned address. */
+__device__ __forceinline__ void load8(const float *p, float *o)
+{
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+__device__ __forceinline__ void load8(const uint16_t *p, float *o)
+{
+    uint4 v = *(const uint4 *)p;
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = __uint_as_float(w[i] << 16);
+        o[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void load8(const f16_t *p, float *o)
+{
+    uint4 v = *(const uint4 *)p;
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffff)));
+        o[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* --- dense linears ------------------------------------------------------------------ */
+
+/* y[r, o] = Σ_i x[r, i]·W[o, i] for rows ≤ R: one warp per output o, the
+ * weight row read once (8 elements a lane when in % 8 == 0). 256 threads. */
+template <typename T, int R>
+__global__ void __launch_bounds__(256) k_gemv(const T *__restrict__ W, const float *__restrict__ x,
+                                              float *__restrict__ y, int in, int out, int rows, bool vec)
+{
+    const int o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= out) return;
+    const T *w = W + (size_t)o * in;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    if (vec) {
+        for (int i = lane * 8; i < in; i += 256) {
+            float wv[8];
+            load8(w + i, wv);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r >= rows) break;
+                float xv[8];
+                load8(x + (size_t)r * in + i, xv);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[r] = fmaf(wv[j], xv[j], acc[r]);
+            }
+        }
+    } else {
+        for (int i = lane; i < in; i += 32) {
+            const float wv = to_f(w[i]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r >= rows) break;
+                acc[r] = fmaf(wv, x[(size_t)r * in + i], acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && r < rows) y[(size_t)r * out + o] = s;
+    }
+}
+
+/* Tiled fp32 GEMM for many rows: 64 rows × 64 outputs a block, k-steps of 16,
+ * 4×4 outputs a thread. 256 threads; grid (ceil(out/64), ceil(rows/64)). */
+template <typename T>
+__global__ void __launch_bounds__(256) k_gemm(const T *__restrict__ W, const float *__restrict__ x,
+                                              float *__restrict__ y, int in, int out, int rows)
+{
+    __shared__ float xs[16][68], ws[16][68];
+    const int r0 = blockIdx.y * 64, o0 = blockIdx.x * 64;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < in; k0 += 16) {
+        for (int i = threadIdx.x; i < 64 * 16; i += 256) {
+            const int rr = i / 16, kk = i % 16, k = k0 + kk;
+            const int r = r0 + rr, o = o0 + rr;
+            xs[kk][rr] = (r < rows && k < in) ? x[(size_t)r * in + k] : 0.f;
+            ws[kk][rr] = (o < out && k < in) ? to_f(W[(size_t)o * in + k]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = xs[kk][ty * 4 + i], b[i] = ws[kk][tx * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = r0 + ty * 4 + i;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int o = o0 + tx * 4 + j;
+            if (o < out) y[(size_t)r * out + o] = acc[i][j];
+        }
+    }
+}
+
+__global__ void k_add_bias(float *y, const float *b, int out, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += b[i % out];
+}
+
+static unsigned grid_for(size_t n, unsigned threads)
+{
+    size_t g = (n + threads - 1) / threads;
+    return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+template <typename T>
+static void dense(const T *W, const float *x, float *y, int in, int out, int rows)
+{
+    if (rows <= 8) {
+        const unsigned g = (unsigned)((out + 7) / 8);
+        /* 8-wide loads need 16-byte aligned rows of W (cudaMalloc'd) and x */
+        const bool vec = in % 8 == 0 && (uintptr_t)x % 16 == 0;
+        if (rows == 1) k_gemv<T, 1><<<g, 256>>>(W, x, y, in, out, rows, vec);
+        else if (rows == 2) k_gemv<T, 2><<<g, 256>>>(W, x, y, in, out, rows, vec);
+        else if (rows <= 4) k_gemv<T, 4><<<g, 256>>>(W, x, y, in, out, rows, vec);
+        else k_gemv<T, 8><<<g, 256>>>(W, x, y, in, out, rows, vec);
+    } else {
+        dim3 g((unsigned)((out + 63) / 64), (unsigned)((rows + 63) / 64));
+        k_gemm<T><<<g, 256>>>(W, x, y, in, out, rows);
+    }
+}
+
+static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
+{
+    cuda_state *st = state_of(ex);
+    if (rows <= 0) return;
+    if (l->kind == SQ_LINEAR_EXL3) {
+        trellis_cuda_linear *lin;
+        sparq_status s = exl3_get(st, l, &lin);
+        if (s == SPARQ_OK && rows <= 16) s = trellis_cuda_gemm(lin, x, rows, y, st->tws, NULL);
+        else if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, rows, y, NULL);
+        keep_err(st, s);
+    } else {
+        const size_t es = l->kind == SQ_LINEAR_F32 ? 4 : 2;
+        void *w;
+        sparq_status s = raw_get(st, l->w, (size_t)l->in * (size_t)l->out * es, &w);
+        if (s != SPARQ_OK) {
+            keep_err(st, s);
+            return;
+        }
+        if (l->kind == SQ_LINEAR_F32) dense((const float *)w, x, y, l->in, l->out, rows);
+        else if (l->kind == SQ_LINEAR_BF16) dense((const uint16_t *)w, x, y, l->in, l->out, rows);
+        else dense((const f16_t *)w, x, y, l->in, l->out, rows);
+    }
+    if (l->bias) {
+        void *b;
+        sparq_status s = raw_get(st, l->bias, (size_t)l->out * sizeof(float), &b);
+        if (s != SPARQ_OK) {
+            keep_err(st, s);
+            return;
+        }
+        const size_t n = (size_t)rows * l->out;
+        k_add_bias<<<grid_for(n, 256), 256>>>(y, (const float *)b, l->out, n);
+    }
+}
+
+/* --- norms, rope, attention ------------------------------------------------------- */
+
+/* Block sum of a double over blockDim.x ≤ 1024 threads; all threads get it. */
+__device__ double block_sum_d(double v)
+{
+    __shared__ double part[32];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    v = part[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ float block_max_f(float v)
+{
+    __shared__ float part[32];
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : -INFINITY;
+        for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    v = part[0];
+    __syncthreads();
+    return v;
+}
+
+/* One row a block: the sum of squares in double, as the CPU. */
+__global__ void __launch_bounds__(256) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
+{
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = block_sum_d(ss);
+    const float inv = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
+{
+    cuda_state *st = state_of(ex);
+    void *dw;
+    sparq_status s = raw_get(st, w, (size_t)dim * sizeof(float), &dw);
+    if (s != SPARQ_OK || rows <= 0) {
+        keep_err(st, s);
+        return;
+    }
+    k_rmsnorm<<<(unsigned)rows, 256>>>(x, dim, (const float *)dw, eps, y);
+}
+
+/* Block (row, head); thread i rotates the pair (i, i + hd/2). */
+__global__ void k_rope(float *x, int n_heads, int hd, const int *pos, const float *inv_freq)
+{
+    const int r = blockIdx.x / n_heads, half = hd / 2;
+    float *v = x + (size_t)blockIdx.x * hd;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float f = (float)pos[r] * inv_freq[i];
+        const float c = cosf(f), s = sinf(f);
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+static void cuda_rope(sq_exec *ex, float *x, int rows, int n_heads, int head_dim, const int *pos,
+                      const float *inv_freq)
+{
+    cuda_state *st = state_of(ex);
+    void *df;
+    sparq_status s = raw_get(st, inv_freq, (size_t)(head_dim / 2) * sizeof(float), &df);
+    if (s != SPARQ_OK || rows <= 0) {
+        keep_err(st, s);
+        return;
+    }
+    const int *dp = stage(st, pos, (size_t)rows);
+    if (!dp) return;
+    k_rope<<<(unsigned)(rows * n_heads), 64>>>(x, n_heads, head_dim, dp, (const float *)df);
+}
+
+/* Block (row, head), 128 threads: scores in shared memory (hd + kv_len
+ * floats), max, exp and sum, then one output element a thread. */
+__global__ void __launch_bounds__(128) k_attention(const float *q, int n_heads, int n_kv, int hd, const float *k,
+                                                   const float *v, const int *kv_first, const int *kv_len,
+                                                   float scale, float *out)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd;
+    const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads, g = h / (n_heads / n_kv);
+    const size_t kvd = (size_t)n_kv * hd;
+    const float *qh = q + ((size_t)r * n_heads + h) * hd;
+    const float *kb = k + (size_t)kv_first[r] * kvd + (size_t)g * hd;
+    const float *vb = v + (size_t)kv_first[r] * kvd + (size_t)g * hd;
+    const int n = kv_len[r];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const float *kt = kb + (size_t)t * kvd;
+        float s = 0.f;
+        for (int i = 0; i < hd; i++) s = fmaf(qs[i], kt[i], s);
+        s *= scale;
+        sc[t] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = block_max_f(mx);
+    double sum = 0;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const float e = expf(sc[t] - mx);
+        sc[t] = e;
+        sum += e;
+    }
+    sum = block_sum_d(sum); /* also orders the sc writes before the reads below */
+    const float inv = (float)(1.0 / sum);
+    float *oh = out + ((size_t)r * n_heads + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0.f;
+        for (int t = 0; t < n; t++) a = fmaf(sc[t] * inv, vb[(size_t)t * kvd + i], a);
+        oh[i] = a;
+    }
+}
+
+#define ATTN_SMEM_MAX (200 * 1024)
+
+static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
+                           const float *v, const int *kv_first, const int *kv_len, float scale, float *out)
+{
+    cuda_state *st = state_of(ex);
+    if (rows <= 0) return;
+    int mx = 0;
+    for (int r = 0; r < rows; r++)
+        if (kv_len[r] > mx) mx = kv_len[r];
+    const size_t smem = ((size_t)hd + (size_t)mx) * sizeof(float);
+    if (smem > ATTN_SMEM_MAX) {
+        keep_err(st, sparq_err(SPARQ_E_UNSUPPORTED, "cuda attention: %d keys exceed this kernel's %d", mx,
+                               (int)(ATTN_SMEM_MAX / sizeof(float)) - hd));
+        return;
+    }
+    const int *df = stage(st, kv_first, (size_t)rows), *dl = stage(st, kv_len, (size_t)rows);
+    if (!df || !dl) return;
+    k_attention<<<(unsigned)(rows * n_heads), 128, smem>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
+}
+
+/* --- router, elementwise, embed, KV ----------------------------------------------- */
+
+/* One row a thread, the CPU's code (kernels/cpu/ops_topk.h). */
+__global__ void k_topk(const float *logits, int rows, int n_exp, int k, bool norm, int *idx, float *w)
+{
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) sq_topk_row(logits + (size_t)r * n_exp, n_exp, k, norm, idx + (size_t)r * k, w + (size_t)r * k);
+}
+
+static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_exp, int k, bool norm, int *idx,
+                             float *w)
+{
+    (void)ex;
+    if (rows <= 0) return;
+    k_topk<<<(unsigned)((rows + 63) / 64), 64>>>(logits, rows, n_exp, k, norm, idx, w);
+}
+
+__global__ void k_swiglu(const float *gate, const float *up, size_t n, float *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void cuda_swiglu(sq_exec *ex, const float *gate, const float *up, size_t n, float *out)
+{
+    (void)ex;
+    if (n) k_swiglu<<<grid_for(n, 256), 256>>>(gate, up, n, out);
+}
+
+__global__ void k_axpy(float a, const float *x, size_t n, float *y)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void cuda_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
+{
+    (void)ex;
+    if (n) k_axpy<<<grid_for(n, 256), 256>>>(a, x, n, y);
+}
+
+template <typename T>
+__global__ void k_embed(const T *table, int d, const int *tokens, float *hidden)
+{
+    const T *row = table + (size_t)tokens[blockIdx.x] * d;
+    float *o = hidden + (size_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_f(row[i]);
+}
+
+static void cuda_embed(sq_exec *ex, sq_linear_kind kind, const void *table, int d, const int32_t *tokens, int n,
+                       float *hidden)
+{
+    cuda_state *st = state_of(ex);
+    if (n <= 0) return;
+    /* the table's size is not known here: it must have been prepared */
+    ent *e = find_ent(st, table);
+    if (!e) {
+        keep_err(st, sparq_err(SPARQ_E_STATE, "cuda embed: the embedding table was not prepared"));
+        return;
+    }
+    const int *dt = stage(st, (const int *)tokens, (size_t)n);
+    if (!dt) return;
+    if (kind == SQ_LINEAR_F32) k_embed<<<(unsigned)n, 256>>>((const float *)e->dev, d, dt, hidden);
+    else if (kind == SQ_LINEAR_BF16) k_embed<<<(unsigned)n, 256>>>((const uint16_t *)e->dev, d, dt, hidden);
+    else k_embed<<<(unsigned)n, 256>>>((const f16_t *)e->dev, d, dt, hidden);
+}
+
+__global__ void k_kv_store(const float *k, const float *v, size_t width, const int *kv_first, const int *pos,
+                           float *kc, float *vc)
+{
+    const size_t at = ((size_t)kv_first[blockIdx.x] + (size_t)pos[blockIdx.x]) * width;
+    const size_t from = (size_t)blockIdx.x * width;
+    for (size_t i = threadIdx.x; i < width; i += blockDim.x) {
+        kc[at + i] = k[from + i];
+        vc[at + i] = v[from + i];
+    }
+}
+
+static void cuda_kv_store(sq_exec *ex, const float *k, const float *v, int rows, size_t width, const int *kv_first,
+                          const int *pos, float *kc, float *vc)
+{
+    cuda_state *st = state_of(ex);
+    if (rows <= 0) return;
+    const int *df = stage(st, kv_first, (size_t)rows), *dp = stage(st, pos, (size_t)rows);
+    if (!df || !dp) return;
+    k_kv_store<<<(unsigned)rows, 256>>>(k, v, width, df, dp, kc, vc);
+}
+
+/* --- MoE ------------------------------------------------------------------------------ */
+
+/* xg[j] = xn[rows_of[j]], j < n; one row a block. */
+__global__ void k_gather(const float *xn, int d, const int *rows_of, float *xg)
+{
+    const float *s = xn + (size_t)rows_of[blockIdx.x] * d;
+    float *o = xg + (size_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
+}
+
+/* out[rows_of[j]] += lw[j] · dn[j]; the rows of one expert are distinct. */
+__global__ void k_scatter(const float *dn, int d, const int *rows_of, const float *lw, float *out)
+{
+    const float a = lw[blockIdx.x];
+    const float *s = dn + (size_t)blockIdx.x * d;
+    float *o = out + (size_t)rows_of[blockIdx.x] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = fmaf(a, s[i], o[i]);
+}
+
+/* Small-batch MoE on dense experts, routing read on the device (no host
+ * round trip). Slot s = (row s / K, its j-th expert ids[s]).
+ * h[s, o] = silu(x·gate_e[o]) · (x·up_e[o]): one warp per (slot, o). */
+template <typename T>
+__global__ void __launch_bounds__(256) k_moe_gateup(const void *const *tab, int E, const float *__restrict__ x,
+                                                    const int *ids, int K, int d, int I, float *h, bool vec)
+{
+    const int slot = blockIdx.y, o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= I) return;
+    const int e = ids[slot];
+    const float *xr = x + (size_t)(slot / K) * d;
+    const T *g = (const T *)tab[e] + (size_t)o * d, *u = (const T *)tab[E + e] + (size_t)o * d;
+    float ag = 0.f, au = 0.f;
+    if (vec) {
+        for (int i = lane * 8; i < d; i += 256) {
+            float gv[8], uv[8], xv[8];
+            load8(g + i, gv);
+            load8(u + i, uv);
+            load8(xr + i, xv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ag = fmaf(gv[j], xv[j], ag), au = fmaf(uv[j], xv[j], au);
+        }
+    } else {
+        for (int i = lane; i < d; i += 32) ag = fmaf(to_f(g[i]), xr[i], ag), au = fmaf(to_f(u[i]), xr[i], au);
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) h[(size_t)slot * I + o] = ag / (1.0f + expf(-ag)) * au;
+}
+
+/* dn[s, o] = h[s]·down_e[o]: one warp per (slot, o). */
+template <typename T>
+__global__ void __launch_bounds__(256) k_moe_down(const void *const *tab, int E, const float *__restrict__ h,
+                                                  const int *ids, int I, int d, float *dn, bool vec)
+{
+    const int slot = blockIdx.y, o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= d) return;
+    const T *w = (const T *)tab[2 * E + ids[slot]] + (size_t)o * I;
+    const float *hr = h + (size_t)slot * I;
+    float a = 0.f;
+    if (vec) {
+        for (int i = lane * 8; i < I; i += 256) {
+            float wv[8], hv[8];
+            load8(w + i, wv);
+            load8(hr + i, hv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaf(wv[j], hv[j], a);
+        }
+    } else {
+        for (int i = lane; i < I; i += 32) a = fmaf(to_f(w[i]), hr[i], a);
+    }
+    a = warp_sum(a);
+    if (lane == 0) dn[(size_t)slot * d + o] = a;
+}
+
+/* out[r] = Σ_j w[r·K + j] · dn[r·K + j], in slot order (deterministic). */
+__global__ void k_moe_combine(const float *dn, const float *w, int K, int d, float *out)
+{
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float a = 0.f;
+        for (int j = 0; j < K; j++) a = fmaf(w[r * K + j], dn[((size_t)r * K + j) * d + i], a);
+        out[(size_t)r * d + i] = a;
+    }
+}
+
+template <typename T>
+static void dense_moe_run(const dense_moe *dm, int E, const float *xn, int rows, int K, int d, int I,
+                          const sq_moe_ws *ws, float *out)
+{
+    const int slots = rows * K;
+    const bool vd = d % 8 == 0 && (uintptr_t)xn % 16 == 0, vi = I % 8 == 0 && (uintptr_t)ws->g % 16 == 0;
+    k_moe_gateup<T><<<dim3((unsigned)((I + 7) / 8), (unsigned)slots), 256>>>(dm->tab, E, xn, ws->ridx, K, d, I,
+                                                                               ws->g, vd);
+    k_moe_down<T><<<dim3((unsigned)((d + 7) / 8), (unsigned)slots), 256>>>(dm->tab, E, ws->g, ws->ridx, I, d,
+                                                                             ws->dn, vi);
+    k_moe_combine<<<(unsigned)rows, 256>>>(ws->dn, ws->rw, K, d, out);
+}
+
+static sparq_status host_grow(cuda_state *st, size_t slots, size_t cnt)
+{
+    if (slots > st->h_cap) {
+        cudaFreeHost(st->h_ids);
+        cudaFreeHost(st->h_rows);
+        cudaFreeHost(st->h_w);
+        cudaFreeHost(st->h_lw);
+        st->h_ids = st->h_rows = NULL;
+        st->h_w = st->h_lw = NULL;
+        st->h_cap = 0;
+        FORWARD_IF(cuda_status(cudaMallocHost((void **)&st->h_ids, slots * sizeof(int)), "pinned MoE buffers"));
+        FORWARD_IF(cuda_status(cudaMallocHost((void **)&st->h_rows, slots * sizeof(int)), "pinned MoE buffers"));
+        FORWARD_IF(cuda_status(cudaMallocHost((void **)&st->h_w, slots * sizeof(float)), "pinned MoE buffers"));
+        FORWARD_IF(cuda_status(cudaMallocHost((void **)&st->h_lw, slots * sizeof(float)), "pinned MoE buffers"));
+        st->h_cap = slots;
+    }
+    if (cnt > st->cnt_cap) {
+        sparq_free(st->h_cnt);
+        st->h_cnt = (int *)sparq_malloc(cnt * sizeof(int));
+        st->cnt_cap = st->h_cnt ? cnt : 0;
+        RETURN_IF(!st->h_cnt, SPARQ_E_NOMEM, "cuda moe: out of memory");
+    }
+    return SPARQ_OK;
+}
+
+static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int rows, float *out,
+                     const sq_moe_ws *ws)
+{
+    cuda_state *st = state_of(ex);
+    if (rows <= 0) return;
+    const int d = ml->gate[0].in, I = ml->gate[0].out;
+    if (!ml->router) { /* dense MLP */
+        cuda_linear(ex, &ml->gate[0], xn, rows, ws->g);
+        cuda_linear(ex, &ml->up[0], xn, rows, ws->u);
+        cuda_swiglu(ex, ws->g, ws->u, (size_t)rows * I, ws->g);
+        cuda_linear(ex, &ml->down[0], ws->g, rows, out);
+        return;
+    }
+    const int E = ml->n_exp, K = ml->top_k;
+    cuda_linear(ex, ml->router, xn, rows, ws->rl);
+    cuda_router_topk(ex, ws->rl, rows, E, K, ml->norm_topk, ws->ridx, ws->rw);
+    ent *fused = find_ent(st, ml->gate);
+    if (fused && rows <= 16) { /* adds into out */
+        check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), 0), "moe: clear");
+        keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out, NULL));
+        return;
+    }
+    ent *dense = find_ent(st, ml->up);
+    if (dense && rows <= 8 && rows * K <= ((dense_moe *)dense->dev)->max_slots) {
+        const dense_moe *dm = (const dense_moe *)dense->dev;
+        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out);
+        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out);
+        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out);
+        return;
+    }
+    check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), 0), "moe: clear");
+    /* group (row, slot) pairs by expert on the host: rows·K ids come back */
+    const size_t slots = (size_t)rows * K;
+    sparq_status s = host_grow(st, slots, (size_t)E + 1);
+    if (s != SPARQ_OK) {
+        keep_err(st, s);
+        return;
+    }
+    check(st, cudaMemcpyAsync(st->h_ids, ws->ridx, slots * sizeof(int), cudaMemcpyDeviceToHost, 0), "moe ids");
+    check(st, cudaMemcpyAsync(st->h_w, ws->rw, slots * sizeof(float), cudaMemcpyDeviceToHost, 0), "moe weights");
+    check(st, cudaStreamSynchronize(0), "moe routing");
+    if (st->err != SPARQ_OK) return;
+    int *cnt = st->h_cnt;
+    memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
+    for (size_t i = 0; i < slots; i++) cnt[st->h_ids[i] + 1]++;
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    for (size_t i = 0; i < slots; i++) { /* stable: slots of an expert in row order, as the CPU */
+        const int e = st->h_ids[i];
+        int j = cnt[e]++;
+        st->h_rows[j] = (int)(i / (size_t)K);
+        st->h_lw[j] = st->h_w[i];
+    }
+    for (int e = E; e > 0; e--) cnt[e] = cnt[e - 1]; /* back to starts */
+    cnt[0] = 0;
+    check(st, cudaMemcpyAsync(ws->rows_of, st->h_rows, slots * sizeof(int), cudaMemcpyHostToDevice, 0), "moe rows");
+    check(st, cudaMemcpyAsync(ws->lw, st->h_lw, slots * sizeof(float), cudaMemcpyHostToDevice, 0), "moe rows");
+    for (int e = 0; e < E; e++) {
+        const int first = cnt[e], n = cnt[e + 1] - first;
+        if (n <= 0) continue;
+        k_gather<<<(unsigned)n, 256>>>(xn, d, ws->rows_of + first, ws->xg);
+        cuda_linear(ex, &ml->gate[e], ws->xg, n, ws->g);
+        cuda_linear(ex, &ml->up[e], ws->xg, n, ws->u);
+        cuda_swiglu(ex, ws->g, ws->u, (size_t)n * I, ws->g);
+        cuda_linear(ex, &ml->down[e], ws->g, n, ws->dn);
+        k_scatter<<<(unsigned)n, 256>>>(ws->dn, d, ws->rows_of + first, ws->lw + first, out);
+    }
+}
+
+/* Device pointer tables for a layer of dense experts of one kind, no biases
+ * (keyed by the up array); anything else keeps to the grouped path. */
+static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int max_rows)
+{
+    const int E = ml->n_exp;
+    const sq_linear_kind kind = ml->gate[0].kind;
+    for (int e = 0; e < E; e++) {
+        const sq_linear *l[3] = {&ml->gate[e], &ml->up[e], &ml->down[e]};
+        for (int i = 0; i < 3; i++)
+            if (l[i]->kind != kind || kind == SQ_LINEAR_EXL3 || l[i]->bias) return SPARQ_OK;
+    }
+    const void **h = (const void **)sparq_malloc(3 * (size_t)E * sizeof *h);
+    dense_moe *dm = (dense_moe *)sparq_calloc(1, sizeof *dm);
+    sparq_status s = h && dm ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "cuda moe: out of memory");
+    const size_t es = kind == SQ_LINEAR_F32 ? 4 : 2;
+    for (int e = 0; s == SPARQ_OK && e < E; e++) {
+        void *p;
+        const size_t gu = (size_t)ml->gate[e].in * ml->gate[e].out * es, dn = (size_t)ml->down[e].in * ml->down[e].out * es;
+        if ((s = raw_get(st, ml->gate[e].w, gu, &p)) == SPARQ_OK) h[e] = p;
+        if (s == SPARQ_OK && (s = raw_get(st, ml->up[e].w, gu, &p)) == SPARQ_OK) h[E + e] = p;
+        if (s == SPARQ_OK && (s = raw_get(st, ml->down[e].w, dn, &p)) == SPARQ_OK) h[2 * E + e] = p;
+    }
+    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&dm->tab, 3 * (size_t)E * sizeof *h), "moe tables");
+    if (s == SPARQ_OK)
+        s = cuda_status(cudaMemcpy(dm->tab, h, 3 * (size_t)E * sizeof *h, cudaMemcpyHostToDevice), "moe tables");
+    sparq_free(h);
+    if (s == SPARQ_OK) {
+        dm->kind = kind;
+        dm->max_slots = max_rows;
+        s = add_ent(st, ml->up, dm, ENT_DMOE);
+    }
+    if (s != SPARQ_OK && dm) {
+        cudaFree(dm->tab);
+        sparq_free(dm);
+    }
+    return s;
+}
+
+/* Upload a layer's linears; for EXL3 experts of one K and codebook, build the
+ * fused decode layer (keyed by the gate array). */
+static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int max_rows)
+{
+    (void)max_rows;
+    cuda_state *st = state_of(ex);
+    const int E = ml->router ? ml->n_exp : 1;
+    if (ml->router) FORWARD_IF(ex->be->prepare_linear(ex, ml->router));
+    bool exl3 = ml->router != NULL;
+    for (int e = 0; e < E; e++) {
+        FORWARD_IF(ex->be->prepare_linear(ex, &ml->gate[e]));
+        FORWARD_IF(ex->be->prepare_linear(ex, &ml->up[e]));
+        FORWARD_IF(ex->be->prepare_linear(ex, &ml->down[e]));
+        exl3 &= ml->gate[e].kind == SQ_LINEAR_EXL3 && ml->up[e].kind == SQ_LINEAR_EXL3 &&
+                ml->down[e].kind == SQ_LINEAR_EXL3 && !ml->gate[e].bias && !ml->up[e].bias && !ml->down[e].bias;
+    }
+    if (ml->router && !exl3 && !find_ent(st, ml->up)) FORWARD_IF(dense_moe_make(st, ml, max_rows));
+    if (!exl3 || find_ent(st, ml->gate) || ml->top_k > 16) return SPARQ_OK;
+    trellis_cuda_linear **h = (trellis_cuda_linear **)sparq_malloc(3 * (size_t)E * sizeof *h);
+    RETURN_IF(!h, SPARQ_E_NOMEM, "cuda moe: out of memory");
+    for (int e = 0; e < E; e++) {
+        (void)exl3_get(st, &ml->gate[e], &h[e]);
+        (void)exl3_get(st, &ml->up[e], &h[E + e]);
+        (void)exl3_get(st, &ml->down[e], &h[2 * E + e]);
+    }
+    trellis_cuda_moe *moe = NULL;
+    sparq_status s = trellis_cuda_moe_create(h, h + E, h + 2 * E, E, 16, ml->top_k, &moe);
+    sparq_free(h);
+    if (s != SPARQ_OK) return SPARQ_OK; /* e.g. experts of mixed K: the grouped path serves them */
+    s = add_ent(st, ml->gate, moe, ENT_MOE);
+    if (s != SPARQ_OK) trellis_cuda_moe_free(moe);
+    return s;
+}
+
+/* --- memory ----------------------------------------------------------------------------- */
+
+static void *cuda_alloc(sq_exec *ex, size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        keep_err(state_of(ex), cuda_status(e, "cudaMalloc"));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free_mem(sq_exec *ex, void *p)
+{
+    (void)ex;
+    if (p) cudaFree(p);
+}
+
+static sparq_status take_err(cuda_state *st)
+{
+    if (st->err == SPARQ_OK) {
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) keep_err(st, cuda_status(e, "kernel launch"));
+    }
+    if (st->err == SPARQ_OK) return SPARQ_OK;
+    sparq_status s = sparq_err(st->err, "%s", st->errmsg);
+    st->err = SPARQ_OK; /* reported once */
+    return s;
+}
+
+static sparq_status cuda_sync(sq_exec *ex)
+{
+    cuda_state *st = state_of(ex);
+    check(st, cudaStreamSynchronize(0), "synchronize");
+    return take_err(st);
+}
+
+static sparq_status cuda_to_host(sq_exec *ex, void *host, const void *mem, size_t bytes)
+{
+    cuda_state *st = state_of(ex);
+    if (bytes) check(st, cudaMemcpy(host, mem, bytes, cudaMemcpyDeviceToHost), "download");
+    return take_err(st);
+}
+
+static sparq_status cuda_prepare(sq_exec *ex, const void *host, size_t bytes)
+{
+    void *d;
+    return raw_get(state_of(ex), host, bytes, &d);
+}
+
+/* The prefill path decodes Q (k·n fp16, kept with the linear) and creates its
+ * cuBLAS handle on first use: do it at load rather than inside the first
+ * prompt, while the device has room for it (else on first use, as before). */
+static sparq_status exl3_warm(const sq_linear *l, trellis_cuda_linear *lin)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+        free_b < 4 * (size_t)l->in * (size_t)l->out + ((size_t)1 << 30))
+        return SPARQ_OK;
+    float *x = NULL, *y = NULL;
+    sparq_status s = cuda_status(cudaMalloc((void **)&x, (size_t)17 * l->in * sizeof(float)), "prefill warm-up");
+    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&y, (size_t)17 * l->out * sizeof(float)), "prefill warm-up");
+    if (s == SPARQ_OK) s = cuda_status(cudaMemset(x, 0, (size_t)17 * l->in * sizeof(float)), "prefill warm-up");
+    if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, 17, y, NULL);
+    if (s == SPARQ_OK) s = cuda_status(cudaStreamSynchronize(0), "prefill warm-up");
+    cudaFree(x);
+    cudaFree(y);
+    return s;
+}
+
+static sparq_status cuda_prepare_linear(sq_exec *ex, const sq_linear *l)
+{
+    cuda_state *st = state_of(ex);
+    if (l->kind == SQ_LINEAR_EXL3) {
+        trellis_cuda_linear *lin;
+        FORWARD_IF(exl3_get(st, l, &lin));
+        FORWARD_IF(exl3_warm(l, lin));
+    } else {
+        void *w;
+        FORWARD_IF(raw_get(st, l->w, (size_t)l->in * (size_t)l->out * (l->kind == SQ_LINEAR_F32 ? 4 : 2), &w));
+    }
+    if (l->bias) FORWARD_IF(cuda_prepare(ex, l->bias, (size_t)l->out * sizeof(float)));
+    return SPARQ_OK;
+}
+
+static void cuda_exec_free(sq_exec *ex)
+{
+    cuda_state *st = state_of(ex);
+    if (!st) return;
+    cudaDeviceSynchronize();
+    for (int pass = 0; pass < 3; pass++) /* fused layers before the linears they use */
+        for (size_t i = 0; i < st->cap; i++) {
+            ent *e = &st->tab[i];
+            if (!e->key) continue;
+            if (pass == 0 && e->type == ENT_MOE) trellis_cuda_moe_free((trellis_cuda_moe *)e->dev);
+            if (pass == 0 && e->type == ENT_DMOE) {
+                cudaFree(((dense_moe *)e->dev)->tab);
+                sparq_free(e->dev);
+            }
+            if (pass == 1 && e->type == ENT_EXL3) trellis_cuda_linear_free((trellis_cuda_linear *)e->dev);
+            if (pass == 2 && e->type == ENT_RAW) cudaFree(e->dev);
+        }
+    sparq_free(st->tab);
+    trellis_cuda_ws_free(st->tws);
+    cudaFreeHost(st->h_stage);
+    cudaFree(st->d_stage);
+    cudaFreeHost(st->h_ids);
+    cudaFreeHost(st->h_rows);
+    cudaFreeHost(st->h_w);
+    cudaFreeHost(st->h_lw);
+    sparq_free(st->h_cnt);
+    sparq_free(st);
+    ex->dev = NULL;
+}
+
+static const sq_backend cuda_backend = {
+    .name = "cuda",
+    .linear = cuda_linear,
+    .rmsnorm = cuda_rmsnorm,
+    .rope = cuda_rope,
+    .attention = cuda_attention,
+    .router_topk = cuda_router_topk,
+    .swiglu = cuda_swiglu,
+    .axpy = cuda_axpy,
+    .device = true,
+    .alloc = cuda_alloc,
+    .free = cuda_free_mem,
+    .to_host = cuda_to_host,
+    .sync = cuda_sync,
+    .prepare = cuda_prepare,
+    .prepare_linear = cuda_prepare_linear,
+    .embed = cuda_embed,
+    .kv_store = cuda_kv_store,
+    .moe = cuda_moe,
+    .prepare_moe = cuda_prepare_moe,
+    .exec_free = cuda_exec_free,
+};
+
+extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }
+
+extern "C" sparq_status sq_cuda_to_device(sq_exec *ex, void *dev, const void *host, size_t bytes)
+{
+    cuda_state *st = state_of(ex);
+    if (bytes) check(st, cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "upload");
+    return take_err(st);
+}
+
+extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
+{
+    *out = NULL;
+    RETURN_IF(trellis_cuda_device_count() <= 0, SPARQ_E_UNSUPPORTED, "device cuda: no usable CUDA GPU (driver or device missing)");
+    sq_exec *ex;
+    FORWARD_IF(sq_exec_create(&ex, n_threads));
+    cuda_state *st = (cuda_state *)sparq_calloc(1, sizeof *st);
+    if (!st) {
+        sq_exec_free(ex);
+        return sparq_err(SPARQ_E_NOMEM, "cuda exec: out of memory");
+    }
+    ex->dev = st;
+    ex->be = &cuda_backend;
+    sparq_status s = cuda_status(cudaMallocHost((void **)&st->h_stage, STAGE_INTS * sizeof(int)), "staging ring");
+    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->d_stage, STAGE_INTS * sizeof(int)), "staging ring");
+    if (s == SPARQ_OK)
+        s = cuda_status(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, ATTN_SMEM_MAX),
+                        "attention shared memory");
+    if (s != SPARQ_OK) {
+        sq_exec_free(ex);
+        return s;
+    }
+    *out = ex;
+    return SPARQ_OK;
+}

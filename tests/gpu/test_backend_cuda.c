@@ -1,0 +1,323 @@
+/* tests/gpu/test_backend_cuda.c — every op of the CUDA backend
+ * (kernels/cuda/backend_cuda.h) against the CPU backend's op on random
+ * inputs, with shapes that are and are not multiples of the kernels' block
+ * sizes (8-wide loads, 64×64 GEMM tiles, 16-row trellis GEMM). Each check is
+ * a normalised squared error, ‖gpu − cpu‖² / ‖cpu‖², against a bound that
+ * fits the op: ~1e-12 for fp32 ops whose only difference is the order of
+ * additions, looser where the GPU rounds inputs to fp16 (EXL3) or where
+ * sin/cos/exp differ by an ulp. Exits 77 (skipped) without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "gpu/gpu_probe.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "t.h"
+
+static sq_exec *cpu, *gpu;
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static float rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static float *randv(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float) + 16);
+    for (size_t i = 0; i < n; i++) x[i] = rnd() * scale;
+    return x;
+}
+
+/* device copy of n floats (or ints) */
+static void *up(const void *h, size_t bytes)
+{
+    void *d = gpu->be->alloc(gpu, bytes);
+    if (d && h) CHECK(sq_cuda_to_device(gpu, d, h, bytes) == SPARQ_OK);
+    return d;
+}
+
+static void down(void *h, const void *d, size_t bytes) { CHECK(gpu->be->to_host(gpu, h, d, bytes) == SPARQ_OK); }
+
+static double nmse(const float *a, const float *ref, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        s += (double)ref[i] * ref[i];
+    }
+    return s > 0 ? e / s : e;
+}
+
+static void check_nmse(const float *a, const float *ref, size_t n, double bound, const char *what)
+{
+    const double e = nmse(a, ref, n);
+    CHECK_MSG(e <= bound, "%s: nmse %.3g > bound %.3g", what, e, bound);
+}
+
+/* a random dense weight [out, in] of kind k (kept alive: the backend keys its copies by address) */
+static void *rand_weight(sq_linear_kind k, int out, int in)
+{
+    size_t n = (size_t)out * in;
+    if (k == SQ_LINEAR_F32) return randv(n, 0.1f);
+    uint16_t *w = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        w[i] = k == SQ_LINEAR_BF16 ? sparq_f32_to_bf16(rnd() * 0.1f) : sparq_f32_to_f16(rnd() * 0.1f);
+    return w;
+}
+
+/* y on both backends for the same x; returns the nmse */
+static double run_linear(const sq_linear *l, int rows)
+{
+    float *x = randv((size_t)rows * l->in, 1.0f), *yc = malloc((size_t)rows * l->out * 4),
+          *yg = malloc((size_t)rows * l->out * 4);
+    float *dx = up(x, (size_t)rows * l->in * 4), *dy = up(NULL, (size_t)rows * l->out * 4);
+    sq_linear_forward(cpu, l, x, rows, yc);
+    sq_linear_forward(gpu, l, dx, rows, dy);
+    down(yg, dy, (size_t)rows * l->out * 4);
+    double e = nmse(yg, yc, (size_t)rows * l->out);
+    gpu->be->free(gpu, dx);
+    gpu->be->free(gpu, dy);
+    free(x), free(yc), free(yg);
+    return e;
+}
+
+static void test_linear_dense(void)
+{
+    static const int shapes[][3] = {{64, 96, 1}, {100, 37, 3}, {256, 130, 8}, {72, 200, 9}, {128, 64, 70}, {33, 65, 2}};
+    for (int k = SQ_LINEAR_F32; k <= SQ_LINEAR_F16; k++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            sq_linear l = {.kind = (sq_linear_kind)k, .in = shapes[s][0], .out = shapes[s][1], .name = "t"};
+            l.w = rand_weight(l.kind, l.out, l.in);
+            if (s == 2) l.bias = randv((size_t)l.out, 1.0f);
+            double e = run_linear(&l, shapes[s][2]);
+            CHECK_MSG(e < 1e-11, "linear %s %dx%d rows %d: nmse %.3g", sq_linear_kind_name(l.kind), l.in, l.out,
+                      shapes[s][2], e);
+        }
+}
+
+/* a random EXL3 linear (any trellis words decode to valid weights) */
+static sq_linear exl3_linear(int k, int n, int K, trellis_codebook cb)
+{
+    trellis_linear *t = calloc(1, sizeof *t);
+    uint16_t *tr = malloc((size_t)k * n / 256 * 16 * K * 2), *su = malloc((size_t)k * 2), *sv = malloc((size_t)n * 2);
+    for (size_t i = 0; i < (size_t)k * n / 256 * 16 * K; i++) tr[i] = (uint16_t)(rnd(), rng >> 48);
+    /* scales that give outputs of order 1, as in a model (tiny ones would
+     * measure fp16 subnormals instead of the kernels) */
+    for (int i = 0; i < k; i++) su[i] = sparq_f32_to_f16(rnd() < 0 ? -0.1f : 0.1f);
+    for (int i = 0; i < n; i++) sv[i] = sparq_f32_to_f16(1.0f + 0.2f * rnd());
+    *t = (trellis_linear){.k = k, .n = n, .K = K, .cb = cb, .trellis = tr, .suh = su, .svh = sv};
+    sq_linear l = {.name = "exl3"};
+    CHECK(sq_cpu_linear_exl3_bind(&l, t, "exl3") == SPARQ_OK);
+    return l;
+}
+
+static void test_linear_exl3(void)
+{
+    static const int shapes[][4] = {{256, 128, 3, 1}, {128, 384, 2, 5}, {256, 256, 4, 16}, {384, 128, 3, 17}, {128, 256, 3, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        sq_linear l = exl3_linear(shapes[s][0], shapes[s][1], shapes[s][2], TRELLIS_CB_MUL1);
+        double e = run_linear(&l, shapes[s][3]);
+        CHECK_MSG(e < 1e-5, "exl3 %dx%d K=%d rows %d: nmse %.3g", shapes[s][0], shapes[s][1], shapes[s][2],
+                  shapes[s][3], e);
+    }
+}
+
+static void test_rmsnorm_rope_swiglu_axpy(void)
+{
+    const int rows = 5, dim = 200, nh = 3, hd = 64;
+    float *x = randv((size_t)rows * dim, 2.0f), *w = randv(dim, 1.0f), *yc = malloc((size_t)rows * dim * 4),
+          *yg = malloc((size_t)rows * dim * 4);
+    float *dx = up(x, (size_t)rows * dim * 4), *dy = up(NULL, (size_t)rows * dim * 4);
+    cpu->be->rmsnorm(cpu, x, rows, dim, w, 1e-6f, yc);
+    gpu->be->rmsnorm(gpu, dx, rows, dim, w, 1e-6f, dy);
+    down(yg, dy, (size_t)rows * dim * 4);
+    check_nmse(yg, yc, (size_t)rows * dim, 1e-12, "rmsnorm");
+
+    float *q = randv((size_t)rows * nh * hd, 1.0f), *inv = malloc(hd / 2 * 4);
+    for (int i = 0; i < hd / 2; i++) inv[i] = 1.0f / powf(1e6f, (float)(2 * i) / hd);
+    int pos[5] = {0, 1, 17, 999, 4095};
+    float *dq = up(q, (size_t)rows * nh * hd * 4), *qg = malloc((size_t)rows * nh * hd * 4);
+    cpu->be->rope(cpu, q, rows, nh, hd, pos, inv);
+    gpu->be->rope(gpu, dq, rows, nh, hd, pos, inv);
+    down(qg, dq, (size_t)rows * nh * hd * 4);
+    check_nmse(qg, q, (size_t)rows * nh * hd, 1e-10, "rope");
+
+    const size_t n = 1003;
+    float *g = randv(n, 4.0f), *u = randv(n, 1.0f), *oc = malloc(n * 4), *og = malloc(n * 4);
+    float *dg = up(g, n * 4), *du = up(u, n * 4);
+    cpu->be->swiglu(cpu, g, u, n, oc);
+    gpu->be->swiglu(gpu, dg, du, n, dg);
+    down(og, dg, n * 4);
+    check_nmse(og, oc, n, 1e-12, "swiglu");
+    cpu->be->axpy(cpu, 0.37f, u, n, oc);
+    gpu->be->axpy(gpu, 0.37f, du, n, dg);
+    down(og, dg, n * 4);
+    check_nmse(og, oc, n, 1e-12, "axpy");
+    gpu->be->free(gpu, dx), gpu->be->free(gpu, dy), gpu->be->free(gpu, dq), gpu->be->free(gpu, dg),
+        gpu->be->free(gpu, du);
+    free(x), free(w), free(yc), free(yg), free(q), free(inv), free(qg), free(g), free(u), free(oc), free(og);
+}
+
+static void test_attention_kv(void)
+{
+    const int rows = 3, nh = 4, nkv = 2, hd = 64, cache = 300;
+    const size_t kvd = (size_t)nkv * hd;
+    float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f), *q = randv((size_t)rows * nh * hd, 1.0f);
+    float *k = randv((size_t)rows * kvd, 1.0f), *v = randv((size_t)rows * kvd, 1.0f);
+    int kvf[3] = {0, 10, 40}, kvl[3] = {1, 17, 259}, pos[3] = {0, 16, 258};
+    float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4), *dq = up(q, (size_t)rows * nh * hd * 4);
+    float *dk = up(k, (size_t)rows * kvd * 4), *dv = up(v, (size_t)rows * kvd * 4);
+    float *dout = up(NULL, (size_t)rows * nh * hd * 4);
+    cpu->be->kv_store(cpu, k, v, rows, kvd, kvf, pos, kc, vc);
+    gpu->be->kv_store(gpu, dk, dv, rows, kvd, kvf, pos, dkc, dvc);
+    float *kg = malloc(cache * kvd * 4), *vg = malloc(cache * kvd * 4);
+    down(kg, dkc, cache * kvd * 4);
+    down(vg, dvc, cache * kvd * 4);
+    CHECK(memcmp(kg, kc, cache * kvd * 4) == 0 && memcmp(vg, vc, cache * kvd * 4) == 0);
+    float *oc = malloc((size_t)rows * nh * hd * 4), *og = malloc((size_t)rows * nh * hd * 4);
+    cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, 0.125f, oc);
+    gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, 0.125f, dout);
+    down(og, dout, (size_t)rows * nh * hd * 4);
+    check_nmse(og, oc, (size_t)rows * nh * hd, 1e-11, "attention");
+    gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dk),
+        gpu->be->free(gpu, dv), gpu->be->free(gpu, dout);
+    free(kc), free(vc), free(q), free(k), free(v), free(kg), free(vg), free(oc), free(og);
+}
+
+static void test_router_embed(void)
+{
+    const int rows = 9, E = 20, K = 4;
+    float *l = randv((size_t)rows * E, 3.0f);
+    float *dl = up(l, (size_t)rows * E * 4);
+    int *dix = up(NULL, (size_t)rows * K * 4);
+    float *dw = up(NULL, (size_t)rows * K * 4);
+    for (int norm = 0; norm < 2; norm++) {
+        int ic[36], ig[36];
+        float wc[36], wg[36];
+        cpu->be->router_topk(cpu, l, rows, E, K, norm, ic, wc);
+        gpu->be->router_topk(gpu, dl, rows, E, K, norm, dix, dw);
+        down(ig, dix, sizeof ig);
+        down(wg, dw, sizeof wg);
+        CHECK(memcmp(ic, ig, sizeof ic) == 0);
+        check_nmse(wg, wc, (size_t)rows * K, 1e-12, norm ? "router weights (norm)" : "router weights");
+    }
+    const int vocab = 50, d = 72, n = 7;
+    for (int k = SQ_LINEAR_F32; k <= SQ_LINEAR_F16; k++) {
+        void *table = rand_weight((sq_linear_kind)k, vocab, d);
+        CHECK(gpu->be->prepare(gpu, table, (size_t)vocab * d * (k == SQ_LINEAR_F32 ? 4 : 2)) == SPARQ_OK);
+        int32_t tok[7] = {0, 49, 3, 3, 17, 25, 8};
+        float hc[7 * 72], hg[7 * 72], *dh = up(NULL, sizeof hg);
+        cpu->be->embed(cpu, (sq_linear_kind)k, table, d, tok, n, hc);
+        gpu->be->embed(gpu, (sq_linear_kind)k, table, d, tok, n, dh);
+        down(hg, dh, sizeof hg);
+        CHECK(memcmp(hc, hg, sizeof hg) == 0);
+        gpu->be->free(gpu, dh);
+    }
+    gpu->be->free(gpu, dl), gpu->be->free(gpu, dix), gpu->be->free(gpu, dw);
+    free(l);
+}
+
+/* The CPU reference of the moe op, from CPU ops, one routed (row, expert) at a time. */
+static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out)
+{
+    const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k;
+    float *rl = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * K * 4), *g = malloc(I * 4),
+          *u = malloc(I * 4), *dn = malloc(d * 4);
+    int *idx = malloc((size_t)rows * K * 4);
+    sq_linear_forward(cpu, ml->router, x, rows, rl);
+    cpu->be->router_topk(cpu, rl, rows, E, K, ml->norm_topk, idx, w);
+    memset(out, 0, (size_t)rows * d * 4);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < K; j++) {
+            const int e = idx[r * K + j];
+            sq_linear_forward(cpu, &ml->gate[e], x + (size_t)r * d, 1, g);
+            sq_linear_forward(cpu, &ml->up[e], x + (size_t)r * d, 1, u);
+            cpu->be->swiglu(cpu, g, u, (size_t)I, g);
+            sq_linear_forward(cpu, &ml->down[e], g, 1, dn);
+            cpu->be->axpy(cpu, w[r * K + j], dn, (size_t)d, out + (size_t)r * d);
+        }
+    free(rl), free(w), free(g), free(u), free(dn), free(idx);
+}
+
+static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts, double bound, const char *what)
+{
+    const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k, R = 64;
+    CHECK(gpu->be->prepare_moe(gpu, ml, R) == SPARQ_OK);
+    sq_moe_ws ws = {up(NULL, (size_t)R * E * 4), up(NULL, (size_t)R * K * 4), up(NULL, (size_t)R * K * 4),
+                    up(NULL, (size_t)R * d * 4), up(NULL, (size_t)R * I * 4), up(NULL, (size_t)R * I * 4),
+                    up(NULL, (size_t)R * d * 4), up(NULL, (size_t)R * K * 4), up(NULL, (size_t)R * K * 4)};
+    for (int c = 0; c < n_counts; c++) {
+        const int rows = row_counts[c];
+        float *x = randv((size_t)rows * d, 1.0f), *oc = malloc((size_t)rows * d * 4), *og = malloc((size_t)rows * d * 4);
+        float *dx = up(x, (size_t)rows * d * 4), *dout = up(NULL, (size_t)rows * d * 4);
+        moe_ref(ml, x, rows, oc);
+        gpu->be->moe(gpu, ml, dx, rows, dout, &ws);
+        down(og, dout, (size_t)rows * d * 4);
+        char msg[64];
+        snprintf(msg, sizeof msg, "moe %s rows %d", what, rows);
+        check_nmse(og, oc, (size_t)rows * d, bound, msg);
+        gpu->be->free(gpu, dx), gpu->be->free(gpu, dout);
+        free(x), free(oc), free(og);
+    }
+    void *bufs[] = {ws.rl, ws.rw, ws.lw, ws.xg, ws.g, ws.u, ws.dn, ws.ridx, ws.rows_of};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->be->free(gpu, bufs[i]);
+}
+
+static void test_moe(void)
+{
+    const int counts[] = {1, 5, 16, 17, 40};
+    { /* bf16 experts, d and I not multiples of 64 */
+        const int E = 8, d = 72, I = 36; /* I: not a multiple of 8 (scalar loads) */
+        sq_linear *gate = calloc(E, sizeof *gate), *upl = calloc(E, sizeof *upl), *dwn = calloc(E, sizeof *dwn);
+        for (int e = 0; e < E; e++) {
+            gate[e] = (sq_linear){.kind = SQ_LINEAR_BF16, .in = d, .out = I, .w = rand_weight(SQ_LINEAR_BF16, I, d)};
+            upl[e] = (sq_linear){.kind = SQ_LINEAR_BF16, .in = d, .out = I, .w = rand_weight(SQ_LINEAR_BF16, I, d)};
+            dwn[e] = (sq_linear){.kind = SQ_LINEAR_BF16, .in = I, .out = d, .w = rand_weight(SQ_LINEAR_BF16, d, I)};
+        }
+        sq_linear router = {.kind = SQ_LINEAR_BF16, .in = d, .out = E, .w = rand_weight(SQ_LINEAR_BF16, E, d)};
+        sq_moe_layer ml = {.n_exp = E, .top_k = 2, .norm_topk = true, .router = &router, .gate = gate, .up = upl,
+                           .down = dwn};
+        run_moe(&ml, counts, 5, 1e-11, "bf16");
+    }
+    { /* EXL3 experts: fused path (≤ 16 rows) and grouped path (more) */
+        const int E = 4, d = 256, I = 128;
+        sq_linear *gate = calloc(E, sizeof *gate), *upl = calloc(E, sizeof *upl), *dwn = calloc(E, sizeof *dwn);
+        for (int e = 0; e < E; e++) {
+            gate[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+            upl[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+            dwn[e] = exl3_linear(I, d, 3, TRELLIS_CB_MUL1);
+        }
+        sq_linear router = {.kind = SQ_LINEAR_BF16, .in = d, .out = E, .w = rand_weight(SQ_LINEAR_BF16, E, d)};
+        sq_moe_layer ml = {.n_exp = E, .top_k = 2, .norm_topk = false, .router = &router, .gate = gate, .up = upl,
+                           .down = dwn};
+        run_moe(&ml, counts, 5, 1e-5, "exl3");
+    }
+}
+
+int main(void)
+{
+    const char *why = "";
+    if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
+    if (sq_exec_create(&cpu, 2) != SPARQ_OK || sq_exec_reserve(cpu, sq_exec_scratch_floats(512, 512)) != SPARQ_OK ||
+        sq_exec_create_cuda(&gpu, 1) != SPARQ_OK) {
+        fprintf(stderr, "%s\n", sparq_errmsg());
+        return 1;
+    }
+    RUN(test_linear_dense);
+    RUN(test_linear_exl3);
+    RUN(test_rmsnorm_rope_swiglu_axpy);
+    RUN(test_attention_kv);
+    RUN(test_router_embed);
+    RUN(test_moe);
+    CHECK(gpu->be->sync(gpu) == SPARQ_OK);
+    sq_exec_free(gpu);
+    sq_exec_free(cpu);
+    return t_summary();
+}

@@ -1,0 +1,32 @@
+#!/bin/sh
+# tests/gpu/test_device_cli.sh — `sparq run/eval --device`: a bad value is a
+# usage error (exit 2); `cpu` runs; `cuda` either runs (a CUDA build on a GPU
+# machine: then the greedy text equals the CPU's) or fails cleanly with exit 1
+# and a message that names the device (no CUDA in the build, or no GPU).
+SPARQ="${SPARQ_BIN:?}"
+M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
+TXT="${SPARQ_TEST_DATA:?}/exl3-model/text.txt"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+
+"$SPARQ" run "$M" -p "The file" -n 4 --device gpu >/dev/null 2>"$T/e"; [ $? -eq 2 ] && ok || bad "run --device gpu: exit 2"
+grep -q "expected cpu or cuda" "$T/e" && ok || bad "run --device gpu: message"
+"$SPARQ" eval "$M" -f "$TXT" --device tpu >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval --device tpu: exit 2"
+"$SPARQ" run --help | grep -q -- "--device cpu|cuda" && ok || bad "run --help lists --device"
+"$SPARQ" eval --help | grep -q -- "--device cpu|cuda" && ok || bad "eval --help lists --device"
+"$SPARQ" run "$M" -p "The file" -n 16 --temp 0 --device cpu >"$T/cpu" 2>/dev/null && ok || bad "run --device cpu"
+"$SPARQ" run "$M" -p "The file" -n 16 --temp 0 >"$T/def" 2>/dev/null && cmp -s "$T/cpu" "$T/def" && ok \
+  || bad "--device cpu is the default"
+"$SPARQ" run "$M" -p "The file" -n 16 --temp 0 --device cuda >"$T/cuda" 2>"$T/e"
+rc=$?
+if [ $rc -eq 0 ]; then
+  cmp -s "$T/cpu" "$T/cuda" && ok || bad "run --device cuda: greedy text differs from the CPU's"
+elif [ $rc -eq 1 ]; then
+  grep -q "device cuda:" "$T/e" && ok || bad "run --device cuda failed without naming the device: $(cat "$T/e")"
+else
+  bad "run --device cuda: exit $rc: $(cat "$T/e")"
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

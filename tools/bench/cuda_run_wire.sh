@@ -1,0 +1,126 @@
+#!/bin/sh
+# tools/bench/cuda_run_wire.sh — run the CUDA backend's tests and the
+# `sparq run --device cuda` vs CPU benchmark on the GPU machine, which has
+# the CUDA 13 runtime and cuBLAS but no meson and none of sparq's other
+# shared libraries.
+#
+#   here:  tools/bench/cuda_run_wire.sh pack BUILD_DIR
+#          packs sparq, the gpu test binaries and the non-CUDA shared
+#          libraries they need (openblas, gfortran, quadmath, jansson, zstd,
+#          xxhash) into .cwcarry/carry.tar.xz (to be named in the device
+#          tool's `carry`, and ignored through .git/info/exclude meanwhile).
+#   there: tools/bench/cuda_run_wire.sh run OUT_DIR
+#          unpacks the libraries, runs the gpu tests and the benchmark, and
+#          writes the logs to OUT_DIR (tests.log, bench.log).
+# The numbers go to docs/benchmarks-cuda.md with this command.
+set -u
+mode=${1:-}
+case "$mode" in
+pack)
+    b=${2:?build dir}
+    rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
+    for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
+             tests/gpu/test_trellis_cuda; do
+        [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
+    done
+    # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)
+    strip -o .cwcarry/bin/libsparq_cuda.so "$b/libsparq_cuda.so" || exit 1
+    # OpenBLAS (4 MB compressed) does not fit the 64 MiB a device call carries beside the
+    # 61 MB of tracked files: a small stand-in with the BLAS calls sparq makes goes instead
+    # (sgemm, 8-wide; ssyrk/strsm/spotrf_ abort: the quantizer is not run there). CPU
+    # prefill timings there are therefore slower than with OpenBLAS; decode uses no BLAS.
+    cat > .cwcarry/blas_shim.c <<'SHIM'
+#include <stdio.h>
+#include <stdlib.h>
+enum { RowMajor = 101, NoTrans = 111 };
+void openblas_set_num_threads(int n) { (void)n; }
+static float at(const float *m, int ld, int trans, int row_major, int i, int k)
+{
+    /* element (i, k) of op(M) */
+    int r = trans ? k : i, c = trans ? i : k;
+    return row_major ? m[(size_t)r * ld + c] : m[(size_t)c * ld + r];
+}
+void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc)
+{
+    const int rm = order == RowMajor, tA = ta != NoTrans, tB = tb != NoTrans;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float acc[8] = {0};
+            int k = 0;
+            if (rm && !tA && tB) { /* the runtime's case: rows of A against rows of B */
+                const float *a = A + (size_t)i * lda, *b = B + (size_t)j * ldb;
+                for (; k + 8 <= K; k += 8)
+                    for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
+            }
+            float s = 0;
+            for (int l = 0; l < 8; l++) s += acc[l];
+            for (; k < K; k++) s += at(A, lda, tA, rm, i, k) * at(B, ldb, !tB, rm, j, k);
+            float *c = rm ? &C[(size_t)i * ldc + j] : &C[(size_t)j * ldc + i];
+            *c = alpha * s + (beta == 0 ? 0 : beta * *c);
+        }
+}
+static void nope(const char *f) { fprintf(stderr, "blas stand-in: %s not available\n", f); abort(); }
+void cblas_ssyrk(void) { nope("cblas_ssyrk"); }
+void cblas_strsm(void) { nope("cblas_strsm"); }
+void spotrf_(void) { nope("spotrf_"); }
+SHIM
+    cc -O3 -mavx2 -mfma -shared -fPIC -o .cwcarry/lib/libopenblas.so.0 .cwcarry/blas_shim.c || exit 1
+    rm .cwcarry/blas_shim.c
+    for l in libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
+        p=$(ldd "$b/cli/sparq" | awk -v l="$l" '$1 == l {print $3}')
+        [ -n "$p" ] && cp -L "$p" .cwcarry/lib/
+    done
+    (cd .cwcarry && tar cf - lib bin | xz -T2 -6 > carry.tar.xz && rm -rf lib bin) || exit 1
+    du -sh .cwcarry
+    ;;
+run)
+    out=${2:?out dir}
+    root=$(pwd)
+    mkdir -p /tmp/cw && (cd /tmp/cw && xz -dc "$root/.cwcarry/carry.tar.xz" | tar xf -) || exit 1
+    # libnccl.so.2 (linked when the build found NCCL): the CUDA folder's or PyTorch's
+    nccl=$(find /usr/local/cuda/lib64 /usr/local/cuda/ /opt -name libnccl.so.2 2>/dev/null | head -n 1)
+    export LD_LIBRARY_PATH=/tmp/cw/lib:/usr/local/cuda/lib64:${nccl:+$(dirname "$nccl"):}${LD_LIBRARY_PATH:-}
+    export SPARQ_TEST_DATA="$root/tests/data" SPARQ_NO_PROGRESS=1
+    bin=/tmp/cw/bin
+    {
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+        ldd $bin/sparq | grep -i "not found"
+        ldd $bin/sparq | grep -ci "cublas" | sed 's/^/sparq links cuBLAS directly: /'
+        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda; do
+            echo "== $t"
+            $bin/$t
+            echo "rc=$?"
+        done
+        if command -v compute-sanitizer > /dev/null; then # works on Firecracker machines, not on gVisor
+            echo "== compute-sanitizer memcheck test_backend_cuda"
+            timeout 180 compute-sanitizer --tool memcheck $bin/test_backend_cuda 2>&1 | tail -n 5
+        fi
+    } > "$out/tests.log" 2>&1
+    prompt=$(head -c 1500 tests/data/exl3-model/text.txt)
+    {
+        for m in tests/data/tiny-qwen3moe tests/data/exl3-model/exl3-3.0bpw; do
+            for dev in cuda cpu; do
+                for rep in 1 2; do
+                    echo "== $m --device $dev (run $rep)"
+                    $bin/sparq run "$m" -p "$prompt" -n 128 --temp 0 --ignore-eos --device $dev -t 16 \
+                        > "$out/text-$(basename $m)-$dev.txt"
+                    echo "rc=$?"
+                done
+            done
+            cmp "$out/text-$(basename $m)-cuda.txt" "$out/text-$(basename $m)-cpu.txt" &&
+                echo "$m: greedy text identical on cuda and cpu"
+        done
+        echo "== eval fixture"
+        for dev in cuda cpu; do
+            $bin/sparq eval tests/data/tiny-qwen3moe -f tests/data/exl3-model/text.txt -c 256 --device $dev -t 16
+            echo "rc=$?"
+        done
+    } > "$out/bench.log" 2>&1
+    tail -n 60 "$out/tests.log" "$out/bench.log"
+    ;;
+*)
+    echo "usage: $0 pack BUILD_DIR | run OUT_DIR" >&2
+    exit 2
+    ;;
+esac

@@ -2,13 +2,16 @@
  * reference (--ref MODEL or --ref-logits FILE) KL divergence, top-k agreement
  * and ΔPPL. The scoring and the log-prob file live in runtime/eval.h; this
  * file parses options, tokenizes, loads the models and prints a table or
- * JSON. */
+ * JSON. Under mpirun (a bundle packed for N boxes) rank 0 does all of that
+ * and the other ranks serve their pipeline stage (runtime/dist.h); the
+ * reference (--ref) is loaded by rank 0 alone. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/dist_cli.h"
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/progress.h"
@@ -16,7 +19,7 @@
 #include "runtime/eval.h"
 #include "runtime/model.h"
 
-enum { O_TEXT, O_CTX, O_REF, O_SAVE_REF, O_REF_LOGITS, O_REF_F32, O_JSON, O_MAXW, O_THREADS };
+enum { O_TEXT, O_CTX, O_REF, O_SAVE_REF, O_REF_LOGITS, O_REF_F32, O_JSON, O_MAXW, O_THREADS, O_DEVICE };
 static const cli_opt opts[] = {
     [O_TEXT] = {"text", 'f', "FILE", "text to score (UTF-8); optional with --ref-logits"},
     [O_CTX] = {"ctx", 'c', "N", "window length in tokens (default 512, or the --ref-logits file's)"},
@@ -27,6 +30,7 @@ static const cli_opt opts[] = {
     [O_JSON] = {"json", 0, NULL, "print one JSON object instead of a table"},
     [O_MAXW] = {"max-windows", 0, "N", "score at most the first N windows"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
+    [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0; also runs --ref there)"},
     {0}};
 static const cli_spec spec = {
     "eval", "MODEL --text FILE [options]",
@@ -64,9 +68,10 @@ static void print_result(const sq_eval_result *r, const char *model, const char 
             printf(", \"ref\": ");
             put_json_str(ref);
             printf(", \"ref_ppl\": %.9g, \"dppl\": %.9g, \"kl_mean\": %.9g, \"kl_median\": %.9g, "
-                   "\"kl_p90\": %.9g, \"kl_p99\": %.9g, \"kl_max\": %.9g, \"top1\": %.9g, \"top5\": %.9g",
+                   "\"kl_p90\": %.9g, \"kl_p99\": %.9g, \"kl_max\": %.9g, \"top1\": %.9g, \"top5\": %.9g, "
+                   "\"top5_overlap\": %.9g",
                    r->ref_ppl, r->dppl, r->kl_mean, r->kl_median, r->kl_p90, r->kl_p99, r->kl_max, r->top1,
-                   r->top5);
+                   r->top5, r->top5_overlap);
         }
         printf("}\n");
         return;
@@ -83,6 +88,7 @@ static void print_result(const sq_eval_result *r, const char *model, const char 
            r->kl_p90, r->kl_p99, r->kl_max);
     printf("top-1 agreement  %.4f\n", r->top1);
     printf("top-5 agreement  %.4f (same five tokens in the same order)\n", r->top5);
+    printf("top-5 overlap    %.4f (mean share of the reference's top 5 in the model's top 5)\n", r->top5_overlap);
 }
 
 int cmd_eval(int argc, char **argv)
@@ -92,6 +98,7 @@ int cmd_eval(int argc, char **argv)
     int id;
     const char *text_path = NULL, *ref_dir = NULL, *save_path = NULL, *ref_logits = NULL;
     long long ctx = 0, maxw = 0, threads = 0;
+    sq_device device = SQ_DEVICE_CPU;
     bool json = false, f32 = false;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
@@ -106,6 +113,7 @@ int cmd_eval(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_MAXW: ok = cli_parse_int(&spec, "max-windows", v, 1, INT64_MAX, &maxw); break;
         case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
+        case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
         }
         if (!ok) return 2;
     }
@@ -116,11 +124,30 @@ int cmd_eval(int argc, char **argv)
     if (save_path && ref_logits) return cli_usage_error(&spec, "--save-ref with --ref-logits would copy the file");
     const char *dir = a.pos[0];
 
-    sparq_status st = SPARQ_OK;
+    sq_transport *tr = NULL, *tr_ref = NULL;
+    sparq_status st = sq_transport_auto(&tr);
+    if (st != SPARQ_OK) return cli_fail(&spec, st);
+    cli_dist_setup(tr);
+    if (tr->rank != 0) {
+        /* a pipeline stage: the bundle fixes ctx and rows */
+        sq_model_opts mo;
+        sq_model_opts_default(&mo);
+        mo.n_threads = (int)threads;
+        mo.device = device;
+        sq_dist *d = NULL;
+        bool reported = false;
+        st = sq_dist_open(&d, dir, &mo, NULL, tr, &reported);
+        if (st == SPARQ_OK) st = sq_dist_serve(d);
+        if (st != SPARQ_OK && !reported) cli_dist_fail(&spec, tr, st);
+        sq_dist_close(d);
+        sq_transport_close(tr);
+        return st == SPARQ_OK ? 0 : 1;
+    }
     sq_tokenizer *tok = NULL;
     sq_reflp_reader *rin = NULL;
     sq_reflp_writer *save = NULL;
-    sq_model *model = NULL, *ref = NULL;
+    sq_dist *model = NULL, *ref = NULL;
+    bool reported = false, opened = false, open_tried = false;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     const int32_t *toks = NULL;
@@ -164,8 +191,17 @@ int cmd_eval(int argc, char **argv)
     mo.ctx = (int)ctx;
     mo.max_rows = ctx < 512 ? (int)ctx : 512;
     mo.n_threads = (int)threads;
-    st = sq_model_load(&model, dir, &mo);
-    if (st == SPARQ_OK && ref_dir) st = sq_model_load(&ref, ref_dir, &mo);
+    mo.device = device;
+    st = sq_dist_open(&model, dir, &mo, NULL, tr, &reported);
+    open_tried = true;
+    opened = st == SPARQ_OK;
+    if (st == SPARQ_OK && ref_dir) st = sq_transport_local(&tr_ref);
+    if (st == SPARQ_OK && ref_dir) {
+        /* the reference runs the same chunks as the model (a bundle fixes its own) */
+        mo.max_rows = sq_dist_options(model)->max_rows;
+        mo.ctx = sq_dist_options(model)->ctx;
+        st = sq_dist_open(&ref, ref_dir, &mo, NULL, tr_ref, NULL);
+    }
     if (st != SPARQ_OK) goto fail;
 
     sq_eval_opts eo = {(int)ctx, rin ? 0 : maxw};
@@ -175,7 +211,7 @@ int cmd_eval(int argc, char **argv)
     }
     int64_t used = 0, rows = sq_eval_n_rows(n_toks, &eo, &used);
     if (save_path) {
-        st = sq_reflp_create(&save, save_path, (int)sq_model_cfg(model)->vocab_size, eo.ctx, toks, used, rows, !f32);
+        st = sq_reflp_create(&save, save_path, (int)sq_dist_cfg(model)->vocab_size, eo.ctx, toks, used, rows, !f32);
         if (st != SPARQ_OK) goto fail;
     }
     sparq_progress prog;
@@ -191,12 +227,16 @@ int cmd_eval(int argc, char **argv)
     print_result(&res, dir, ref_dir ? ref_dir : ref_logits ? ref_logits : "", eo.ctx, json);
     goto out;
 fail:
-    rc = cli_fail(&spec, st);
+    /* the other ranks wait in sq_dist_open or in their stage: end them with the error,
+     * unless the open itself failed (then every rank already knows) */
+    rc = open_tried && !opened ? cli_fail(&spec, st) : cli_dist_fail(&spec, tr, st);
 out:
     sq_reflp_abort(save);
     sq_reflp_close(rin);
-    sq_model_free(model);
-    sq_model_free(ref);
+    sq_dist_close(model);
+    sq_dist_close(ref);
+    sq_transport_close(tr_ref);
+    sq_transport_close(tr);
     sq_tokenizer_free(tok);
     sparq_free(ids);
     sparq_free(text);

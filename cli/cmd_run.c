@@ -7,7 +7,13 @@
  * the model holds (weights mapped, KV cache, workspace), one `key=value` per
  * line so scripts can check them. With --chat and no prompt it is an
  * interactive chat on stdin; the KV cache keeps the conversation's shared
- * prefix between turns. */
+ * prefix between turns.
+ *
+ * Under mpirun (a bundle packed for N boxes, `mpirun -np N sparq run BUNDLE
+ * ...`) rank 0 does all of the above and the other ranks only serve their
+ * pipeline stage (runtime/dist.h); one rank or N, the command is the same.
+ * --parallel N generates N continuations of the prompt at once (seeds
+ * seed, seed+1, ...), split into micro-batches that keep every rank busy. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +21,18 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/dist_cli.h"
 #include "common/alloc.h"
 #include "common/progress.h"
 #include "formats/tokenizer.h"
+#include "runtime/dist.h"
+#include "runtime/generate.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 
 enum {
     O_PROMPT, O_N, O_CHAT, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_SEED, O_CTX, O_THREADS,
-    O_STATS, O_IGNORE_EOS
+    O_STATS, O_IGNORE_EOS, O_PARALLEL, O_TIMEOUT, O_DEVICE
 };
 static const cli_opt opts[] = {
     [O_PROMPT] = {"prompt", 'p', "TEXT", "prompt text (with --chat: the user's message)"},
@@ -41,17 +50,24 @@ static const cli_opt opts[] = {
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_STATS] = {"stats", 0, NULL, "print peak RSS and weights/KV/workspace bytes to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
+    [O_PARALLEL] = {"parallel", 0, "N", "generate N continuations of the prompt at once, seeds S..S+N-1 (default 1); "
+                                        "printed one after another when all are done"},
+    [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
+                                            "stops with an error naming it (default 60)"},
+    [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
     {0}};
 static const cli_spec spec = {
     "run", "MODEL [-p PROMPT] [options]",
-    "Generate text with MODEL (a Hugging Face model directory) on the CPU, streaming it to stdout. "
-    "Prompt and decode speeds are printed to stderr at the end.",
+    "Generate text with MODEL (a Hugging Face model directory, an EXL3 model, or a bundle from `sparq pack`) on "
+    "the CPU, streaming it to stdout. Prompt and decode speeds are printed to stderr at the end. A bundle packed "
+    "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints).",
     opts,
     "examples:\n  sparq run tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"
-    "  sparq run tests/data/tiny-qwen3moe --chat\n"};
+    "  sparq run tests/data/tiny-qwen3moe --chat\n"
+    "  mpirun -np 2 sparq run bundle-2box -p 'The file system' -n 64 --temp 0\n"};
 
 typedef struct run_state {
-    sq_model *model;
+    sq_dist *model;
     sq_tokenizer *tok;
     sq_sampler *sampler;
     float *logits;
@@ -60,6 +76,7 @@ typedef struct run_state {
     int32_t stop[SQ_MAX_EOS_IDS + 2];
     int n_stop;
     bool ignore_eos;
+    uint64_t seed;
     double t_prompt, t_decode;
     long n_prompt, n_decode;
     int last_prompt_len; /* ids of the last prompt; generated ids follow it in `cached` */
@@ -76,17 +93,17 @@ static bool is_stop(const run_state *s, int32_t t)
  * Generated ids are appended to the cache record; text streams to stdout. */
 static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_new)
 {
-    const int ctx = sq_model_options(s->model)->ctx;
+    const int ctx = sq_dist_options(s->model)->ctx;
     int keep = 0;
     while (keep < s->n_cached && keep < n_ids && s->cached[keep] == ids[keep]) keep++;
     if (keep == n_ids) keep--; /* always run at least one token to get logits */
     if (keep < 0) keep = 0;
     RETURN_IF(n_ids >= ctx, SPARQ_E_RANGE, "prompt of %d tokens does not fit the context of %d (--ctx)", n_ids, ctx);
-    sq_model_seq_truncate(s->model, 0, keep);
-    sq_sampler_reset(s->sampler, 0);
+    FORWARD_IF(sq_dist_seq_truncate(s->model, 0, keep));
+    sq_sampler_reset(s->sampler, s->seed);
     for (int i = 0; i < n_ids; i++) sq_sampler_accept(s->sampler, ids[i]);
     double t0 = sparq_now();
-    FORWARD_IF(sq_model_forward(s->model, 0, ids + keep, n_ids - keep, SQ_LOGITS_LAST, s->logits));
+    FORWARD_IF(sq_dist_forward(s->model, 0, ids + keep, n_ids - keep, SQ_LOGITS_LAST, s->logits));
     s->t_prompt += sparq_now() - t0;
     s->n_prompt += n_ids - keep;
     memcpy(s->cached, ids, (size_t)n_ids * sizeof(int32_t));
@@ -110,13 +127,40 @@ static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_
         s->n_decode++;
         s->cached[s->n_cached++] = t;
         if (i + 1 == n_new || s->n_cached >= ctx) break; /* no logits needed for a token we will not sample */
-        st = sq_model_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
+        st = sq_dist_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
         if (st != SPARQ_OK) break;
     }
     s->t_decode += sparq_now() - t0;
     if (st == SPARQ_OK && sq_detok_flush(&d, &txt, &len) == SPARQ_OK) fwrite(txt, 1, len, stdout);
     sq_detok_free(&d);
     fflush(stdout);
+    return st;
+}
+
+/* --parallel N: N continuations of the prompt (runtime/generate.h), printed
+ * one after another when all are done. */
+static sparq_status generate_parallel(run_state *s, const sq_sampler_params *sp, const int32_t *ids, int n_ids,
+                                      int n_new, int N)
+{
+    sq_gen_opts o = {.n_seqs = N, .n_new = n_new, .sampler = *sp, .stop = s->stop, .n_stop = s->n_stop,
+                     .ignore_stop = s->ignore_eos};
+    sq_gen_result r;
+    FORWARD_IF(sq_generate(s->model, ids, n_ids, &o, &r));
+    s->t_prompt += r.t_prompt;
+    s->t_decode += r.t_decode;
+    s->n_prompt += r.n_prompt;
+    s->n_decode += r.n_decode;
+    sparq_status st = SPARQ_OK;
+    for (int i = 0; st == SPARQ_OK && i < N; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        st = sq_tokenizer_decode(s->tok, r.out[i], (size_t)r.n_out[i], true, &text, &len);
+        if (st != SPARQ_OK) break;
+        printf("%s--- continuation %d (seed %llu) ---\n", i ? "\n" : "", i, (unsigned long long)(sp->seed + (uint64_t)i));
+        fwrite(text, 1, len, stdout);
+        sparq_free(text);
+    }
+    sq_gen_result_free(&r);
     return st;
 }
 
@@ -224,6 +268,9 @@ int cmd_run(int argc, char **argv)
     double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
     long long top_k = 40;
     bool chat = false, stats = false, ignore_eos = false;
+    sq_device device = SQ_DEVICE_CPU;
+    long long parallel = 1;
+    double timeout = 60;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
         bool ok = true;
@@ -243,29 +290,64 @@ int cmd_run(int argc, char **argv)
         case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
         case O_STATS: stats = true; break;
         case O_IGNORE_EOS: ignore_eos = true; break;
+        case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
+        case O_PARALLEL: ok = cli_parse_int(&spec, "parallel", v, 1, 4096, &parallel); break;
+        case O_TIMEOUT: ok = cli_parse_double(&spec, "timeout", v, 0.1, 1e6, &timeout); break;
         }
         if (!ok) return 2;
     }
     if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
     if (a.npos != 1) return cli_usage_error(&spec, "expected one MODEL directory");
     if (!prompt && !chat) return cli_usage_error(&spec, "give a prompt with -p (or --chat for an interactive chat)");
+    if (parallel > 1 && chat) return cli_usage_error(&spec, "--parallel works with a plain prompt, not --chat");
     const char *dir = a.pos[0];
 
+    sq_transport *tr = NULL;
+    sparq_status st = sq_transport_auto(&tr);
+    if (st != SPARQ_OK) return cli_fail(&spec, st);
+    cli_dist_setup(tr);
     run_state s = {0};
     s.ignore_eos = ignore_eos;
-    sparq_status st = sq_tokenizer_load(&s.tok, dir);
-    if (st != SPARQ_OK) return cli_fail(&spec, st);
+    s.seed = (uint64_t)seed;
+    if (tr->rank == 0) st = sq_tokenizer_load(&s.tok, dir);
     sq_model_opts mo;
     sq_model_opts_default(&mo);
     mo.ctx = (int)ctx;
     mo.n_threads = (int)threads;
+    mo.device = device;
     mo.max_rows = 256;
-    st = sq_model_load(&s.model, dir, &mo);
-    if (st != SPARQ_OK) {
-        sq_tokenizer_free(s.tok);
-        return cli_fail(&spec, st);
+    mo.n_seq = (int)parallel;
+    sq_dist_opts dop;
+    sq_dist_opts_default(&dop);
+    dop.timeout_s = timeout;
+    bool reported = false;
+    /* a tokenizer failure on rank 0 must still let the other ranks finish loading and hear about it */
+    sparq_status st_open = sq_dist_open(&s.model, dir, &mo, &dop, tr, &reported);
+    if (st == SPARQ_OK) st = st_open;
+    if (st == SPARQ_OK && tr->rank != 0) {
+        st = sq_dist_serve(s.model);
+        if (st != SPARQ_OK) cli_dist_fail(&spec, tr, st); /* does not return under MPI */
+        sq_dist_close(s.model);
+        sq_transport_close(tr);
+        return 0;
     }
-    const sq_model_config *cfg = sq_model_cfg(s.model);
+    if (st != SPARQ_OK) {
+        if (st_open == SPARQ_OK && tr->size > 1) cli_dist_fail(&spec, tr, st); /* the others are serving */
+        sq_dist_close(s.model);
+        sq_tokenizer_free(s.tok);
+        sq_transport_close(tr);
+        return reported ? 1 : cli_fail(&spec, st);
+    }
+    if (parallel > sq_dist_options(s.model)->n_seq) {
+        st = sparq_err(SPARQ_E_ARG, "%s: --parallel %lld, but the bundle was planned for %d users (sparq pack --users)",
+                       dir, parallel, sq_dist_options(s.model)->n_seq);
+        int rc = cli_dist_fail(&spec, tr, st);
+        sq_dist_close(s.model);
+        sq_tokenizer_free(s.tok);
+        sq_transport_close(tr);
+        return rc;
+    }
+    const sq_model_config *cfg = sq_dist_cfg(s.model);
     const int V = (int)cfg->vocab_size;
     sq_sampler_params sp;
     sq_sampler_params_default(&sp);
@@ -278,7 +360,7 @@ int cmd_run(int argc, char **argv)
     sp.seed = (uint64_t)seed;
     st = sq_sampler_create(&s.sampler, &sp, V);
     s.logits = sparq_malloc((size_t)V * sizeof(float));
-    s.cached = sparq_malloc((size_t)sq_model_options(s.model)->ctx * sizeof(int32_t));
+    s.cached = sparq_malloc((size_t)sq_dist_options(s.model)->ctx * sizeof(int32_t));
     if (st == SPARQ_OK && (!s.logits || !s.cached)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
     for (int i = 0; i < cfg->n_eos_token_ids && s.n_stop < SQ_MAX_EOS_IDS; i++)
         s.stop[s.n_stop++] = (int32_t)cfg->eos_token_ids[i];
@@ -301,7 +383,10 @@ int cmd_run(int argc, char **argv)
             int n = 0;
             st = encode(&s, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
             if (st == SPARQ_OK && n == 0) st = sparq_err(SPARQ_E_ARG, "the prompt is empty");
-            if (st == SPARQ_OK) {
+            if (st == SPARQ_OK && parallel > 1) {
+                st = generate_parallel(&s, &sp, ids, n, (int)n_new, (int)parallel);
+                fputc('\n', stdout);
+            } else if (st == SPARQ_OK) {
                 fputs(prompt, stdout);
                 st = generate(&s, ids, n, (int)n_new);
                 fputc('\n', stdout);
@@ -312,7 +397,7 @@ int cmd_run(int argc, char **argv)
     int rc = 0;
     fflush(stdout);
     if (st != SPARQ_OK) {
-        rc = cli_fail(&spec, st);
+        rc = cli_dist_fail(&spec, tr, st);
     } else {
         fprintf(stderr, "prompt: %ld tokens in %.3f s (%.1f tok/s); decode: %ld tokens in %.3f s (%.1f tok/s)\n",
                 s.n_prompt, s.t_prompt, s.t_prompt > 0 ? s.n_prompt / s.t_prompt : 0.0, s.n_decode, s.t_decode,
@@ -321,20 +406,26 @@ int cmd_run(int argc, char **argv)
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
             sq_model_mem mm;
-            sq_model_mem_report(s.model, &mm);
+            sq_model_mem_report(sq_dist_model(s.model), &mm);
             fprintf(stderr,
                     "stats: peak_rss_bytes=%llu\nstats: weights_bytes=%llu\nstats: kv_bytes=%llu\n"
                     "stats: workspace_bytes=%llu\nstats: plan_kv_bytes=%llu\nstats: plan_workspace_bytes=%llu\n"
                     "stats: threads=%d\n",
                     (unsigned long long)ru.ru_maxrss * 1024ull, (unsigned long long)mm.weights,
                     (unsigned long long)mm.kv, (unsigned long long)mm.workspace, (unsigned long long)mm.plan_kv,
-                    (unsigned long long)mm.plan_workspace, sq_model_exec(s.model)->n_threads);
+                    (unsigned long long)mm.plan_workspace, sq_model_exec(sq_dist_model(s.model))->n_threads);
+            sq_dist_stats ds;
+            sq_dist_get_stats(s.model, &ds);
+            fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",
+                    sq_dist_size(s.model), (unsigned long long)ds.steps, ds.t_wait,
+                    (unsigned long long)ds.bytes_sent);
         }
     }
     sparq_free(s.logits);
     sparq_free(s.cached);
     sq_sampler_free(s.sampler);
-    sq_model_free(s.model);
+    sq_dist_close(s.model);
     sq_tokenizer_free(s.tok);
+    sq_transport_close(tr);
     return rc;
 }

@@ -424,20 +424,20 @@ static double quantile(const float *sorted, int64_t n, double q)
     return i + 1 < n ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[n - 1];
 }
 
-sparq_status sq_eval_run(sq_model *model, sq_model *ref, sq_reflp_reader *ref_in, sq_reflp_writer *save,
+sparq_status sq_eval_run(sq_dist *model, sq_dist *ref, sq_reflp_reader *ref_in, sq_reflp_writer *save,
                          const int32_t *tokens, int64_t n, const sq_eval_opts *opts, sparq_progress *progress,
                          sq_eval_result *res)
 {
     memset(res, 0, sizeof *res);
-    const int ctx = opts->ctx, V = (int)sq_model_cfg(model)->vocab_size;
-    const int R = sq_model_options(model)->max_rows;
+    const int ctx = opts->ctx, V = (int)sq_dist_cfg(model)->vocab_size;
+    const int R = sq_dist_options(model)->max_rows;
     RETURN_IF(ctx < 2, SPARQ_E_ARG, "eval: ctx %d < 2", ctx);
-    RETURN_IF(sq_model_options(model)->ctx < ctx, SPARQ_E_ARG, "eval: model loaded with ctx %d < %d",
-              sq_model_options(model)->ctx, ctx);
-    RETURN_IF(ref && sq_model_cfg(ref)->vocab_size != V, SPARQ_E_ARG,
+    RETURN_IF(sq_dist_options(model)->ctx < ctx, SPARQ_E_ARG, "eval: model loaded with ctx %d < %d",
+              sq_dist_options(model)->ctx, ctx);
+    RETURN_IF(ref && sq_dist_cfg(ref)->vocab_size != V, SPARQ_E_ARG,
               "eval: reference vocabulary %lld differs from the model's %d",
-              (long long)sq_model_cfg(ref)->vocab_size, V);
-    RETURN_IF(ref && (sq_model_options(ref)->ctx < ctx || sq_model_options(ref)->max_rows != R), SPARQ_E_ARG,
+              (long long)sq_dist_cfg(ref)->vocab_size, V);
+    RETURN_IF(ref && (sq_dist_options(ref)->ctx < ctx || sq_dist_options(ref)->max_rows != R), SPARQ_E_ARG,
               "eval: reference model loaded with different ctx / max_rows");
     RETURN_IF(ref_in && sq_reflp_vocab(ref_in) != V, SPARQ_E_ARG,
               "eval: reference file vocabulary %d differs from the model's %d", sq_reflp_vocab(ref_in), V);
@@ -458,17 +458,17 @@ sparq_status sq_eval_run(sq_model *model, sq_model *ref, sq_reflp_reader *ref_in
     }
     int64_t nw = sq_eval_n_windows(n, ctx);
     if (opts->max_windows > 0 && nw > opts->max_windows) nw = opts->max_windows;
-    int64_t top1 = 0, top5 = 0;
+    int64_t top1 = 0, top5 = 0, top5_common = 0;
     for (int64_t w = 0; w < nw && st == SPARQ_OK; w++) {
         int64_t first;
         int len;
         sq_eval_window(n, ctx, w, &first, &len);
-        sq_model_seq_reset(model, 0);
-        if (ref) sq_model_seq_reset(ref, 0);
+        st = sq_dist_seq_reset(model, 0);
+        if (st == SPARQ_OK && ref) st = sq_dist_seq_reset(ref, 0);
         for (int c0 = 0; c0 < len && st == SPARQ_OK; c0 += R) {
             const int rows = len - c0 < R ? len - c0 : R;
-            st = sq_model_forward(model, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lg);
-            if (st == SPARQ_OK && ref) st = sq_model_forward(ref, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lgr);
+            st = sq_dist_forward(model, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lg);
+            if (st == SPARQ_OK && ref) st = sq_dist_forward(ref, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lgr);
             for (int r = 0; r < rows && st == SPARQ_OK; r++) {
                 const int p = c0 + r;
                 if (p == len - 1) break; /* the window's last token predicts nothing scored */
@@ -491,6 +491,8 @@ sparq_status sq_eval_run(sq_model *model, sq_model *ref, sq_reflp_reader *ref_in
                     sq_eval_topk(lp, V, 5, b);
                     top1 += a[0] == b[0];
                     top5 += memcmp(a, b, sizeof a) == 0;
+                    for (int i = 0; i < 5; i++)
+                        for (int j = 0; j < 5; j++) top5_common += a[i] == b[j];
                 }
                 if (save) st = sq_reflp_write_row(save, has_ref ? lpr : lp);
                 res->n_scored++;
@@ -516,6 +518,7 @@ sparq_status sq_eval_run(sq_model *model, sq_model *ref, sq_reflp_reader *ref_in
         res->kl_max = kls[res->n_scored - 1];
         res->top1 = (double)top1 / (double)res->n_scored;
         res->top5 = (double)top5 / (double)res->n_scored;
+        res->top5_overlap = (double)top5_common / (5.0 * (double)res->n_scored);
     }
 done:
     sparq_free(lg);

@@ -40,6 +40,7 @@
 
 #include "common/progress.h"
 #include "common/status.h"
+#include "runtime/dist.h"
 #include "runtime/model.h"
 
 /* Windows of n tokens at ctx: count, and window i's [first, first + len). */
@@ -94,15 +95,17 @@ typedef struct sq_eval_result {
     bool has_ref;
     double ref_nll_sum, ref_ppl, dppl;
     double kl_mean, kl_median, kl_p90, kl_p99, kl_max;
-    double top1, top5;   /* fractions in [0, 1] */
+    double top1, top5;   /* fractions in [0, 1]; top5: the same five ids in the same order */
+    double top5_overlap; /* mean |top5(ref) ∩ top5(model)| / 5, in [0, 1] */
 } sq_eval_result;
 
-/* Evaluate `model` on tokens[0..n). Reference: `ref` (a second model, same
+/* Evaluate `model` on tokens[0..n) (rank 0 of a multi-process run, or one
+ * process: sq_dist_wrap). Reference: `ref` (a second model, same
  * vocabulary) or `ref_in` (a log-prob file made on the same tokens and ctx),
  * or neither. `save` (may be NULL) receives the reference's rows — or, with no
  * reference, the model's own, which makes it a reference for later runs.
  * progress (may be NULL, begun by the caller) advances by scored tokens. */
-sparq_status sq_eval_run(sq_model *model, sq_model *ref, sq_reflp_reader *ref_in, sq_reflp_writer *save,
+sparq_status sq_eval_run(sq_dist *model, sq_dist *ref, sq_reflp_reader *ref_in, sq_reflp_writer *save,
                          const int32_t *tokens, int64_t n, const sq_eval_opts *opts, sparq_progress *progress,
                          sq_eval_result *res);
 

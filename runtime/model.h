@@ -38,6 +38,9 @@ typedef struct sq_model_opts {
     int n_seq;     /* sequences with a KV cache (default 1) */
     int max_rows;  /* rows per forward step: prefill chunk / calibration batch (default 512) */
     int n_threads; /* ≤ 0: all CPUs (or SPARQ_THREADS) */
+    int node;      /* bundle node this process loads (default 0) */
+    int nodes;     /* processes the model runs on (default 1): must equal the bundle's box count */
+    sq_device device; /* where the forward runs (default SQ_DEVICE_CPU; kernels/backend.h) */
 } sq_model_opts;
 
 void sq_model_opts_default(sq_model_opts *o);
@@ -79,6 +82,28 @@ sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n
  * n_seq)), at position len(seqs[r]); each attends to its own cache. The
  * weights are read once for all rows. logits[n, vocab] (may be NULL). */
 sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits);
+
+/* Run the layers this process holds (all, or its node's) on hidden[rows, d].
+ * Row r continues sequence seqs[r] at position pos[r]: len(seqs[r]) plus the
+ * number of earlier rows of the same sequence (so a prefill chunk of one
+ * sequence, a decode step of several, or a mix). K/V are cached and the
+ * lengths advanced. This is one pipeline stage of runtime/dist.h; the same
+ * arithmetic as sq_model_forward, so the results are bit-identical. */
+sparq_status sq_model_forward_rows(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos);
+
+/* A workspace buffer of [max_rows, hidden_size] floats that the model's own
+ * steps use only inside sq_model_forward / decode_batch, so a caller driving
+ * forward_rows itself (runtime/dist.c with one rank) can hold a step's hidden
+ * states there between embed, forward_rows and head. */
+float *sq_model_hidden_buffer(sq_model *m);
+
+/* The layers this process holds, [first, end), and whether it holds the
+ * embeddings (first node) and the final norm + lm_head (last node). A model
+ * directory, or a one-box bundle, holds everything. sq_model_embed/head fail
+ * with SPARQ_E_UNSUPPORTED on a node without them. */
+void sq_model_layer_range(const sq_model *m, int *first, int *end);
+bool sq_model_has_embed(const sq_model *m);
+bool sq_model_has_head(const sq_model *m);
 
 /* Tokens currently in the KV cache of seq; reset empties it. */
 int sq_model_seq_len(const sq_model *m, int seq);

@@ -40,6 +40,7 @@ typedef struct layer_w {
     bool moe;
     int n_exp;                    /* experts (1 for a dense MLP layer) */
     sq_linear *gate, *up, *down;  /* [n_exp] */
+    sq_moe_layer ml;              /* the same, for a device backend's `moe` op (set by device_setup) */
 } layer_w;
 
 struct sq_model {
@@ -48,17 +49,22 @@ struct sq_model {
     sf_model *sf;
     sq_exec *ex;
     int d, nh, nkv, hd, vocab, n_layers, n_exp, top_k, inter_max;
+    int first, end;            /* layers this process holds: [first, end) (all, unless a node of a bundle) */
+    bool has_embed, has_head;  /* embeddings (first node) / final norm + lm_head (last node) */
     float eps;
     const sf_tensor *embed;
     sq_linear head;
     float *final_norm;
     float *inv_freq;
     layer_w *layers;
-    /* KV cache: [n_seq][n_layers][ctx][nkv*hd] for K and for V */
+    /* KV cache: [n_seq][end - first][ctx][nkv*hd] for K and for V */
     float *kv_k, *kv_v;
     int *seq_len;
     /* workspace (one allocation) */
     void *ws;
+    int *host_idx;     /* device exec: kvf, kvl, pos live here on the host (the graph fills them) */
+    float *dlog;       /* device exec: logits of up to dlog_rows rows before the copy to the host */
+    int dlog_rows;
     float *x, *xn, *proj, *q, *k, *v, *ao, *rl, *rw, *g, *u, *xg, *dn, *mo, *lw;
     int *ridx, *kvf, *kvl, *pos, *rows_of, *cnt, *off;
     void **owned;      /* per-linear state the model allocated (EXL3 descriptors) */
@@ -73,6 +79,9 @@ void sq_model_opts_default(sq_model_opts *o)
     o->n_seq = 1;
     o->max_rows = 512;
     o->n_threads = 0;
+    o->node = 0;
+    o->nodes = 1;
+    o->device = SQ_DEVICE_CPU;
 }
 
 const char *sq_lin_id_name(sq_lin_id id)
@@ -311,29 +320,101 @@ static size_t carve(sq_model *m, char *base)
  * (sizes of every file the node needs) runs before anything is mapped, and
  * the KV cache and workspace are sized from the plan the bundle was packed
  * for (ctx × users, prefill chunk), as design.md asks: a bundle that plan
- * said fits is loaded with exactly the sizes that were planned. Only a
- * single-node bundle runs in one process. On success *weights_dir is the
- * node's folder (heap) and *plan_threads the thread count the plan assumed. */
-static sparq_status open_bundle(const char *dir, sq_model_opts *o, char **weights_dir, int *plan_threads)
+ * said fits is loaded with exactly the sizes that were planned. A bundle
+ * packed for N boxes runs as N processes (o->nodes), this one loading node
+ * o->node: its layers, plus the embeddings on the first node and the final
+ * norm and lm_head on the last. On success *weights_dir is the node's folder
+ * (heap), *plan_threads the thread count the plan assumed, and m's layer
+ * range and embed/head flags are set. */
+static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, char **weights_dir,
+                                int *plan_threads)
 {
     sq_manifest man;
     FORWARD_IF(sq_manifest_load(&man, dir));
     sparq_status st = SPARQ_OK;
-    if (man.boxes != 1)
-        st = sparq_err(SPARQ_E_UNSUPPORTED,
-                       "%s: bundle packed for %d boxes; it must run as %d processes, one per box, which this "
-                       "build cannot do yet: pack it with --boxes 1 to run it in one process",
-                       dir, man.boxes, man.boxes);
-    else if ((st = sq_bundle_check_quick(dir, &man, 0)) == SPARQ_OK) {
+    if (man.boxes != o->nodes) {
+        if (o->nodes == 1)
+            st = sparq_err(SPARQ_E_UNSUPPORTED,
+                           "%s: bundle packed for %d boxes; run it as %d processes, one per box "
+                           "(mpirun -np %d sparq ...), or pack it again with --boxes 1",
+                           dir, man.boxes, man.boxes, man.boxes);
+        else
+            st = sparq_err(SPARQ_E_UNSUPPORTED,
+                           "%s: bundle packed for %d box%s but started on %d processes; start exactly %d "
+                           "(mpirun -np %d), or pack it again with --boxes %d",
+                           dir, man.boxes, man.boxes == 1 ? "" : "es", o->nodes, man.boxes, man.boxes, o->nodes);
+    } else if (o->node < 0 || o->node >= man.boxes) {
+        st = sparq_err(SPARQ_E_RANGE, "%s: node %d outside [0, %d)", dir, o->node, man.boxes);
+    } else if ((st = sq_bundle_check_quick(dir, &man, o->node)) == SPARQ_OK) {
+        const sq_manifest_node *nd = &man.nodes[o->node];
         o->ctx = (int)man.ctx;
         o->n_seq = (int)man.users;
         o->max_rows = (int)man.chunk;
         *plan_threads = (int)man.threads;
-        *weights_dir = sparq_path_join(dir, "node-0");
+        m->first = (int)nd->first_layer;
+        m->end = (int)(nd->first_layer + nd->n_layers);
+        m->has_embed = nd->has_embed;
+        m->has_head = nd->has_head;
+        char sub[32];
+        snprintf(sub, sizeof sub, "node-%d", o->node);
+        *weights_dir = sparq_path_join(dir, sub);
         if (!*weights_dir) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
     }
     sq_manifest_free(&man);
     return st;
+}
+
+/* A device exec (kernels/backend.h, `device`): the index arrays the graph
+ * fills on the host (kvf, kvl, pos) move to host memory, a logits buffer is
+ * made in device memory, and every weight this process uses is uploaded now
+ * (so the first step does not pay for it), each layer's MoE included. */
+static sparq_status device_setup(sq_model *m)
+{
+    sq_exec *ex = m->ex;
+    const sq_backend *be = ex->be;
+    const size_t R = (size_t)m->opts.max_rows;
+    m->host_idx = sparq_malloc(3 * R * sizeof(int));
+    RETURN_IF(!m->host_idx, SPARQ_E_NOMEM, "out of memory");
+    m->kvf = m->host_idx;
+    m->kvl = m->host_idx + R;
+    m->pos = m->host_idx + 2 * R;
+    m->dlog_rows = m->opts.max_rows < 64 ? m->opts.max_rows : 64;
+    m->dlog = be->alloc(ex, (size_t)m->dlog_rows * (size_t)m->vocab * sizeof(float));
+    RETURN_IF(!m->dlog, SPARQ_E_NOMEM, "%s: cannot allocate %d rows of logits", be->name, m->dlog_rows);
+    const size_t es = m->embed ? (m->embed->dtype == SF_F32 ? 4 : 2) : 0;
+    if (m->embed) FORWARD_IF(be->prepare(ex, m->embed->data, (size_t)m->vocab * (size_t)m->d * es));
+    if (m->has_head) {
+        FORWARD_IF(be->prepare_linear(ex, &m->head));
+        FORWARD_IF(be->prepare(ex, m->final_norm, (size_t)m->d * sizeof(float)));
+    }
+    FORWARD_IF(be->prepare(ex, m->inv_freq, (size_t)(m->hd / 2) * sizeof(float)));
+    for (int L = m->first; L < m->end; L++) {
+        layer_w *w = &m->layers[L];
+        FORWARD_IF(be->prepare_linear(ex, &w->q));
+        FORWARD_IF(be->prepare_linear(ex, &w->k));
+        FORWARD_IF(be->prepare_linear(ex, &w->v));
+        FORWARD_IF(be->prepare_linear(ex, &w->o));
+        FORWARD_IF(be->prepare(ex, w->in_norm, (size_t)m->d * sizeof(float)));
+        FORWARD_IF(be->prepare(ex, w->post_norm, (size_t)m->d * sizeof(float)));
+        FORWARD_IF(be->prepare(ex, w->q_norm, (size_t)m->hd * sizeof(float)));
+        FORWARD_IF(be->prepare(ex, w->k_norm, (size_t)m->hd * sizeof(float)));
+        w->ml = (sq_moe_layer){.n_exp = w->n_exp, .top_k = w->moe ? m->top_k : 1, .norm_topk = m->cfg.norm_topk_prob,
+                               .router = w->moe ? &w->router : NULL, .gate = w->gate, .up = w->up, .down = w->down};
+        FORWARD_IF(be->prepare_moe(ex, &w->ml, m->opts.max_rows));
+    }
+    return be->sync(ex);
+}
+
+/* With a device exec the hidden states live in device memory: the public
+ * layer-at-a-time calls accept only rows of the model's own workspace there. */
+static sparq_status check_mem(const sq_model *m, const void *p, const char *what)
+{
+    if (!m->ex->be->device) return SPARQ_OK;
+    const char *b = m->ws, *q = p;
+    RETURN_IF(q < b || q >= b + m->ws_bytes, SPARQ_E_UNSUPPORTED,
+              "%s: on device %s the hidden states must be the model's own rows (layer-at-a-time calls with host "
+              "buffers need a CPU model)", what, m->ex->be->name);
+    return SPARQ_OK;
 }
 
 sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts *opts)
@@ -356,12 +437,20 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     } while (0)
     char *weights_dir = NULL;
     int plan_threads = 0;
+    m->first = 0;
+    m->end = -1; /* all layers, set below */
+    m->has_embed = m->has_head = true;
+    if (m->opts.nodes <= 0) m->opts.nodes = 1;
     {
         char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME);
         if (!mpath) FAIL(SPARQ_E_NOMEM, "out of memory");
         const int is_bundle = sparq_path_exists(mpath);
         sparq_free(mpath);
-        if (is_bundle) TRY(open_bundle(dir, &m->opts, &weights_dir, &plan_threads));
+        if (is_bundle) TRY(open_bundle(m, dir, &m->opts, &weights_dir, &plan_threads));
+        else if (m->opts.nodes != 1)
+            FAIL(SPARQ_E_UNSUPPORTED, "%s: a model directory runs in one process, not %d; pack it into a bundle "
+                 "for %d boxes (sparq pack --boxes %d) to run it on several", dir, m->opts.nodes, m->opts.nodes,
+                 m->opts.nodes);
     }
     TRY(sq_config_load(&m->cfg, dir));
     const sq_model_config *c = &m->cfg;
@@ -387,6 +476,10 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     m->n_exp = (int)c->num_experts;
     m->top_k = (int)c->num_experts_per_tok;
     m->eps = (float)c->rms_norm_eps;
+    if (m->end < 0) m->end = m->n_layers;
+    if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
+        FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,
+             m->end, m->n_layers);
     m->inter_max = 1;
     for (int L = 0; L < m->n_layers; L++) {
         int I = (int)(sq_config_is_moe_layer(c, L) ? c->moe_intermediate_size : c->intermediate_size);
@@ -399,14 +492,17 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
     TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
-    TRY(find_tensor(m, "model.embed_tokens.weight", &m->embed));
-    TRY(check_shape(m, m->embed, 2, (uint64_t)m->vocab, (uint64_t)m->d));
-    {
+    const bool tied = c->tie_word_embeddings && !sf_find(m->sf, "lm_head.weight") && !sf_find(m->sf, "lm_head.trellis");
+    if (m->has_embed || (m->has_head && tied)) {
+        TRY(find_tensor(m, "model.embed_tokens.weight", &m->embed));
+        TRY(check_shape(m, m->embed, 2, (uint64_t)m->vocab, (uint64_t)m->d));
         sq_linear_kind k;
         TRY(dense_kind(m, m->embed, &k));
+        m->weights_bytes += m->embed->nbytes;
     }
-    m->weights_bytes += m->embed->nbytes;
-    if (c->tie_word_embeddings && !sf_find(m->sf, "lm_head.weight") && !sf_find(m->sf, "lm_head.trellis")) {
+    if (!m->has_head) {
+        /* a first or middle node: no final norm, no lm_head */
+    } else if (tied) {
         sq_linear_kind k;
         TRY(dense_kind(m, m->embed, &k));
         m->head = (sq_linear){.kind = k, .in = m->d, .out = m->vocab, .w = m->embed->data,
@@ -415,10 +511,10 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     } else {
         TRY(bind_linear(m, &m->head, "lm_head", m->vocab, m->d));
     }
-    TRY(bind_vec(m, "model.norm.weight", m->d, &m->final_norm));
+    if (m->has_head) TRY(bind_vec(m, "model.norm.weight", m->d, &m->final_norm));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) FAIL(SPARQ_E_NOMEM, "out of memory");
-    for (int L = 0; L < m->n_layers; L++) TRY(load_layer(m, L));
+    for (int L = m->first; L < m->end; L++) TRY(load_layer(m, L));
 
     m->inv_freq = sparq_malloc((size_t)(m->hd / 2) * sizeof(float));
     if (!m->inv_freq) FAIL(SPARQ_E_NOMEM, "out of memory");
@@ -434,28 +530,31 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     p.logits_rows = 0;
     p.kv_dtype = SQ_KV_F32;
     if (plan_threads > 0) p.threads = plan_threads;
-    m->plan_kv = sq_memplan_kv_bytes(c, m->n_layers, &p);
-    m->plan_ws = sq_memplan_workspace_bytes(c, &p, true);
+    const int n_local = m->end - m->first;
+    m->plan_kv = sq_memplan_kv_bytes(c, n_local, &p);
+    m->plan_ws = sq_memplan_workspace_bytes(c, &p, m->has_head);
 
     const size_t kvd = (size_t)m->nkv * m->hd;
     uint64_t kv_floats;
-    if (!sparq_mul_u64((uint64_t)m->opts.n_seq * (uint64_t)m->n_layers, (uint64_t)m->opts.ctx * kvd, &kv_floats) ||
+    if (!sparq_mul_u64((uint64_t)m->opts.n_seq * (uint64_t)n_local, (uint64_t)m->opts.ctx * kvd, &kv_floats) ||
         kv_floats > ((uint64_t)1 << 40) ||
-        (uint64_t)m->opts.n_seq * (uint64_t)m->n_layers * (uint64_t)m->opts.ctx > (uint64_t)INT32_MAX)
+        (uint64_t)m->opts.n_seq * (uint64_t)n_local * (uint64_t)m->opts.ctx > (uint64_t)INT32_MAX)
         FAIL(SPARQ_E_RANGE, "KV cache of %d sequences x %d tokens is too large", m->opts.n_seq, m->opts.ctx);
     m->kv_bytes = 2 * kv_floats * sizeof(float);
-    m->kv_k = sparq_aligned_alloc(64, (size_t)kv_floats * sizeof(float));
-    m->kv_v = sparq_aligned_alloc(64, (size_t)kv_floats * sizeof(float));
+    TRY(sq_exec_create_on(&m->ex, m->opts.device, m->opts.n_threads));
+    const sq_backend *be = m->ex->be; /* KV cache and workspace in its memory (device memory for CUDA) */
+    m->kv_k = be->alloc(m->ex, (size_t)(kv_floats ? kv_floats : 1) * sizeof(float));
+    m->kv_v = be->alloc(m->ex, (size_t)(kv_floats ? kv_floats : 1) * sizeof(float));
     m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
     if (!m->kv_k || !m->kv_v || !m->seq_len)
         FAIL(SPARQ_E_NOMEM, "cannot allocate the KV cache (%llu bytes)", (unsigned long long)m->kv_bytes);
 
     m->ws_bytes = carve(m, NULL);
-    m->ws = sparq_aligned_alloc(64, (size_t)m->ws_bytes);
+    m->ws = be->alloc(m->ex, (size_t)m->ws_bytes);
     if (!m->ws) FAIL(SPARQ_E_NOMEM, "cannot allocate the workspace (%llu bytes)", (unsigned long long)m->ws_bytes);
     carve(m, m->ws);
+    if (be->device) TRY(device_setup(m));
 
-    TRY(sq_exec_create(&m->ex, m->opts.n_threads));
     int max_in = m->d > m->inter_max ? m->d : m->inter_max;
     if (m->nh * m->hd > max_in) max_in = m->nh * m->hd;
     size_t sf = sq_exec_scratch_floats(max_in, m->opts.ctx);
@@ -501,10 +600,14 @@ void sq_model_free(sq_model *m)
     free_linear(&m->head);
     sparq_free(m->final_norm);
     sparq_free(m->inv_freq);
-    sparq_aligned_free(m->kv_k);
-    sparq_aligned_free(m->kv_v);
+    if (m->ex) { /* KV cache and workspace came from the exec's backend */
+        m->ex->be->free(m->ex, m->kv_k);
+        m->ex->be->free(m->ex, m->kv_v);
+        m->ex->be->free(m->ex, m->ws);
+        m->ex->be->free(m->ex, m->dlog);
+    }
+    sparq_free(m->host_idx);
     sparq_free(m->seq_len);
-    sparq_aligned_free(m->ws);
     sq_exec_free(m->ex);
     for (int i = 0; i < m->n_owned; i++) sparq_free(m->owned[i]);
     sparq_free(m->owned);
@@ -528,14 +631,23 @@ void sq_model_mem_report(const sq_model *m, sq_model_mem *out)
 
 sq_linear *sq_model_head_linear(sq_model *m) { return &m->head; }
 
+void sq_model_layer_range(const sq_model *m, int *first, int *end)
+{
+    *first = m->first;
+    *end = m->end;
+}
+bool sq_model_has_embed(const sq_model *m) { return m->has_embed; }
+float *sq_model_hidden_buffer(sq_model *m) { return m->x; }
+bool sq_model_has_head(const sq_model *m) { return m->has_head; }
+
 bool sq_model_layer_is_moe(const sq_model *m, int layer)
 {
-    return layer >= 0 && layer < m->n_layers && m->layers[layer].moe;
+    return layer >= m->first && layer < m->end && m->layers[layer].moe;
 }
 
 sq_linear *sq_model_linear(sq_model *m, int layer, sq_lin_id which, int expert)
 {
-    if (layer < 0 || layer >= m->n_layers) return NULL;
+    if (layer < m->first || layer >= m->end) return NULL;
     layer_w *w = &m->layers[layer];
     switch (which) {
     case SQ_LIN_Q: return &w->q;
@@ -554,9 +666,19 @@ sq_linear *sq_model_linear(sq_model *m, int layer, sq_lin_id which, int expert)
 
 sparq_status sq_model_embed(const sq_model *m, const int32_t *tokens, int n, float *hidden)
 {
+    RETURN_IF(!m->has_embed, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the embeddings",
+              m->opts.node, m->first, m->end - 1);
     sq_linear_kind k = m->embed->dtype == SF_BF16 ? SQ_LINEAR_BF16
                        : m->embed->dtype == SF_F16 ? SQ_LINEAR_F16 : SQ_LINEAR_F32;
     const size_t es = k == SQ_LINEAR_F32 ? 4 : 2;
+    if (m->ex->be->device) {
+        FORWARD_IF(check_mem(m, hidden, "embed"));
+        for (int i = 0; i < n; i++)
+            RETURN_IF(tokens[i] < 0 || tokens[i] >= m->vocab, SPARQ_E_RANGE,
+                      "token id %d at %d outside vocabulary [0, %d)", (int)tokens[i], i, m->vocab);
+        m->ex->be->embed(m->ex, k, m->embed->data, m->d, tokens, n, hidden);
+        return SPARQ_OK;
+    }
     for (int i = 0; i < n; i++) {
         RETURN_IF(tokens[i] < 0 || tokens[i] >= m->vocab, SPARQ_E_RANGE, "token id %d at %d outside vocabulary [0, %d)",
                   (int)tokens[i], i, m->vocab);
@@ -578,6 +700,11 @@ static void moe_block(sq_model *m, int L, const float *xn, int rows, const sq_ob
     const sq_backend *be = ex->be;
     layer_w *w = &m->layers[L];
     const int d = m->d, K = w->moe ? m->top_k : 1, E = w->n_exp;
+    if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
+        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
+        be->moe(ex, &w->ml, xn, rows, m->mo, &ws);
+        return;
+    }
     memset(m->mo, 0, (size_t)rows * d * sizeof(float));
     if (w->moe) {
         observe(obs, L, SQ_LIN_ROUTER, -1, xn, rows, d);
@@ -663,11 +790,7 @@ static void layer_core(sq_model *m, int L, float *hidden, int rows, const int *p
     be->rope(ex, m->k, rows, m->nkv, hd, pos, m->inv_freq);
     const float *kb = m->k, *vb = m->v;
     if (cached) {
-        for (int r = 0; r < rows; r++) {
-            const size_t at = ((size_t)m->kvf[r] + (size_t)pos[r]) * kvd;
-            memcpy(m->kv_k + at, m->k + (size_t)r * kvd, kvd * sizeof(float));
-            memcpy(m->kv_v + at, m->v + (size_t)r * kvd, kvd * sizeof(float));
-        }
+        be->kv_store(ex, m->k, m->v, rows, kvd, m->kvf, pos, m->kv_k, m->kv_v);
         kb = m->kv_k;
         vb = m->kv_v;
     }
@@ -685,13 +808,16 @@ static void layer_core(sq_model *m, int L, float *hidden, int rows, const int *p
 /* First KV row of (seq, layer) in the whole cache, in rows of nkv*hd floats. */
 static int kv_row0(const sq_model *m, int seq, int L)
 {
-    return (seq * m->n_layers + L) * m->opts.ctx;
+    return (seq * (m->end - m->first) + (L - m->first)) * m->opts.ctx;
 }
 
 sparq_status sq_model_forward_layer(sq_model *m, int L, float *hidden, int rows, const int *pos, int seq,
                                     const sq_observer *obs)
 {
-    RETURN_IF(L < 0 || L >= m->n_layers, SPARQ_E_RANGE, "layer %d outside [0, %d)", L, m->n_layers);
+    RETURN_IF(L < m->first || L >= m->end, SPARQ_E_RANGE, "layer %d outside [%d, %d), the layers this process holds",
+              L, m->first, m->end);
+    FORWARD_IF(check_mem(m, hidden, "forward_layer"));
+    RETURN_IF(obs && m->ex->be->device, SPARQ_E_UNSUPPORTED, "forward_layer: observers need a CPU model");
     RETURN_IF(rows < 0 || rows > m->opts.max_rows, SPARQ_E_RANGE, "forward_layer: %d rows, at most %d (max_rows)",
               rows, m->opts.max_rows);
     RETURN_IF(seq >= m->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seq, m->opts.n_seq);
@@ -719,6 +845,39 @@ sparq_status sq_model_forward_layer(sq_model *m, int L, float *hidden, int rows,
     return SPARQ_OK;
 }
 
+/* Check that rows continue their sequences: row r is at len(seqs[r]) plus the
+ * number of earlier rows of the same sequence, and fits the context. */
+static sparq_status check_rows(const sq_model *m, int rows, const int *seqs, const int *pos)
+{
+    RETURN_IF(rows < 0 || rows > m->opts.max_rows, SPARQ_E_RANGE, "%d rows in one step, at most %d (max_rows)", rows,
+              m->opts.max_rows);
+    for (int r = 0; r < rows; r++) {
+        RETURN_IF(seqs[r] < 0 || seqs[r] >= m->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seqs[r],
+                  m->opts.n_seq);
+        int expect = m->seq_len[seqs[r]];
+        for (int q = 0; q < r; q++) expect += seqs[q] == seqs[r];
+        RETURN_IF(pos[r] != expect, SPARQ_E_ARG, "row %d of sequence %d has position %d, expected %d", r, seqs[r],
+                  pos[r], expect);
+        RETURN_IF(pos[r] >= m->opts.ctx, SPARQ_E_RANGE, "sequence %d: the context of %d is full", seqs[r],
+                  m->opts.ctx);
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_model_forward_rows(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos)
+{
+    FORWARD_IF(check_rows(m, rows, seqs, pos));
+    if (rows == 0) return SPARQ_OK;
+    FORWARD_IF(check_mem(m, hidden, "forward_rows"));
+    for (int r = 0; r < rows; r++) m->kvl[r] = pos[r] + 1;
+    for (int L = m->first; L < m->end; L++) {
+        for (int r = 0; r < rows; r++) m->kvf[r] = kv_row0(m, seqs[r], L);
+        layer_core(m, L, hidden, rows, pos, true, NULL);
+    }
+    for (int r = 0; r < rows; r++) m->seq_len[seqs[r]]++;
+    return SPARQ_OK;
+}
+
 sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits)
 {
     RETURN_IF(n < 0 || n > m->opts.max_rows || n > m->opts.n_seq, SPARQ_E_RANGE,
@@ -726,20 +885,14 @@ sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const in
     for (int r = 0; r < n; r++) {
         RETURN_IF(seqs[r] < 0 || seqs[r] >= m->opts.n_seq, SPARQ_E_RANGE, "decode_batch: sequence %d outside [0, %d)",
                   seqs[r], m->opts.n_seq);
-        RETURN_IF(m->seq_len[seqs[r]] >= m->opts.ctx, SPARQ_E_RANGE, "sequence %d: the context of %d is full",
-                  seqs[r], m->opts.ctx);
         for (int q = 0; q < r; q++)
             RETURN_IF(seqs[q] == seqs[r], SPARQ_E_ARG, "decode_batch: sequence %d appears twice", seqs[r]);
         m->pos[r] = m->seq_len[seqs[r]];
-        m->kvl[r] = m->pos[r] + 1;
     }
     if (n == 0) return SPARQ_OK;
+    FORWARD_IF(check_rows(m, n, seqs, m->pos));
     FORWARD_IF(sq_model_embed(m, tokens, n, m->x));
-    for (int L = 0; L < m->n_layers; L++) {
-        for (int r = 0; r < n; r++) m->kvf[r] = kv_row0(m, seqs[r], L);
-        layer_core(m, L, m->x, n, m->pos, true, NULL);
-    }
-    for (int r = 0; r < n; r++) m->seq_len[seqs[r]]++;
+    FORWARD_IF(sq_model_forward_rows(m, m->x, n, seqs, m->pos));
     if (logits) FORWARD_IF(sq_model_head(m, m->x, n, logits));
     return SPARQ_OK;
 }
@@ -769,6 +922,19 @@ void sq_model_seq_truncate(sq_model *m, int seq, int n)
 
 sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits)
 {
+    RETURN_IF(!m->has_head, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the lm_head",
+              m->opts.node, m->first, m->end - 1);
+    if (m->ex->be->device) { /* on the device in chunks of dlog_rows, then to the host */
+        FORWARD_IF(check_mem(m, hidden, "head"));
+        for (int r0 = 0; r0 < rows; r0 += m->dlog_rows) {
+            const int n = rows - r0 < m->dlog_rows ? rows - r0 : m->dlog_rows;
+            m->ex->be->rmsnorm(m->ex, hidden + (size_t)r0 * m->d, n, m->d, m->final_norm, m->eps, m->xn);
+            sq_linear_forward(m->ex, &m->head, m->xn, n, m->dlog);
+            FORWARD_IF(m->ex->be->to_host(m->ex, logits + (size_t)r0 * m->vocab, m->dlog,
+                                          (size_t)n * (size_t)m->vocab * sizeof(float)));
+        }
+        return SPARQ_OK;
+    }
     for (int r0 = 0; r0 < rows; r0 += m->opts.max_rows) {
         int n = rows - r0 < m->opts.max_rows ? rows - r0 : m->opts.max_rows;
         m->ex->be->rmsnorm(m->ex, hidden + (size_t)r0 * m->d, n, m->d, m->final_norm, m->eps, m->xn);
@@ -788,11 +954,11 @@ sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n
         FORWARD_IF(sq_model_embed(m, tokens + c0, rows, m->x));
         const int len = m->seq_len[seq];
         for (int r = 0; r < rows; r++) m->pos[r] = len + r;
-        for (int L = 0; L < m->n_layers; L++) FORWARD_IF(sq_model_forward_layer(m, L, m->x, rows, m->pos, seq, NULL));
+        for (int L = m->first; L < m->end; L++) FORWARD_IF(sq_model_forward_layer(m, L, m->x, rows, m->pos, seq, NULL));
         FORWARD_IF(sq_model_seq_advance(m, seq, rows));
         if (mode == SQ_LOGITS_ALL) FORWARD_IF(sq_model_head(m, m->x, rows, logits + (size_t)c0 * m->vocab));
         else if (mode == SQ_LOGITS_LAST && c0 + rows == n)
             FORWARD_IF(sq_model_head(m, m->x + (size_t)(rows - 1) * m->d, 1, logits));
     }
-    return SPARQ_OK;
+    return m->ex->be->sync(m->ex); /* a device backend reports its errors here */
 }

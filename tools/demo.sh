@@ -5,6 +5,7 @@
 #
 #   inspect → quantize (EXL3, 3-bit experts, calibrated) → eval (perplexity and
 #   KL divergence against the original) → plan → pack (2 boxes) → verify → run
+#   (one process on the quantized model, then the 2-box bundle as 2 processes)
 #
 # Everything it writes goes to build/demo/ (remade on every run). About two
 # minutes on a 2-core machine, most of it the quantizer's Viterbi search.
@@ -42,4 +43,10 @@ step "sparq verify $OUT/bundle"
 $SPARQ verify "$OUT/bundle"
 
 step "sparq run $OUT/tiny-3bpw"
-$SPARQ run "$OUT/tiny-3bpw" -p "The SQLite library" -n 48
+$SPARQ run "$OUT/tiny-3bpw" -p "The SQLite library" -n 48 --temp 0
+
+# The 2-box bundle runs as 2 processes (one per box; here both on this machine).
+# Same greedy text as above, token for token.
+step "mpirun -np 2 sparq run $OUT/bundle"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun --oversubscribe -np 2 $SPARQ run "$OUT/bundle" -p "The SQLite library" -n 48 --temp 0

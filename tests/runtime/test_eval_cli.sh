@@ -35,6 +35,12 @@ lt 0.98 "$(num top1 "$T/k")" && ok || bad "top-1 vs own log-probs ~ 1"
   || bad "--ref: $(cat "$T/e")"
 [ "$(num kl_max "$T/r")" = 0 ] && ok || bad "KL of a model against itself is 0: $(num kl_max "$T/r")"
 [ "$(num top5 "$T/r")" = 1 ] && ok || bad "top-5 agreement with itself is 1"
+[ "$(num top5_overlap "$T/r")" = 1 ] && ok || bad "top-5 overlap with itself is 1"
+# against the other fixture (same tokenizer, different model): overlap is partial and above the strict form
+"$SPARQ" eval "$M" --text "$TXT" --ctx 128 --max-windows 2 --ref "$D/tiny-qwen3moe-b" --json >"$T/rb" 2>"$T/e" && ok \
+  || bad "--ref fixture b: $(cat "$T/e")"
+lt "$(num top5 "$T/rb")" "$(num top5_overlap "$T/rb")" && lt "$(num top5_overlap "$T/rb")" 1 && lt 0.2 "$(num top5_overlap "$T/rb")" \
+  && ok || bad "top-5 overlap $(num top5_overlap "$T/rb") should lie between the strict $(num top5 "$T/rb") and 1"
 
 # a flipped byte in the compressed rows is caught
 cp "$T/ref.lp" "$T/bad.lp"

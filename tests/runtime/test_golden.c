@@ -170,7 +170,10 @@ static void test_ppl(void)
     json_int_t want_scored = json_integer_value(json_object_get(gj, "n_scored"));
     sq_eval_opts o = {512, 0};
     sq_eval_result r;
-    sparq_status st = sq_eval_run(m, NULL, NULL, NULL, ids->data, (int64_t)ids->numel, &o, NULL, &r);
+    sq_dist *dm = NULL;
+    sparq_status st = sq_dist_wrap(&dm, m);
+    if (st == SPARQ_OK) st = sq_eval_run(dm, NULL, NULL, NULL, ids->data, (int64_t)ids->numel, &o, NULL, &r);
+    sq_dist_close(dm);
     CHECK_MSG(st == SPARQ_OK, "eval: %s", sparq_errmsg());
     fprintf(stderr, "perplexity ctx 512: sparq %.6f, transformers %.6f (relative %.3g); %lld scored (golden %lld)\n",
             r.ppl, want, fabs(r.ppl - want) / want, (long long)r.n_scored, (long long)want_scored);

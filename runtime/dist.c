@@ -1,0 +1,594 @@
+/* runtime/dist.c — the pipeline over ranks (see runtime/dist.h).
+ *
+ * Wire format (all ranks run the same binary on the same architecture, so
+ * the structs go as bytes; the magic catches a stray or torn message):
+ *   step     rank k -> k+1: msg_hdr, seqs[rows] i32, pos[rows] i32, hidden[rows*d] f32
+ *   control  rank k -> k+1: msg_hdr (reset / truncate / shutdown)
+ *   result   last -> 0:     msg_hdr with n_out, then n_out rows of logits
+ *                           [n_out, vocab] f32 in messages of ≤ LOGIT_CHUNK rows
+ * Buffers: two message buffers per rank, each one step (the plan's comm
+ * term, runtime/memplan.h), used alternately so rank k can receive step i+1
+ * while step i is still being sent; the last rank adds LOGIT_CHUNK rows of
+ * logits. Nothing is allocated after open. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "formats/manifest.h"
+#include "runtime/dist.h"
+
+#define MSG_MAGIC 0x54535153u /* "SQST" */
+#define LOGIT_CHUNK 32        /* rows of logits per result message */
+#define QCAP 64               /* steps in flight at most */
+#define SLOT_RESULT_HDR 2     /* send slots: 0, 1 = message buffers; 2, 3 = results */
+#define SLOT_RESULT_ROWS 3
+
+enum { OP_STEP = SQ_DIST_OP_STEP, OP_RESET, OP_TRUNCATE, OP_SHUTDOWN };
+
+typedef struct msg_hdr {
+    uint32_t magic;
+    int32_t op;
+    uint32_t id;   /* step number, checked on the way back */
+    int32_t rows;  /* OP_STEP */
+    int32_t mode;  /* sq_logits_mode */
+    int32_t seq;   /* OP_RESET / OP_TRUNCATE */
+    int32_t n;     /* OP_TRUNCATE: tokens kept */
+    int32_t n_out; /* result: rows of logits that follow */
+} msg_hdr;
+
+typedef struct pending_step {
+    uint32_t id;
+    int rows;
+    sq_logits_mode mode;
+    float *logits;
+} pending_step;
+
+struct sq_dist {
+    sq_transport *t;
+    sq_model *m;
+    sq_dist_opts o;
+    int rank, size, d, vocab, max_rows;
+    char *buf[2];
+    size_t buf_bytes;
+    int cur;
+    msg_hdr res_hdr;  /* last rank: the result header being sent */
+    float *lbuf;      /* last rank: LOGIT_CHUNK rows of logits */
+    int *pos, *seqs;  /* [max_rows] */
+    pending_step q[QCAP];
+    int q_head, q_n;
+    int q_done;       /* entries from q_head whose result is already received */
+    uint32_t next_id;
+    uint64_t steps;
+    bool borrowed_model;        /* sq_dist_wrap: the caller frees the model */
+    sq_transport *own_transport; /* sq_dist_wrap: a local transport we made */
+};
+
+void sq_dist_opts_default(sq_dist_opts *o) { o->timeout_s = 60.0; }
+
+static size_t step_bytes(const sq_dist *d, int rows)
+{
+    return sizeof(msg_hdr) + (size_t)rows * 2 * sizeof(int32_t) + (size_t)rows * (size_t)d->d * sizeof(float);
+}
+
+static int n_out_rows(sq_logits_mode mode, int rows)
+{
+    return mode == SQ_LOGITS_ALL ? rows : mode == SQ_LOGITS_LAST ? 1 : 0;
+}
+
+/* Load errors of every rank end up in rank 0's message. */
+typedef struct load_report {
+    int32_t code;
+    char msg[500];
+    sq_digest manifest; /* XXH3-128 of the rank's manifest.json (zero for a model directory) */
+} load_report;
+
+/* Digest of <path>/manifest.json, so ranks on different boxes can check that
+ * they hold the same bundle (a box with an older copy would compute garbage). */
+static void manifest_digest(const char *path, sq_digest *out)
+{
+    memset(out, 0, sizeof *out);
+    char *mp = sparq_path_join(path, SQ_MANIFEST_NAME), *text = NULL;
+    size_t len = 0;
+    if (mp && sparq_path_exists(mp) && sparq_file_read_all(mp, SQ_MANIFEST_MAX_SIZE, &text, &len) == SPARQ_OK)
+        sq_digest_of(text, len, out);
+    sparq_free(text);
+    sparq_free(mp);
+    sparq_err_clear();
+}
+
+static sparq_status exchange_load_status(sq_dist *d, const char *path, sparq_status mine, bool *reported)
+{
+    sq_transport *t = d->t;
+    load_report me = {.code = (int32_t)mine};
+    if (mine != SPARQ_OK) snprintf(me.msg, sizeof me.msg, "%s", sparq_errmsg());
+    if (t->size > 1) manifest_digest(path, &me.manifest);
+    load_report *all = NULL;
+    if (t->rank == 0) {
+        all = sparq_calloc((size_t)t->size, sizeof *all);
+        RETURN_IF(!all, SPARQ_E_NOMEM, "out of memory");
+    }
+    sparq_status st = t->vt->gather(t, &me, sizeof me, all);
+    int32_t first_bad = -1;
+    sparq_status bad_code = SPARQ_E_COMM;
+    char text[2048] = "";
+    if (st == SPARQ_OK && t->rank == 0) {
+        /* one line per distinct message: "ranks 0, 1: <message>" */
+        size_t len = 0;
+        for (int r = 0; r < t->size; r++) all[r].msg[sizeof all[r].msg - 1] = 0;
+        for (int r = 1; r < t->size; r++)
+            if (all[r].code == SPARQ_OK && all[0].code == SPARQ_OK &&
+                memcmp(&all[r].manifest, &all[0].manifest, sizeof(sq_digest)) != 0) {
+                char a[33], b[33];
+                sq_digest_hex(&all[0].manifest, a);
+                sq_digest_hex(&all[r].manifest, b);
+                all[r].code = SPARQ_E_CHECKSUM;
+                snprintf(all[r].msg, sizeof all[r].msg,
+                         "its manifest.json differs from rank 0's (XXH3-128 %s, rank 0 has %s): every box must hold "
+                         "the same bundle (copy it again, then `sparq verify`)", b, a);
+            }
+        for (int r = 0; r < t->size; r++) {
+            if (all[r].code == SPARQ_OK) continue;
+            if (first_bad < 0) {
+                first_bad = r;
+                bad_code = (sparq_status)all[r].code;
+            }
+            bool seen = false;
+            for (int q = 0; q < r && !seen; q++) seen = all[q].code != SPARQ_OK && !strcmp(all[q].msg, all[r].msg);
+            if (seen) continue;
+            char who[256];
+            size_t wl = 0;
+            int n_same = 0;
+            for (int q = r; q < t->size; q++) {
+                if (all[q].code == SPARQ_OK || strcmp(all[q].msg, all[r].msg)) continue;
+                int w = snprintf(who + wl, sizeof who - wl, "%s%d", n_same ? ", " : "", q);
+                if (w > 0 && (size_t)w < sizeof who - wl) wl += (size_t)w;
+                n_same++;
+            }
+            int w = snprintf(text + len, sizeof text - len, "%srank%s %s: %s", len ? "; " : "", n_same > 1 ? "s" : "",
+                             who, all[r].msg);
+            if (w > 0) len += (size_t)w < sizeof text - len ? (size_t)w : sizeof text - len - 1;
+        }
+    }
+    sparq_free(all);
+    if (st != SPARQ_OK) return st;
+    FORWARD_IF(t->vt->bcast(t, 0, &first_bad, sizeof first_bad));
+    if (first_bad < 0) return SPARQ_OK;
+    if (t->rank == 0) {
+        sparq_status code = mine != SPARQ_OK ? mine : bad_code;
+        if (t->size == 1) return code;
+        return sparq_err(code, "%s", text);
+    }
+    *reported = true;
+    return sparq_err(SPARQ_E_COMM, "rank %d: rank %d failed to load", t->rank, (int)first_bad);
+}
+
+sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
+                          sq_transport *t, bool *reported)
+{
+    *out = NULL;
+    bool dummy;
+    if (!reported) reported = &dummy;
+    *reported = false;
+    sq_dist *d = sparq_calloc(1, sizeof *d);
+    RETURN_IF(!d, SPARQ_E_NOMEM, "out of memory");
+    d->t = t;
+    d->rank = t->rank;
+    d->size = t->size;
+    if (o) d->o = *o;
+    else sq_dist_opts_default(&d->o);
+    sq_model_opts opts;
+    if (mo) opts = *mo;
+    else sq_model_opts_default(&opts);
+    opts.node = t->rank;
+    opts.nodes = t->size;
+    sparq_status st = sq_model_load(&d->m, path, &opts);
+    if (st == SPARQ_OK) {
+        /* consistency of the layer split: rank 0 embeds, the last rank has the head */
+        int first, end;
+        sq_model_layer_range(d->m, &first, &end);
+        if ((d->rank == 0) != sq_model_has_embed(d->m) || (d->rank == d->size - 1) != sq_model_has_head(d->m))
+            st = sparq_err(SPARQ_E_FORMAT, "%s: node %d has embed=%d head=%d, which does not fit rank %d of %d", path,
+                           d->rank, sq_model_has_embed(d->m), sq_model_has_head(d->m), d->rank, d->size);
+        d->d = (int)sq_model_cfg(d->m)->hidden_size;
+        d->vocab = (int)sq_model_cfg(d->m)->vocab_size;
+        d->max_rows = sq_model_options(d->m)->max_rows;
+    }
+    if (st == SPARQ_OK) {
+        d->buf_bytes = step_bytes(d, d->max_rows);
+        d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
+        d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
+        if (d->size > 1)
+            for (int i = 0; i < 2; i++) d->buf[i] = sparq_aligned_alloc(64, d->buf_bytes);
+        if (d->size > 1 && d->rank == d->size - 1)
+            d->lbuf = sparq_aligned_alloc(64, (size_t)LOGIT_CHUNK * (size_t)d->vocab * sizeof(float));
+        if (!d->pos || !d->seqs || (d->size > 1 && (!d->buf[0] || !d->buf[1])) ||
+            (d->size > 1 && d->rank == d->size - 1 && !d->lbuf))
+            st = sparq_err(SPARQ_E_NOMEM, "rank %d: cannot allocate the pipeline buffers (2 x %zu bytes)", d->rank,
+                           d->buf_bytes);
+    }
+    st = exchange_load_status(d, path, st, reported);
+    if (st != SPARQ_OK) {
+        sq_model_free(d->m);
+        d->m = NULL;
+        sq_dist_close(d);
+        return st;
+    }
+    *out = d;
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_wrap(sq_dist **out, sq_model *m)
+{
+    *out = NULL;
+    sq_dist *d = sparq_calloc(1, sizeof *d);
+    RETURN_IF(!d, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = sq_transport_local(&d->own_transport);
+    if (st != SPARQ_OK) {
+        sparq_free(d);
+        return st;
+    }
+    d->t = d->own_transport;
+    d->size = 1;
+    d->m = m;
+    d->borrowed_model = true;
+    sq_dist_opts_default(&d->o);
+    d->d = (int)sq_model_cfg(m)->hidden_size;
+    d->vocab = (int)sq_model_cfg(m)->vocab_size;
+    d->max_rows = sq_model_options(m)->max_rows;
+    d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
+    d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
+    if (!d->pos || !d->seqs) {
+        sq_dist_close(d);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
+    *out = d;
+    return SPARQ_OK;
+}
+
+bool sq_dist_is_leader(const sq_dist *d) { return d->rank == 0; }
+int sq_dist_rank(const sq_dist *d) { return d->rank; }
+int sq_dist_size(const sq_dist *d) { return d->size; }
+sq_model *sq_dist_model(sq_dist *d) { return d->m; }
+const sq_model_config *sq_dist_cfg(const sq_dist *d) { return sq_model_cfg(d->m); }
+const sq_model_opts *sq_dist_options(const sq_dist *d) { return sq_model_options(d->m); }
+int sq_dist_pending(const sq_dist *d) { return d->q_n; }
+int sq_dist_seq_len(const sq_dist *d, int seq) { return sq_model_seq_len(d->m, seq); }
+
+void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s)
+{
+    s->t_wait = d->t->t_wait;
+    s->bytes_sent = d->t->bytes_sent;
+    s->msgs_sent = d->t->msgs_sent;
+    s->steps = d->steps;
+}
+
+void sq_dist_abort(sq_dist *d, int code) { d->t->vt->abort(d->t, code); }
+
+static sparq_status receive_next(sq_dist *d);
+
+/* The next message buffer, once its previous send has completed. On rank 0
+ * with steps in flight, results are received while waiting: the last rank
+ * may be blocked sending us logits, and until it is unblocked it cannot go
+ * back to receive from its predecessor, which (through the chain) is what
+ * our send waits for. */
+static sparq_status take_buffer(sq_dist *d, char **buf)
+{
+    if (d->rank == 0)
+        while (d->q_done < d->q_n && !d->t->vt->send_done(d->t, d->cur)) FORWARD_IF(receive_next(d));
+    FORWARD_IF(d->t->vt->wait_send(d->t, d->cur, d->o.timeout_s));
+    *buf = d->buf[d->cur];
+    return SPARQ_OK;
+}
+
+static sparq_status send_on(sq_dist *d, char *buf, size_t n)
+{
+    FORWARD_IF(d->t->vt->isend(d->t, d->rank + 1, SQ_TAG_STEP, buf, n, d->cur));
+    d->cur ^= 1;
+    return SPARQ_OK;
+}
+
+static sparq_status send_control(sq_dist *d, int op, int seq, int n)
+{
+    if (d->size == 1 || d->rank == d->size - 1) return SPARQ_OK;
+    char *buf;
+    FORWARD_IF(take_buffer(d, &buf));
+    msg_hdr h = {.magic = MSG_MAGIC, .op = op, .seq = seq, .n = n};
+    memcpy(buf, &h, sizeof h);
+    return send_on(d, buf, sizeof h);
+}
+
+/* Positions of a step's rows: each continues its sequence. */
+static sparq_status row_positions(sq_dist *d, int rows, const int *seqs)
+{
+    const int n_seq = sq_model_options(d->m)->n_seq;
+    for (int r = 0; r < rows; r++) {
+        RETURN_IF(seqs[r] < 0 || seqs[r] >= n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seqs[r], n_seq);
+        int p = sq_model_seq_len(d->m, seqs[r]);
+        for (int q = 0; q < r; q++) p += seqs[q] == seqs[r];
+        d->pos[r] = p;
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_logits_mode mode,
+                            float *logits)
+{
+    RETURN_IF(d->rank != 0, SPARQ_E_STATE, "rank %d: only rank 0 submits steps", d->rank);
+    RETURN_IF(rows < 1 || rows > d->max_rows, SPARQ_E_RANGE, "a step of %d rows (1..%d)", rows, d->max_rows);
+    RETURN_IF(mode != SQ_LOGITS_NONE && !logits, SPARQ_E_ARG, "step with logits but no buffer");
+    if (d->q_n == QCAP) FORWARD_IF(sq_dist_wait(d));
+    FORWARD_IF(row_positions(d, rows, seqs));
+    d->steps++;
+    if (d->size == 1) {
+        /* everything here, synchronously */
+        float *hidden = sq_model_hidden_buffer(d->m);
+        FORWARD_IF(sq_model_embed(d->m, tokens, rows, hidden));
+        FORWARD_IF(sq_model_forward_rows(d->m, hidden, rows, seqs, d->pos));
+        const int n_out = n_out_rows(mode, rows);
+        const float *first = hidden + (size_t)(rows - n_out) * d->d;
+        /* in LOGIT_CHUNK rows, exactly as the last rank of a pipeline does: the
+         * head's kernels may round differently for other row counts */
+        for (int r0 = 0; r0 < n_out; r0 += LOGIT_CHUNK) {
+            const int n = n_out - r0 < LOGIT_CHUNK ? n_out - r0 : LOGIT_CHUNK;
+            FORWARD_IF(sq_model_head(d->m, first + (size_t)r0 * d->d, n, logits + (size_t)r0 * d->vocab));
+        }
+        return SPARQ_OK;
+    }
+    char *buf;
+    FORWARD_IF(take_buffer(d, &buf));
+    msg_hdr h = {.magic = MSG_MAGIC, .op = OP_STEP, .id = d->next_id++, .rows = rows, .mode = (int32_t)mode};
+    memcpy(buf, &h, sizeof h);
+    int32_t *ids = (int32_t *)(void *)(buf + sizeof h);
+    for (int r = 0; r < rows; r++) {
+        ids[r] = seqs[r];
+        ids[rows + r] = d->pos[r];
+    }
+    float *hidden = (float *)(void *)(buf + sizeof h + (size_t)rows * 2 * sizeof(int32_t));
+    FORWARD_IF(sq_model_embed(d->m, tokens, rows, hidden));
+    FORWARD_IF(sq_model_forward_rows(d->m, hidden, rows, seqs, d->pos));
+    FORWARD_IF(send_on(d, buf, step_bytes(d, rows)));
+    pending_step *p = &d->q[(d->q_head + d->q_n) % QCAP];
+    *p = (pending_step){.id = h.id, .rows = rows, .mode = mode, .logits = logits};
+    d->q_n++;
+    return SPARQ_OK;
+}
+
+/* The leader's deadline passed: find out who is silent, say so. */
+static sparq_status stalled(sq_dist *d, const pending_step *p)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", sparq_errmsg());
+    const int silent = d->t->vt->find_silent(d->t, d->o.timeout_s < 2 ? d->o.timeout_s : 2.0);
+    if (silent > 0)
+        return sparq_err(SPARQ_E_TIMEOUT,
+                         "rank 0: step %u (%d row%s) got no reply within %.1f s, and rank %d does not answer "
+                         "(stopped, hung or dead); stopping every rank (%s)",
+                         (unsigned)p->id, p->rows, p->rows == 1 ? "" : "s", d->o.timeout_s, silent, why);
+    return sparq_err(SPARQ_E_TIMEOUT,
+                     "rank 0: step %u (%d row%s) got no reply within %.1f s although every rank answers a ping "
+                     "(a stage is slower than --timeout?); stopping every rank (%s)",
+                     (unsigned)p->id, p->rows, p->rows == 1 ? "" : "s", d->o.timeout_s, why);
+}
+
+/* Receive the result of the oldest step not yet received. */
+static sparq_status receive_next(sq_dist *d)
+{
+    pending_step *p = &d->q[(d->q_head + d->q_done) % QCAP];
+    sq_transport *t = d->t;
+    const int last = d->size - 1;
+    msg_hdr h;
+    size_t got = 0;
+    sparq_status st = t->vt->recv(t, last, SQ_TAG_RESULT, &h, sizeof h, &got, d->o.timeout_s);
+    if (st == SPARQ_E_TIMEOUT) return stalled(d, p);
+    FORWARD_IF(st);
+    const int n_out = n_out_rows(p->mode, p->rows);
+    RETURN_IF(got != sizeof h || h.magic != MSG_MAGIC || h.id != p->id || h.n_out != n_out, SPARQ_E_COMM,
+              "rank 0: malformed result from rank %d (%zu bytes, step %u, %d rows; expected step %u, %d rows)", last,
+              got, (unsigned)h.id, (int)h.n_out, (unsigned)p->id, n_out);
+    for (int r0 = 0; r0 < n_out; r0 += LOGIT_CHUNK) {
+        const int n = n_out - r0 < LOGIT_CHUNK ? n_out - r0 : LOGIT_CHUNK;
+        const size_t want = (size_t)n * (size_t)d->vocab * sizeof(float);
+        st = t->vt->recv(t, last, SQ_TAG_RESULT, p->logits + (size_t)r0 * d->vocab, want, &got, d->o.timeout_s);
+        if (st == SPARQ_E_TIMEOUT) return stalled(d, p);
+        FORWARD_IF(st);
+        RETURN_IF(got != want, SPARQ_E_COMM, "rank 0: logits message from rank %d has %zu bytes, expected %zu", last,
+                  got, want);
+    }
+    d->q_done++;
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_wait(sq_dist *d)
+{
+    if (d->q_n == 0) return SPARQ_OK;
+    if (d->q_done == 0) FORWARD_IF(receive_next(d));
+    d->q_head = (d->q_head + 1) % QCAP;
+    d->q_n--;
+    d->q_done--;
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_forward(sq_dist *d, int seq, const int32_t *tokens, int n, sq_logits_mode mode, float *logits)
+{
+    const int ctx = sq_model_options(d->m)->ctx;
+    const int len = sq_model_seq_len(d->m, seq);
+    RETURN_IF(n < 0 || len + n > ctx, SPARQ_E_RANGE, "sequence %d: %d + %d tokens exceed the context of %d", seq, len,
+              n, ctx);
+    for (int c0 = 0; c0 < n; c0 += d->max_rows) {
+        const int rows = n - c0 < d->max_rows ? n - c0 : d->max_rows;
+        for (int r = 0; r < rows; r++) d->seqs[r] = seq;
+        sq_logits_mode cm = SQ_LOGITS_NONE;
+        float *dst = NULL;
+        if (mode == SQ_LOGITS_ALL) {
+            cm = SQ_LOGITS_ALL;
+            dst = logits + (size_t)c0 * d->vocab;
+        } else if (mode == SQ_LOGITS_LAST && c0 + rows == n) {
+            cm = SQ_LOGITS_LAST;
+            dst = logits;
+        }
+        FORWARD_IF(sq_dist_submit(d, rows, d->seqs, tokens + c0, cm, dst));
+    }
+    while (d->q_n > 0) FORWARD_IF(sq_dist_wait(d));
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_seq_reset(sq_dist *d, int seq)
+{
+    sq_model_seq_reset(d->m, seq);
+    return send_control(d, OP_RESET, seq, 0);
+}
+
+sparq_status sq_dist_seq_truncate(sq_dist *d, int seq, int n)
+{
+    sq_model_seq_truncate(d->m, seq, n);
+    return send_control(d, OP_TRUNCATE, seq, n);
+}
+
+/* --- ranks > 0 --------------------------------------------------------------- */
+
+sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
+                               sq_dist_msg *out)
+{
+    msg_hdr h;
+    RETURN_IF(n < sizeof h, SPARQ_E_COMM, "short message (%zu bytes) from rank %d", n, src);
+    memcpy(&h, buf, sizeof h);
+    RETURN_IF(h.magic != MSG_MAGIC, SPARQ_E_COMM, "message from rank %d has a bad magic 0x%08x", src,
+              (unsigned)h.magic);
+    memset(out, 0, sizeof *out);
+    out->op = h.op;
+    out->id = h.id;
+    out->seq = h.seq;
+    out->n = h.n;
+    switch (h.op) {
+    case OP_STEP: {
+        RETURN_IF(h.rows < 1 || h.rows > max_rows, SPARQ_E_COMM, "step %u from rank %d has %d rows (1..%d)",
+                  (unsigned)h.id, src, (int)h.rows, max_rows);
+        const size_t want = sizeof h + (size_t)h.rows * 2 * sizeof(int32_t) + (size_t)h.rows * (size_t)hidden * 4;
+        RETURN_IF(n != want, SPARQ_E_COMM, "step %u from rank %d: %zu bytes, expected %zu for %d rows",
+                  (unsigned)h.id, src, n, want, (int)h.rows);
+        RETURN_IF(h.mode != SQ_LOGITS_NONE && h.mode != SQ_LOGITS_LAST && h.mode != SQ_LOGITS_ALL, SPARQ_E_COMM,
+                  "step %u from rank %d: unknown logits mode %d", (unsigned)h.id, src, (int)h.mode);
+        const int32_t *ids = (const int32_t *)(const void *)((const char *)buf + sizeof h);
+        for (int r = 0; r < h.rows; r++) {
+            int32_t sq, ps;
+            memcpy(&sq, ids + r, 4);
+            memcpy(&ps, ids + h.rows + r, 4);
+            RETURN_IF(sq < 0 || sq >= n_seq || ps < 0, SPARQ_E_COMM,
+                      "step %u from rank %d: row %d has sequence %d, position %d", (unsigned)h.id, src, r, (int)sq,
+                      (int)ps);
+        }
+        out->rows = h.rows;
+        out->mode = (sq_logits_mode)h.mode;
+        out->ids = ids;
+        out->hidden = (const char *)buf + sizeof h + (size_t)h.rows * 2 * sizeof(int32_t);
+        return SPARQ_OK;
+    }
+    case OP_RESET:
+    case OP_TRUNCATE:
+    case OP_SHUTDOWN:
+        RETURN_IF(n != sizeof h, SPARQ_E_COMM, "control message from rank %d: %zu bytes, expected %zu", src, n,
+                  sizeof h);
+        RETURN_IF(h.op != OP_SHUTDOWN && (h.seq < 0 || h.seq >= n_seq || h.n < 0), SPARQ_E_COMM,
+                  "control message from rank %d names sequence %d (count %d)", src, (int)h.seq, (int)h.n);
+        return SPARQ_OK;
+    default:
+        return sparq_err(SPARQ_E_COMM, "unknown operation %d from rank %d", (int)h.op, src);
+    }
+}
+
+/* Last rank: the result of a step (header, then logits in chunks). */
+static sparq_status send_result(sq_dist *d, const sq_dist_msg *in, float *hidden)
+{
+    sq_transport *t = d->t;
+    const int rows = in->rows, n_out = n_out_rows(in->mode, rows);
+    FORWARD_IF(t->vt->wait_send(t, SLOT_RESULT_HDR, d->o.timeout_s));
+    d->res_hdr = (msg_hdr){.magic = MSG_MAGIC, .op = OP_STEP, .id = in->id, .rows = rows, .mode = (int32_t)in->mode,
+                           .n_out = n_out};
+    FORWARD_IF(t->vt->isend(t, 0, SQ_TAG_RESULT, &d->res_hdr, sizeof d->res_hdr, SLOT_RESULT_HDR));
+    const float *first = hidden + (size_t)(rows - n_out) * d->d;
+    for (int r0 = 0; r0 < n_out; r0 += LOGIT_CHUNK) {
+        const int n = n_out - r0 < LOGIT_CHUNK ? n_out - r0 : LOGIT_CHUNK;
+        FORWARD_IF(t->vt->wait_send(t, SLOT_RESULT_ROWS, d->o.timeout_s));
+        FORWARD_IF(sq_model_head(d->m, first + (size_t)r0 * d->d, n, d->lbuf));
+        FORWARD_IF(t->vt->isend(t, 0, SQ_TAG_RESULT, d->lbuf, (size_t)n * (size_t)d->vocab * sizeof(float),
+                                SLOT_RESULT_ROWS));
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_dist_serve(sq_dist *d)
+{
+    RETURN_IF(d->rank == 0, SPARQ_E_STATE, "rank 0 does not serve");
+    sq_transport *t = d->t;
+    const bool last = d->rank == d->size - 1;
+    const int prev = d->rank - 1;
+    /* Test knob: SPARQ_DIST_DELAY_MS makes every stage of this rank that much
+     * slower (a slow box or link), so the mpi suite can stop a rank in the
+     * middle of a generation of the tiny fixture. */
+    const char *delay_env = getenv("SPARQ_DIST_DELAY_MS");
+    const long delay_ms = delay_env ? strtol(delay_env, NULL, 10) : 0;
+    for (;;) {
+        char *buf;
+        FORWARD_IF(take_buffer(d, &buf));
+        size_t got = 0;
+        /* idle between requests: no deadline (rank 0 may wait for a user) */
+        FORWARD_IF(t->vt->recv(t, prev, SQ_TAG_STEP, buf, d->buf_bytes, &got, -1.0));
+        sq_dist_msg msg;
+        sparq_status st = sq_dist_msg_parse(buf, got, d->max_rows, d->d, sq_model_options(d->m)->n_seq, prev, &msg);
+        if (st != SPARQ_OK) return sparq_err_context(st, "rank %d", d->rank);
+        switch (msg.op) {
+        case OP_STEP: {
+            for (int r = 0; r < msg.rows; r++) {
+                d->seqs[r] = msg.ids[r];
+                d->pos[r] = msg.ids[msg.rows + r];
+            }
+            float *hidden = (float *)(void *)(buf + (msg.hidden - buf));
+            st = sq_model_forward_rows(d->m, hidden, msg.rows, d->seqs, d->pos);
+            if (st != SPARQ_OK) return sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
+            d->steps++;
+            if (delay_ms > 0 && delay_ms < 100000) {
+                struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+            if (last) FORWARD_IF(send_result(d, &msg, hidden));
+            else FORWARD_IF(send_on(d, buf, got));
+            break;
+        }
+        case OP_RESET:
+        case OP_TRUNCATE:
+        case OP_SHUTDOWN:
+            if (msg.op == OP_RESET) sq_model_seq_reset(d->m, msg.seq);
+            else if (msg.op == OP_TRUNCATE) sq_model_seq_truncate(d->m, msg.seq, msg.n);
+            if (!last) FORWARD_IF(send_on(d, buf, got));
+            if (msg.op == OP_SHUTDOWN) {
+                for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) FORWARD_IF(t->vt->wait_send(t, s, d->o.timeout_s));
+                return SPARQ_OK;
+            }
+            break;
+        default:
+            return sparq_err(SPARQ_E_STATE, "rank %d: operation %d", d->rank, msg.op);
+        }
+    }
+}
+
+void sq_dist_close(sq_dist *d)
+{
+    if (!d) return;
+    if (d->m && d->rank == 0 && d->size > 1) {
+        /* best effort: complete what is in flight, then stop the workers */
+        while (d->q_n > 0 && sq_dist_wait(d) == SPARQ_OK) {}
+        if (d->q_n == 0 && send_control(d, OP_SHUTDOWN, 0, 0) == SPARQ_OK)
+            for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) d->t->vt->wait_send(d->t, s, d->o.timeout_s);
+    }
+    if (!d->borrowed_model) sq_model_free(d->m);
+    sq_transport_close(d->own_transport);
+    sparq_aligned_free(d->buf[0]);
+    sparq_aligned_free(d->buf[1]);
+    sparq_aligned_free(d->lbuf);
+    sparq_free(d->pos);
+    sparq_free(d->seqs);
+    sparq_free(d);
+}

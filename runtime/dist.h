@@ -1,0 +1,135 @@
+/* runtime/dist.h — one model over several processes: a pipeline over layers.
+ *
+ * `mpirun -np N sparq run BUNDLE` starts N ranks; rank K loads node-K/ of a
+ * bundle packed for N boxes (its contiguous layers; node 0 also the
+ * embeddings, the last node the final norm and lm_head). Rank 0 is the
+ * leader: it holds the tokenizer and the sampler, and is the only rank a
+ * command talks to. A step (a prefill chunk of one sequence, or one decode
+ * token of several) is embedded and run through rank 0's layers, its hidden
+ * states [rows, d] go to rank 1, ..., the last rank applies the head and
+ * sends the logits back to rank 0. Other ranks sit in sq_dist_serve().
+ *
+ * Micro-batching: sq_dist_submit() returns as soon as rank 0 has done its
+ * own stage and handed the hidden states on, so the leader can start the
+ * next micro-batch (another group of sequences, or the next prefill chunk)
+ * while later ranks work on the first: with S groups in flight all stages
+ * are busy. sq_dist_wait() completes the oldest step (FIFO). A sequence may
+ * have at most one step in flight unless its steps are submitted in order
+ * (prefill chunks are): every rank sees steps in submission order.
+ *
+ * Control operations (reset, truncate, shutdown) travel down the same
+ * pipeline, so they apply in order with the steps on every rank.
+ *
+ * With one rank (a model directory, a one-box bundle, no mpirun) the same
+ * calls run everything locally and synchronously: `sparq run` has one code
+ * path. The arithmetic per layer is that of sq_model_forward, so logits are
+ * bit-identical for any number of ranks (given the same thread count).
+ *
+ * Failures: every wait has a deadline (opts.timeout_s). When the leader's
+ * deadline passes it pings the other ranks and names the first that does not
+ * answer; the caller prints the message and calls sq_dist_abort(), which
+ * ends every rank (MPI_Abort). A rank that dies is reported by mpirun, which
+ * ends the others. */
+#ifndef SPARQ_RUNTIME_DIST_H
+#define SPARQ_RUNTIME_DIST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "runtime/model.h"
+#include "runtime/transport.h"
+
+typedef struct sq_dist sq_dist;
+
+typedef struct sq_dist_opts {
+    double timeout_s; /* deadline of one transfer / one step's reply (default 60 s) */
+} sq_dist_opts;
+
+void sq_dist_opts_default(sq_dist_opts *o);
+
+/* Every rank calls this with the same path. mo->node/nodes are set from the
+ * transport (rank, size). Load errors of every rank are collected on rank 0:
+ * its status names the failing rank(s) and why; the other ranks return
+ * SPARQ_E_COMM with *reported = true (rank 0 prints the reason; they should
+ * print nothing more). t is borrowed (closed by the caller after
+ * sq_dist_close). */
+sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
+                          sq_transport *t, bool *reported);
+
+/* One process, around a model the caller loaded (and frees after
+ * sq_dist_close): for code that holds an sq_model and calls an sq_dist API
+ * (sq_eval_run, tests). */
+sparq_status sq_dist_wrap(sq_dist **out, sq_model *m);
+
+/* Rank 0: sends shutdown to the other ranks (after completing what is in
+ * flight). Every rank: frees the model. Safe with NULL. */
+void sq_dist_close(sq_dist *d);
+
+/* End every rank now (after printing why). Does not return with MPI. */
+void sq_dist_abort(sq_dist *d, int code);
+
+bool sq_dist_is_leader(const sq_dist *d);
+int sq_dist_rank(const sq_dist *d);
+int sq_dist_size(const sq_dist *d);
+sq_model *sq_dist_model(sq_dist *d); /* this rank's part */
+const sq_model_config *sq_dist_cfg(const sq_dist *d);
+const sq_model_opts *sq_dist_options(const sq_dist *d);
+
+/* Ranks > 0: run stages until rank 0 shuts the pipeline down. Returns an
+ * error (already complete with the rank) if a transfer failed. */
+sparq_status sq_dist_serve(sq_dist *d);
+
+/* --- rank 0 ---------------------------------------------------------------- */
+
+/* Submit one step: row r is the next token of sequence seqs[r] (rows of one
+ * sequence must be consecutive tokens; rows ≤ max_rows). mode picks the
+ * logits written to `logits` when the step completes: none, the last row's,
+ * or every row's [rows, vocab]. The buffer must stay valid until then. */
+sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_logits_mode mode,
+                            float *logits);
+
+/* Complete the oldest step in flight (its logits are then in its buffer). */
+sparq_status sq_dist_wait(sq_dist *d);
+
+/* Steps in flight. */
+int sq_dist_pending(const sq_dist *d);
+
+/* Whole-sequence forward, like sq_model_forward: tokens[0..n) of seq in
+ * chunks of max_rows, all chunks in flight at once, then waits. */
+sparq_status sq_dist_forward(sq_dist *d, int seq, const int32_t *tokens, int n, sq_logits_mode mode, float *logits);
+
+/* KV-cache bookkeeping on every rank (in order with the steps). */
+sparq_status sq_dist_seq_reset(sq_dist *d, int seq);
+sparq_status sq_dist_seq_truncate(sq_dist *d, int seq, int n);
+int sq_dist_seq_len(const sq_dist *d, int seq);
+
+/* Communication figures of this rank since open: seconds spent waiting in
+ * transfers, bytes and messages sent. */
+typedef struct sq_dist_stats {
+    double t_wait;
+    uint64_t bytes_sent, msgs_sent, steps;
+} sq_dist_stats;
+void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s);
+
+/* --- the wire (exposed for the fuzz target) ------------------------------------ */
+
+enum { SQ_DIST_OP_STEP = 1, SQ_DIST_OP_RESET, SQ_DIST_OP_TRUNCATE, SQ_DIST_OP_SHUTDOWN };
+
+typedef struct sq_dist_msg {
+    int op;                  /* SQ_DIST_OP_* */
+    uint32_t id;             /* step number */
+    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32 */
+    sq_logits_mode mode;
+    const int32_t *ids;      /* point into the buffer (may be unaligned for int32: read with memcpy) */
+    const char *hidden;
+    int seq, n;              /* reset / truncate */
+} sq_dist_msg;
+
+/* Check a message a stage received from rank src: magic, known operation,
+ * exact size for its kind, rows in 1..max_rows, every row's sequence in
+ * [0, n_seq) and position ≥ 0. The message names src and what is wrong. */
+sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
+                               sq_dist_msg *out);
+
+#endif

@@ -1,0 +1,264 @@
+/* runtime/transport_mpi.c — the transport over MPI (OpenMPI from Debian).
+ *
+ * Point-to-point only, on a private duplicate of MPI_COMM_WORLD with
+ * MPI_ERRORS_RETURN, so a failure becomes a sparq_status with a message
+ * instead of MPI's default abort. Waits are MPI_Test loops with a deadline:
+ * they spin briefly (latency), then sleep 50 µs between tests, so an idle
+ * rank does not steal a core from a busy one on an oversubscribed box (the
+ * mpi test suite runs 3 ranks on 2 cores). While any rank other than 0
+ * waits, it answers rank 0's liveness pings; rank 0 uses them after a
+ * timeout to name the rank that stopped answering. */
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/progress.h"
+#include "runtime/transport.h"
+
+enum { TAG_PING = 100, TAG_PONG = 101 };
+
+typedef struct mpi_transport {
+    sq_transport base;
+    MPI_Comm comm;
+    MPI_Request send_req[SQ_TRANSPORT_SLOTS];
+    int send_dst[SQ_TRANSPORT_SLOTS];
+    MPI_Request ping_req; /* ranks > 0: a posted receive for rank 0's ping */
+    int ping_buf;
+    bool we_initialized;
+} mpi_transport;
+
+static const char *mpi_errstr(int rc, char buf[MPI_MAX_ERROR_STRING])
+{
+    int len = 0;
+    if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) snprintf(buf, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
+    return buf;
+}
+
+#define MPI_TRY(call, ...)                                                                        \
+    do {                                                                                          \
+        int rc_ = (call);                                                                         \
+        if (rc_ != MPI_SUCCESS) {                                                                 \
+            char eb_[MPI_MAX_ERROR_STRING];                                                       \
+            char what_[256];                                                                      \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                           \
+            return sparq_err(SPARQ_E_COMM, "rank %d: %s: %s", t->base.rank, what_, mpi_errstr(rc_, eb_)); \
+        }                                                                                         \
+    } while (0)
+
+static void service_pings(mpi_transport *t)
+{
+    if (t->ping_req == MPI_REQUEST_NULL) return;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&t->ping_req, &flag, &st) != MPI_SUCCESS || !flag) return;
+    int pong = t->base.rank;
+    MPI_Send(&pong, 1, MPI_INT, st.MPI_SOURCE, TAG_PONG, t->comm);
+    MPI_Irecv(&t->ping_buf, 1, MPI_INT, 0, TAG_PING, t->comm, &t->ping_req);
+}
+
+/* Between tests of a pending request: spin for the first 50 µs (a reply
+ * between boxes is often that close), then yield the core until 2 ms (an
+ * oversubscribed box runs another rank meanwhile; a dedicated one comes
+ * straight back), then sleep 50 µs at a time (an idle rank costs nothing). */
+static void nap(double waited_s)
+{
+    if (waited_s < 50e-6) return;
+    if (waited_s < 2e-3) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait for *r with a deadline (timeout_s < 0: none), answering pings. */
+static sparq_status wait_req(mpi_transport *t, MPI_Request *r, MPI_Status *st, double timeout_s, const char *what,
+                             int peer)
+{
+    const double t0 = sparq_now();
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Test(r, &flag, st);
+        if (rc != MPI_SUCCESS) {
+            char eb[MPI_MAX_ERROR_STRING];
+            t->base.t_wait += sparq_now() - t0;
+            return sparq_err(SPARQ_E_COMM, "rank %d: %s rank %d failed: %s", t->base.rank, what, peer,
+                             mpi_errstr(rc, eb));
+        }
+        if (flag) break;
+        service_pings(t);
+        const double el = sparq_now() - t0;
+        if (timeout_s >= 0 && el > timeout_s) {
+            t->base.t_wait += el;
+            return sparq_err(SPARQ_E_TIMEOUT, "rank %d: %s rank %d: nothing after %.1f s (the --timeout)",
+                             t->base.rank, what, peer, el);
+        }
+        nap(el);
+    }
+    t->base.t_wait += sparq_now() - t0;
+    return SPARQ_OK;
+}
+
+static sparq_status m_isend(sq_transport *bt, int dst, int tag, const void *buf, size_t n, int slot)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    RETURN_IF(slot < 0 || slot >= SQ_TRANSPORT_SLOTS || t->send_req[slot] != MPI_REQUEST_NULL, SPARQ_E_STATE,
+              "rank %d: send slot %d busy", bt->rank, slot);
+    RETURN_IF(n > (size_t)INT32_MAX, SPARQ_E_RANGE, "rank %d: message of %zu bytes is too large", bt->rank, n);
+    MPI_TRY(MPI_Isend(buf, (int)n, MPI_BYTE, dst, tag, t->comm, &t->send_req[slot]), "send %zu bytes to rank %d", n,
+            dst);
+    t->send_dst[slot] = dst;
+    bt->bytes_sent += n;
+    bt->msgs_sent++;
+    return SPARQ_OK;
+}
+
+static sparq_status m_wait_send(sq_transport *bt, int slot, double timeout_s)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    if (slot < 0 || slot >= SQ_TRANSPORT_SLOTS || t->send_req[slot] == MPI_REQUEST_NULL) return SPARQ_OK;
+    MPI_Status st;
+    return wait_req(t, &t->send_req[slot], &st, timeout_s, "sending to", t->send_dst[slot]);
+}
+
+static bool m_send_done(sq_transport *bt, int slot)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    if (slot < 0 || slot >= SQ_TRANSPORT_SLOTS || t->send_req[slot] == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    if (MPI_Test(&t->send_req[slot], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true; /* wait_send reports it */
+    service_pings(t);
+    return flag != 0;
+}
+
+static sparq_status m_recv(sq_transport *bt, int src, int tag, void *buf, size_t cap, size_t *got, double timeout_s)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    MPI_Request r;
+    MPI_Status st;
+    int ncap = cap > (size_t)INT32_MAX ? INT32_MAX : (int)cap;
+    MPI_TRY(MPI_Irecv(buf, ncap, MPI_BYTE, src, tag, t->comm, &r), "receive from rank %d", src);
+    sparq_status s = wait_req(t, &r, &st, timeout_s, "waiting for", src);
+    if (s != SPARQ_OK) {
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+        return s;
+    }
+    /* (a message larger than cap fails in MPI_Test with MPI_ERR_TRUNCATE, reported by wait_req) */
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    *got = (size_t)count;
+    return SPARQ_OK;
+}
+
+static sparq_status m_bcast(sq_transport *bt, int root, void *buf, size_t n)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    RETURN_IF(n > (size_t)INT32_MAX, SPARQ_E_RANGE, "broadcast of %zu bytes is too large", n);
+    MPI_TRY(MPI_Bcast(buf, (int)n, MPI_BYTE, root, t->comm), "broadcast from rank %d", root);
+    return SPARQ_OK;
+}
+
+static sparq_status m_gather(sq_transport *bt, const void *mine, size_t n, void *all)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    RETURN_IF(n > (size_t)INT32_MAX, SPARQ_E_RANGE, "gather of %zu bytes is too large", n);
+    MPI_TRY(MPI_Gather(mine, (int)n, MPI_BYTE, all, (int)n, MPI_BYTE, 0, t->comm), "gather to rank 0");
+    return SPARQ_OK;
+}
+
+static int m_find_silent(sq_transport *bt, double wait_s)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    const int n = bt->size;
+    if (bt->rank != 0 || n <= 1) return -1;
+    MPI_Request *rq = sparq_calloc((size_t)n * 2, sizeof *rq);
+    int *pong = sparq_calloc((size_t)n, sizeof *pong);
+    if (!rq || !pong) {
+        sparq_free(rq);
+        sparq_free(pong);
+        return -1;
+    }
+    int ping = 0;
+    for (int r = 1; r < n; r++) {
+        MPI_Isend(&ping, 1, MPI_INT, r, TAG_PING, t->comm, &rq[2 * r]);
+        MPI_Irecv(&pong[r], 1, MPI_INT, r, TAG_PONG, t->comm, &rq[2 * r + 1]);
+    }
+    const double t0 = sparq_now();
+    int silent = -1;
+    for (;;) {
+        silent = -1;
+        for (int r = n - 1; r >= 1; r--) {
+            int flag = 1;
+            if (rq[2 * r + 1] != MPI_REQUEST_NULL) MPI_Test(&rq[2 * r + 1], &flag, MPI_STATUS_IGNORE);
+            if (!flag) silent = r;
+        }
+        const double el = sparq_now() - t0;
+        if (silent < 0 || el > wait_s) break;
+        nap(el);
+    }
+    /* the job is about to be aborted: leave the unanswered requests */
+    sparq_free(rq);
+    sparq_free(pong);
+    return silent;
+}
+
+static void m_abort(sq_transport *bt, int code)
+{
+    (void)bt;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+static void m_close(sq_transport *bt)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++)
+        if (t->send_req[s] != MPI_REQUEST_NULL) MPI_Wait(&t->send_req[s], MPI_STATUS_IGNORE);
+    /* every rank reaches close; after this barrier no ping can be in flight */
+    MPI_Barrier(t->comm);
+    if (t->ping_req != MPI_REQUEST_NULL) {
+        MPI_Cancel(&t->ping_req);
+        MPI_Wait(&t->ping_req, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&t->comm);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (t->we_initialized && !fin) MPI_Finalize();
+    sparq_free(t);
+}
+
+static const sq_transport_vt mpi_vt = {m_isend,  m_wait_send,   m_send_done, m_recv, m_bcast,
+                                       m_gather, m_find_silent, m_abort,     m_close};
+
+sparq_status sq_transport_mpi(sq_transport **out)
+{
+    *out = NULL;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    bool we = false;
+    if (!inited) {
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return sparq_err(SPARQ_E_COMM, "MPI_Init_thread failed (was this started by mpirun?)");
+        we = true;
+    }
+    mpi_transport *t = sparq_calloc(1, sizeof *t);
+    RETURN_IF(!t, SPARQ_E_NOMEM, "transport: out of memory");
+    t->base.vt = &mpi_vt;
+    t->base.name = "mpi";
+    t->we_initialized = we;
+    for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) t->send_req[s] = MPI_REQUEST_NULL;
+    t->ping_req = MPI_REQUEST_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &t->comm);
+    MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(t->comm, &t->base.rank);
+    MPI_Comm_size(t->comm, &t->base.size);
+    if (t->base.rank != 0) MPI_Irecv(&t->ping_buf, 1, MPI_INT, 0, TAG_PING, t->comm, &t->ping_req);
+    *out = &t->base;
+    return SPARQ_OK;
+}

@@ -1,0 +1,140 @@
+#!/bin/sh
+# tests/mpi/test_dist.sh — the multi-process runtime (runtime/dist.h) on
+# localhost, 2 and 3 ranks (mpirun --oversubscribe: more ranks than cores).
+#  - greedy text of the fixture bundle packed for 2 and 3 boxes equals the
+#    one-process run of the 1-box bundle, token for token;
+#  - logits agree bit for bit: `sparq eval --save-ref-f32` files are identical;
+#  - --parallel 3 (micro-batched, several sequences in flight) gives the same
+#    text on 1 and 3 ranks, and continuation k equals a single run --seed k;
+#  - a bundle on the wrong number of ranks is refused, naming both numbers;
+#  - killing a rank mid-generation ends every rank, with mpirun naming it;
+#  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it.
+# Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
+set -u
+SPARQ="$1"
+DATA="${SPARQ_TEST_DATA:-tests/data}"
+MODEL="$DATA/tiny-qwen3moe"
+if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: mpirun not found"; exit 77; fi
+if ! "$SPARQ" version | grep -q "mpi: yes"; then echo "SKIP: sparq built without MPI"; exit 77; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
+export SPARQ_DIST_DELAY_MS=0
+T=$(mktemp -d)
+cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+
+for b in 1 2 3; do
+  "$SPARQ" pack "$MODEL" "$T/b$b" --boxes $b --ctx 1024 --users 4 --chunk 64 >/dev/null 2>&1 && ok || bad "pack --boxes $b"
+done
+P="The SQLite library"
+"$SPARQ" run "$T/b1" -p "$P" -n 48 --temp 0 -t 1 >"$T/o1" 2>"$T/e1" && ok || bad "1 rank: $(cat "$T/e1")"
+for b in 2 3; do
+  $MPIRUN -np $b "$SPARQ" run "$T/b$b" -p "$P" -n 48 --temp 0 -t 1 >"$T/o$b" 2>"$T/e$b" && ok || bad "$b ranks: $(cat "$T/e$b")"
+  [ -s "$T/o1" ] && cmp -s "$T/o1" "$T/o$b" && ok || bad "$b ranks: greedy text differs: '$(cat "$T/o$b")' vs '$(cat "$T/o1")'"
+done
+
+# rank 0 allocates the KV cache of its own layers only: the plan's node-0 term
+$MPIRUN -np 2 "$SPARQ" run "$T/b2" -p "$P" -n 2 -t 1 --stats >/dev/null 2>"$T/st2" && ok || bad "--stats on 2 ranks"
+"$SPARQ" plan "$MODEL" --boxes 2 --ctx 1024 --users 4 --chunk 64 --json >"$T/plan2.json" 2>/dev/null
+kv_plan=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['plan']['nodes'][0]['kv'])" "$T/plan2.json")
+kv_run=$(sed -n 's/^stats: kv_bytes=//p' "$T/st2")
+[ -n "$kv_run" ] && [ "$kv_run" = "$kv_plan" ] && ok || bad "rank 0 KV $kv_run bytes, the plan's node 0 says $kv_plan"
+grep -q "^stats: ranks=2$" "$T/st2" && ok || bad "--stats does not say ranks=2"
+
+# logits, bit for bit: eval windows of 200 tokens = several 64-row chunks in flight
+head -c 6000 "$DATA/text/eval.txt" > "$T/eval.txt"
+"$SPARQ" eval "$T/b1" --text "$T/eval.txt" --ctx 200 -t 1 --save-ref "$T/l1" --save-ref-f32 >/dev/null 2>&1 && ok || bad "eval 1 rank"
+for b in 2 3; do
+  $MPIRUN -np $b "$SPARQ" eval "$T/b$b" --text "$T/eval.txt" --ctx 200 -t 1 --save-ref "$T/l$b" --save-ref-f32 \
+    >/dev/null 2>"$T/ee$b" && ok || bad "eval $b ranks: $(cat "$T/ee$b")"
+  [ -s "$T/l1" ] && cmp -s "$T/l1" "$T/l$b" && ok || bad "eval $b ranks: logits differ from one rank"
+done
+
+# --ref on rank 0 while the model runs on 2 ranks: the bundle is the same model, so KL is exactly 0
+$MPIRUN -np 2 "$SPARQ" eval "$T/b2" --ref "$MODEL" --text "$T/eval.txt" --ctx 200 -t 1 --json >"$T/kl.json" 2>"$T/kle" &&
+  ok || bad "eval --ref on 2 ranks: $(cat "$T/kle")"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r['kl_mean'] == 0 and r['kl_max'] == 0 and r['top1'] == 1 else 1)" \
+  "$T/kl.json" 2>/dev/null && ok || bad "eval --ref on 2 ranks: not identical to the model: $(cat "$T/kl.json")"
+
+# several sequences in flight
+"$SPARQ" run "$T/b1" -p "$P" -n 24 --parallel 3 --seed 5 -t 1 >"$T/p1" 2>/dev/null && ok || bad "--parallel 3, 1 rank"
+$MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 24 --parallel 3 --seed 5 -t 1 >"$T/p3" 2>"$T/pe3" && ok ||
+  bad "--parallel 3, 3 ranks: $(cat "$T/pe3")"
+[ -s "$T/p1" ] && cmp -s "$T/p1" "$T/p3" && ok || bad "--parallel 3: 3 ranks differ from 1"
+"$SPARQ" run "$T/b1" -p "$P" -n 24 --seed 6 -t 1 2>/dev/null | sed "s/^$P//" >"$T/s6"
+sed -n '/^--- continuation 1 (seed 6) ---$/,/^--- continuation 2/p' "$T/p1" | sed '1d;$d' >"$T/c1"
+[ -s "$T/c1" ] && cmp -s "$T/c1" "$T/s6" && ok || bad "continuation 1 ('$(cat "$T/c1")') is not the --seed 6 run ('$(cat "$T/s6")')"
+
+# more sequences than ranks: groups of 2 on 2 ranks (the last rank must never block the first)
+"$SPARQ" run "$T/b1" -p "$P" -n 24 --parallel 4 --seed 5 -t 1 >"$T/q1" 2>/dev/null && ok || bad "--parallel 4, 1 rank"
+$MPIRUN -np 2 "$SPARQ" run "$T/b2" -p "$P" -n 24 --parallel 4 --seed 5 -t 1 --timeout 20 >"$T/q2" 2>"$T/qe2" && ok ||
+  bad "--parallel 4, 2 ranks: $(cat "$T/qe2")"
+[ -s "$T/q1" ] && cmp -s "$T/q1" "$T/q2" && ok || bad "--parallel 4: 2 ranks differ from 1"
+
+# wrong number of ranks
+$MPIRUN -np 3 "$SPARQ" run "$T/b2" -p "$P" -n 4 >/dev/null 2>"$T/w3"; rc=$?
+[ $rc -ne 0 ] && ok || bad "2-box bundle on 3 ranks: exit 0"
+grep -q "packed for 2 boxes but started on 3 processes" "$T/w3" && ok || bad "2-box bundle on 3 ranks: $(cat "$T/w3")"
+"$SPARQ" run "$T/b3" -p "$P" -n 4 >/dev/null 2>"$T/w1"; rc=$?
+[ $rc -eq 1 ] && ok || bad "3-box bundle in one process: exit $rc"
+grep -q "packed for 3 boxes; run it as 3 processes" "$T/w1" && ok || bad "3-box bundle alone: $(cat "$T/w1")"
+
+# every box must hold the same bundle: rank 1 given a copy whose manifest differs
+cp -r "$T/b2" "$T/b2x"
+echo >> "$T/b2x/manifest.json"
+mpirun --oversubscribe -np 1 "$SPARQ" run "$T/b2" -p "$P" -n 2 : -np 1 "$SPARQ" run "$T/b2x" -p "$P" -n 2 \
+  >/dev/null 2>"$T/mx"; rc=$?
+[ $rc -ne 0 ] && ok || bad "different bundles on the ranks: exit 0"
+grep -q "rank 1: its manifest.json differs from rank 0's" "$T/mx" && ok || bad "different bundles: $(cat "$T/mx")"
+
+# the pid of rank R of the sparq job whose bundle is $1
+rank_pid() {
+  for p in $(pgrep -f "sparq run $1"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo $p; return; fi
+  done
+}
+# wait for mpirun ($1) up to $2 s; prints its exit status, 999 if it is still running
+running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; } # an exited child is a zombie until waited for
+wait_for() {
+  i=0
+  while running "$1" && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i+1)); done
+  if running "$1"; then echo 999; else wait "$1"; echo $?; fi
+}
+
+# a rank dies mid-generation
+SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 \
+  >"$T/k.out" 2>"$T/k.err" &
+mp=$!
+sleep 2
+victim=$(rank_pid "$T/b3" 1)
+[ -n "$victim" ] && ok || bad "kill: rank 1 not found"
+[ -n "$victim" ] && kill -9 "$victim"
+rc=$(wait_for $mp 20)
+[ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "kill: mpirun exit '$rc' (999 = still running after 20 s)"
+grep -qi "rank 1" "$T/k.err" && ok || bad "kill: no message names rank 1: $(cat "$T/k.err")"
+echo "--- kill: what the ranks and mpirun said:"; cat "$T/k.err"
+[ -s "$T/k.out" ] && ok || bad "kill: nothing was generated before the kill (not mid-generation)"
+sleep 0.5
+[ -z "$(pgrep -f "sparq run $T/b3")" ] && ok || bad "kill: sparq processes left behind"
+pkill -9 -f "sparq run $T/b3" 2>/dev/null
+
+# a rank stalls (SIGSTOP): rank 0's deadline names it, every rank ends
+SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 --timeout 2 \
+  >"$T/s.out" 2>"$T/s.err" &
+mp=$!
+sleep 2
+victim=$(rank_pid "$T/b3" 1)
+[ -n "$victim" ] && kill -STOP "$victim"
+rc=$(wait_for $mp 30)
+[ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "stall: mpirun exit '$rc' (999 = still running after 30 s)"
+echo "--- stall: what the ranks and mpirun said:"; cat "$T/s.err"
+grep -q "rank 1 does not answer" "$T/s.err" && ok || bad "stall: rank 0 does not name rank 1: $(cat "$T/s.err")"
+sleep 0.5
+[ -z "$(pgrep -f "sparq run $T/b3")" ] && ok || bad "stall: sparq processes left behind"
+pkill -9 -f "sparq run $T/b3" 2>/dev/null
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

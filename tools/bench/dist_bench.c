@@ -1,0 +1,141 @@
+/* tools/bench/dist_bench.c — throughput of the multi-process pipeline
+ * (runtime/dist.h), run under mpirun like `sparq run`:
+ *
+ *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K]
+ *
+ * Rank 0 first measures the wire: one-way time of a one-row step message
+ * (hidden state + ids) between neighbours and of a logits row from the last
+ * rank back, by ping-pong (median of 2000). Then, for each user count U, it
+ * generates T greedy tokens for U sequences at once (micro-batched,
+ * runtime/generate.h; best of K) and prints aggregate and per-sequence
+ * tokens/s, the ratio to U = 1 measured in the same run, and the
+ * communication part of one token: (R-1) step hops + 1 logits message.
+ * tools/bench/dist_bench.sh runs it on 1, 2 and 3 ranks and adds the ratio
+ * to one rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/progress.h"
+#include "runtime/dist.h"
+#include "runtime/generate.h"
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median one-way time of an n-byte message between ranks a and b. */
+static double pingpong(sq_transport *t, int a, int b, size_t n, int reps)
+{
+    if (t->rank != a && t->rank != b) return 0;
+    char *buf = sparq_calloc(1, n);
+    double *dt = sparq_malloc((size_t)reps * sizeof(double));
+    const int peer = t->rank == a ? b : a;
+    size_t got;
+    for (int i = 0; i < reps; i++) {
+        double t0 = sparq_now();
+        if (t->rank == a) {
+            t->vt->isend(t, peer, SQ_TAG_INIT, buf, n, 0);
+            t->vt->wait_send(t, 0, 10);
+            t->vt->recv(t, peer, SQ_TAG_INIT, buf, n, &got, 10);
+        } else {
+            t->vt->recv(t, peer, SQ_TAG_INIT, buf, n, &got, 10);
+            t->vt->isend(t, peer, SQ_TAG_INIT, buf, n, 0);
+            t->vt->wait_send(t, 0, 10);
+        }
+        dt[i] = (sparq_now() - t0) / 2;
+    }
+    qsort(dt, (size_t)reps, sizeof(double), cmp_d);
+    double med = dt[reps / 2];
+    sparq_free(buf);
+    sparq_free(dt);
+    return med;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL, *users_s = "1,2,4";
+    int T = 64, threads = 1, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--users") && i + 1 < argc) users_s = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (argv[i][0] != '-' && !path) path = argv[i];
+        else {
+            fprintf(stderr, "usage: [mpirun -np R] dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] "
+                            "[--reps K]\n");
+            return 2;
+        }
+    }
+    if (!path) return fprintf(stderr, "dist_bench: give a BUNDLE\n"), 2;
+    sq_transport *t;
+    sparq_status st = sq_transport_auto(&t);
+    if (st != SPARQ_OK) return fprintf(stderr, "dist_bench: %s\n", sparq_errmsg()), 1;
+    sq_model_opts mo;
+    sq_model_opts_default(&mo);
+    mo.n_threads = threads;
+    sq_dist *d = NULL;
+    bool reported = false;
+    st = sq_dist_open(&d, path, &mo, NULL, t, &reported);
+    if (st != SPARQ_OK) {
+        if (!reported) fprintf(stderr, "dist_bench: %s\n", sparq_errmsg());
+        sq_transport_close(t);
+        return 1;
+    }
+    const int R = t->size, D = (int)sq_dist_cfg(d)->hidden_size, V = (int)sq_dist_cfg(d)->vocab_size;
+    /* the wire, before the pipeline starts: every neighbour pair, then last -> 0 */
+    const size_t step_msg = 32 + 8 + (size_t)D * 4, logit_msg = (size_t)V * 4;
+    double hop = 0, back = 0;
+    for (int k = 0; k + 1 < R; k++) {
+        double h = pingpong(t, k, k + 1, step_msg, 2000);
+        if (t->rank == k) hop = h; /* rank k measured its own hop */
+    }
+    if (R > 1) back = pingpong(t, R - 1, 0, logit_msg, 2000);
+    if (t->rank != 0) {
+        st = sq_dist_serve(d);
+        if (st != SPARQ_OK) fprintf(stderr, "dist_bench: %s\n", sparq_errmsg());
+        sq_dist_close(d);
+        sq_transport_close(t);
+        return st == SPARQ_OK ? 0 : 1;
+    }
+    /* per-token communication: assume every hop like rank 0's (one box type) */
+    const double comm = (R - 1) * hop + back;
+    printf("dist_bench: %s, %d rank%s, %d thread(s) each, hidden %d, vocab %d\n", path, R, R == 1 ? "" : "s",
+           threads, D, V);
+    printf("wire: step message %zu B one-way %.1f us; logits message %zu B one-way %.1f us; per token %.1f us\n",
+           step_msg, hop * 1e6, logit_msg, back * 1e6, comm * 1e6);
+    printf("%-6s %-6s %-12s %-12s %-10s %-14s\n", "ranks", "users", "agg tok/s", "per-seq", "vs 1 user",
+           "comm/token us");
+    const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    double base = 0;
+    char *users = sparq_strdup(users_s);
+    for (char *tok = strtok(users, ","); tok; tok = strtok(NULL, ",")) {
+        const int U = atoi(tok);
+        double best = 0;
+        for (int k = 0; k < reps; k++) {
+            sq_gen_opts o = {.n_seqs = U, .n_new = T, .ignore_stop = true};
+            sq_sampler_params_default(&o.sampler);
+            o.sampler.temp = 0;
+            sq_gen_result r;
+            st = sq_generate(d, prompt, 8, &o, &r);
+            if (st != SPARQ_OK) break;
+            double rate = r.t_decode > 0 ? (double)r.n_decode / r.t_decode : 0;
+            if (rate > best) best = rate;
+            sq_gen_result_free(&r);
+        }
+        if (st != SPARQ_OK) {
+            fprintf(stderr, "dist_bench: %d users: %s\n", U, sparq_errmsg());
+            break;
+        }
+        if (base == 0) base = best;
+        printf("%-6d %-6d %-12.1f %-12.1f %-10.2f %-14.1f\n", R, U, best, best / U, best / base, comm * 1e6);
+    }
+    sparq_free(users);
+    sq_dist_close(d);
+    sq_transport_close(t);
+    return st == SPARQ_OK ? 0 : 1;
+}

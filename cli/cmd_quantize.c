@@ -29,14 +29,16 @@ static const cli_opt opts[] = {
     [O_METHOD] = {"method", 'm', "M", "trellis (calibrated, default), trellis-nocalib (identity Hessian), rtn "
                                       "(round-to-nearest baseline, written dequantised to bf16)"},
     [O_RTN_GROUP] = {"rtn-group", 0, "N", "RTN group size along the input dim (default 128)"},
-    [O_SCALE] = {"scale-search", 0, "MODE", "global-scale search: full (every tensor, as exllamav3), shared "
-                                           "(default: expert 0's scale reused by the layer's other experts), "
-                                           "fixed (no search; fast, for tests)"},
+    [O_SCALE] = {"scale-search", 0, "MODE", "global-scale search: full (default: every tensor, as exllamav3), "
+                                           "shared (expert 0's scale reused by the layer's other experts; "
+                                           "faster), fixed (no search; fastest, for tests)"},
     [O_WORK] = {"work-dir", 0, "DIR", "per-layer results and the checkpoint (default OUT.work)"},
     [O_RESUME] = {"resume", 0, NULL, "continue an interrupted run from the work dir (same options)"},
     [O_REPORT] = {"report", 0, "FILE.json", "write the report as JSON (and an SVG plot beside it, FILE.svg)"},
     [O_PLOT] = {"plot", 0, "FILE.svg", "write the error-by-layer plot here instead"},
-    [O_MAX_MEM] = {"max-mem", 0, "SIZE", "refuse to start when the estimated working set exceeds SIZE (e.g. 8G)"},
+    [O_MAX_MEM] = {"max-mem", 0, "SIZE", "bound on the peak resident memory (e.g. 8G): the run streams one layer at "
+                                         "a time and is refused up front, naming what does not fit, when its "
+                                         "estimated peak exceeds SIZE; output shards are capped at SIZE/4"},
     [O_SHARD] = {"shard-size", 0, "SIZE", "maximum bytes per output shard (default 4G)"},
     [O_SEED] = {"seed", 0, "N", "seed of the random signs and random rows (default 0)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
@@ -56,26 +58,31 @@ static const cli_spec spec = {
 
 static void print_table(const qz_report *r, const qz_opts *o)
 {
-    printf("%-6s %10s %9s %9s %12s %12s %8s\n", "layer", "rel_err", "cosine", "sqnr_dB", "mean_proxy",
-           "max_proxy", "time");
+    printf("%-6s %10s %9s %9s %12s %12s %8s %10s\n", "layer", "rel_err", "cosine", "sqnr_dB", "mean_proxy",
+           "max_proxy", "time", "weights/s");
     for (int i = 0; i < r->n_layers; i++) {
         const qz_layer_stat *l = &r->layers[i];
         char t[32];
         if (l->resumed) snprintf(t, sizeof t, "resumed");
         else sparq_format_duration(t, sizeof t, l->seconds);
-        printf("%-6d %10.5f %9.6f %9.2f %12.6f %12.6f %8s\n", l->layer, l->rel_err, l->cosine, l->sqnr_db,
-               l->mean_proxy, l->max_proxy, t);
+        char wps[32] = "-";
+        if (!l->resumed && l->quant_seconds > 0) snprintf(wps, sizeof wps, "%.0f", (double)l->n_weights / l->quant_seconds);
+        printf("%-6d %10.5f %9.6f %9.2f %12.6f %12.6f %8s %10s\n", l->layer, l->rel_err, l->cosine, l->sqnr_db,
+               l->mean_proxy, l->max_proxy, t, wps);
     }
     double wps = r->quant_seconds > 0 ? (double)r->n_weights / r->quant_seconds : 0.0;
-    char rss[32], est[32], tot[32];
+    char rss[32], est[32], tot[32], bound[40] = "none";
     sparq_format_bytes(rss, sizeof rss, (double)r->peak_rss);
     sparq_format_bytes(est, sizeof est, (double)r->mem_estimate);
+    if (o->max_mem) sparq_format_bytes(bound, sizeof bound, (double)o->max_mem);
     sparq_format_duration(tot, sizeof tot, r->total_seconds);
     printf("method %s, bits %.3g, head %d, codebook %s; calibration %d rows x %d tokens (%d random)\n",
            qz_method_name(o->method), o->bits, o->head_bits, trellis_cb_name(o->cb), r->calib_rows, r->calib_len,
            r->random_rows);
-    printf("%d tensors; %llu weights quantized in %.1f s = %.0f weights/s; total %s; peak RSS %s (estimate %s)\n",
-           r->n_tensors, (unsigned long long)r->n_weights, r->quant_seconds, wps, tot, rss, est);
+    printf("%d tensors; %llu weights quantized in %.1f s = %.0f weights/s; total %s\n", r->n_tensors,
+           (unsigned long long)r->n_weights, r->quant_seconds, wps, tot);
+    printf("memory: peak RSS %s measured (VmHWM), estimate %s, --max-mem bound %s%s\n", rss, est, bound,
+           r->skeleton ? "; FP8/MXFP4 source (dequantised per layer)" : "");
 }
 
 int cmd_quantize(int argc, char **argv)

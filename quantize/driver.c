@@ -8,7 +8,12 @@
  *   layer-NNNN.safetensors   layer N's stored tensors + metadata (metrics)
  *   head.safetensors         lm_head
  *   hidden.bin               hidden states (quantized path, reference path)
- *                            after the last finished layer: the checkpoint */
+ *                            after the last finished layer: the checkpoint
+ *   skeleton/                FP8/MXFP4 sources only: what the runtime model is
+ *                            loaded from (build_skeleton; rebuilt on every start)
+ *
+ * Memory: see release_mapped / spans_release / mem_estimate and
+ * docs/quantization.md "Memory". */
 #include "quantize/driver.h"
 
 #include <cblas.h>
@@ -19,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +36,7 @@
 #include "formats/hfconfig.h"
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
+#include "formats/weights.h"
 #include "kernels/cpu/ops.h"
 #include "quantize/ldlq.h"
 #include "runtime/model.h"
@@ -71,7 +78,7 @@ void qz_opts_default(qz_opts *o)
     o->rtn_group = 128;
     o->shard_bytes = 4ull << 30;
     o->stop_after_layer = -1;
-    o->scale_search = QZ_SCALE_SHARED;
+    o->scale_search = QZ_SCALE_FULL;
 }
 
 void qz_report_free(qz_report *r)
@@ -255,7 +262,107 @@ typedef struct qjob {
     int *pos;
     char *work;
     double t_quant;
+    /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: the
+     * source's other tensors + 1-bit zero placeholders for those linears) and the
+     * driver binds each layer's linears as fp32 (dequantised) while the layer runs. */
+    bool skeleton;
+    sf_model *skel;         /* the skeleton, opened for the output assembly */
+    size_t page;
+    /* Address spans of each finished layer's tensors in the source and model
+     * mappings, released again after every layer: the kernel's fault-around
+     * maps up to 64 KB of neighbouring (already released) pages on each fault. */
+    uintptr_t (*spans)[2];
+    int n_spans, cap_spans;
 } qjob;
+
+/* Drop the pages of a read-only file mapping from this process (they stay in
+ * the page cache; a later read faults them back in). This is what keeps the
+ * resident set to one layer: the model's and the source's mappings are
+ * released as soon as a layer (or a tensor) has been read. Rounded outward to
+ * pages: a neighbour's page dropped too is merely re-read. */
+static void release_mapped(const qjob *j, const void *p, uint64_t n)
+{
+    if (!p || !n) return;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(j->page - 1);
+    uintptr_t e = ((uintptr_t)p + (uintptr_t)n + j->page - 1) & ~(uintptr_t)(j->page - 1);
+    (void)madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+static void span_add(qjob *j, const void *p, uint64_t n)
+{
+    if (!p || !n) return;
+    if (j->n_spans == j->cap_spans) {
+        int cap = j->cap_spans ? 2 * j->cap_spans : 64;
+        uintptr_t(*x)[2] = sparq_realloc(j->spans, (size_t)cap * sizeof *x);
+        if (!x) return; /* only a release hint is lost */
+        j->spans = x, j->cap_spans = cap;
+    }
+    j->spans[j->n_spans][0] = (uintptr_t)p;
+    j->spans[j->n_spans][1] = (uintptr_t)p + (uintptr_t)n;
+    j->n_spans++;
+}
+
+static int cmp_span(const void *a, const void *b)
+{
+    uintptr_t x = ((const uintptr_t *)a)[0], y = ((const uintptr_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* Release every recorded span (all finished layers). Spans are sorted and
+ * merged only where they touch (gap under a page), so a merged range never
+ * covers memory that is not one of the mapped files. */
+static void spans_release(qjob *j)
+{
+    if (j->n_spans == 0) return;
+    qsort(j->spans, (size_t)j->n_spans, sizeof *j->spans, cmp_span);
+    int m = 0;
+    for (int i = 1; i < j->n_spans; i++) {
+        if (j->spans[i][0] <= j->spans[m][1] + j->page) {
+            if (j->spans[i][1] > j->spans[m][1]) j->spans[m][1] = j->spans[i][1];
+        } else {
+            m++;
+            j->spans[m][0] = j->spans[i][0], j->spans[m][1] = j->spans[i][1];
+        }
+    }
+    j->n_spans = m + 1;
+    for (int i = 0; i < j->n_spans; i++)
+        release_mapped(j, (const void *)j->spans[i][0], j->spans[i][1] - j->spans[i][0]);
+}
+
+static void release_weight(qjob *j, const sf_weight *w)
+{
+    release_mapped(j, w->w->data, w->w->nbytes);
+    span_add(j, w->w->data, w->w->nbytes);
+    if (w->scale) {
+        release_mapped(j, w->scale->data, w->scale->nbytes);
+        span_add(j, w->scale->data, w->scale->nbytes);
+    }
+}
+
+/* A "Vm...:  N kB" field of /proc/self/status, bytes; 0 if unknown. */
+static uint64_t proc_status_bytes(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t n = strlen(field);
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, " %llu", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Peak resident set of this process so far (VmHWM; ru_maxrss as fallback), bytes. */
+static uint64_t peak_rss_bytes(void)
+{
+    uint64_t b = proc_status_bytes("VmHWM");
+    struct rusage ru;
+    if (!b && getrusage(RUSAGE_SELF, &ru) == 0) b = (uint64_t)ru.ru_maxrss * 1024;
+    return b;
+}
+
+/* Current resident set (VmRSS), bytes; 0 if unknown. */
+static uint64_t cur_rss_bytes(void) { return proc_status_bytes("VmRSS"); }
 
 static void hess_free(hess_acc *h)
 {
@@ -362,7 +469,6 @@ typedef struct qlin {
     int K, k, n;          /* k = in, n = out */
     uint16_t *trellis, *suh, *svh; /* EXL3 */
     uint16_t *bf16;       /* RTN: [out, in] */
-    float *w_f32;         /* RTN: the bf16 values as fp32, for the swapped-in linear */
     trellis_linear tl;
     double proxy;
 } qlin;
@@ -374,32 +480,33 @@ static void qlin_free(qlin *q)
     sparq_free(q->suh);
     sparq_free(q->svh);
     sparq_free(q->bf16);
-    sparq_free(q->w_f32);
     memset(q, 0, sizeof *q);
 }
 
-/* Load `<key>.weight` [out, in] from the source as fp32, transposed to
- * (in, out) when `transpose`. */
+/* Load linear `key` [out, in] from the source as fp32 (any stored form of
+ * formats/weights.h), transposed to (in, out) when `transpose`; the source's
+ * pages are released once read. */
 static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
 {
-    char name[512];
-    snprintf(name, sizeof name, "%s.weight", key);
-    const sf_tensor *t = sf_find(j->src, name);
-    RETURN_IF(!t, SPARQ_E_NOTFOUND, "%s: tensor '%s' not found", j->o->model_dir, name);
-    RETURN_IF(t->ndim != 2, SPARQ_E_SHAPE, "%s: tensor '%s' is not a matrix", j->o->model_dir, name);
-    int out = (int)t->shape[0], in = (int)t->shape[1];
-    float *a = sparq_malloc(t->numel * sizeof(float));
-    RETURN_IF(!a, SPARQ_E_NOMEM, "%s: out of memory", name);
-    sparq_status st = sf_to_f32(t, a);
+    sf_weight sw;
+    FORWARD_IF(sf_weight_find(j->src, key, &sw));
+    RETURN_IF(sw.out > (1u << 24) || sw.in > (1u << 24), SPARQ_E_SHAPE, "%s: '%s' is too large", j->o->model_dir,
+              key);
+    int out = (int)sw.out, in = (int)sw.in;
+    size_t numel = (size_t)out * in;
+    float *a = sparq_malloc(numel * sizeof(float));
+    RETURN_IF(!a, SPARQ_E_NOMEM, "%s: out of memory", key);
+    sparq_status st = sf_weight_to_f32(&sw, a);
+    release_weight(j, &sw);
     if (st != SPARQ_OK) {
         sparq_free(a);
-        return sparq_err_context(st, "%s", name);
+        return sparq_err_context(st, "%s", key);
     }
     if (transpose) {
-        float *b = sparq_malloc(t->numel * sizeof(float));
+        float *b = sparq_malloc(numel * sizeof(float));
         if (!b) {
             sparq_free(a);
-            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
         }
         for (int r = 0; r < out; r++)
             for (int c = 0; c < in; c++) b[(size_t)c * out + r] = a[(size_t)r * in + c];
@@ -412,7 +519,14 @@ static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n,
 
 static sparq_status get_enc(qjob *j, int K, viterbi_enc **out)
 {
-    if (!j->enc[K]) FORWARD_IF(viterbi_create(&j->enc[K], K, j->o->cb, sparq_pool_size(j->pool)));
+    if (!j->enc[K]) {
+        /* One encoder at a time: each holds 256 bytes per state (2^(16-K)) and thread. */
+        for (int k = 0; k <= TRELLIS_K_MAX; k++) {
+            viterbi_free(j->enc[k]);
+            j->enc[k] = NULL;
+        }
+        FORWARD_IF(viterbi_create(&j->enc[K], K, j->o->cb, sparq_pool_size(j->pool)));
+    }
     *out = j->enc[K];
     return SPARQ_OK;
 }
@@ -451,20 +565,22 @@ static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_
     if (j->o->method == QZ_METHOD_RTN) {
         FORWARD_IF(load_weight(j, key, &out, &in, &w, false));
         q->k = in, q->n = out;
-        q->w_f32 = sparq_malloc((size_t)out * in * sizeof(float));
+        float *deq = sparq_malloc((size_t)out * in * sizeof(float));
         q->bf16 = sparq_malloc((size_t)out * in * sizeof(uint16_t));
-        if (!q->w_f32 || !q->bf16) {
+        if (!deq || !q->bf16) {
             sparq_free(w);
+            sparq_free(deq);
             return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
         }
-        rtn_quantize(w, out, in, K, j->o->rtn_group, q->w_f32);
-        for (size_t i = 0; i < (size_t)out * in; i++) q->bf16[i] = sparq_f32_to_bf16(q->w_f32[i]);
+        rtn_quantize(w, out, in, K, j->o->rtn_group, deq);
+        for (size_t i = 0; i < (size_t)out * in; i++) q->bf16[i] = sparq_f32_to_bf16(deq[i]);
         /* Error metric: relative error weighted by the input Hessian when we have one. */
         double num = 0, den = 0;
         for (size_t i = 0; i < (size_t)out * in; i++) {
-            double e = (double)w[i] - q->w_f32[i];
+            double e = (double)w[i] - deq[i];
             num += e * e, den += (double)w[i] * w[i];
         }
+        sparq_free(deq);
         (void)h_mean;
         q->proxy = den > 0 ? num / den : 0.0;
         sparq_free(w);
@@ -508,8 +624,9 @@ static sparq_status swap_in(qjob *j, sq_linear *l, qlin *q)
     (void)j;
     RETURN_IF(!l, SPARQ_E_STATE, "%s: the model has no such linear", q->key);
     if (q->bf16) {
-        l->kind = SQ_LINEAR_F32;
-        l->w = q->w_f32;
+        /* the bf16 values are exactly the RTN grid points (rtn_quantize rounds to bf16) */
+        l->kind = SQ_LINEAR_BF16;
+        l->w = q->bf16;
         l->impl = NULL;
         l->forward = NULL;
         return SPARQ_OK;
@@ -575,32 +692,34 @@ static sparq_status save_hidden(qjob *j, int layer)
     return st;
 }
 
-/* Returns the last finished layer in *layer (-1: nothing usable). */
+/* Returns the last finished layer in *layer (-1: nothing usable). Read
+ * straight into hq/href (no second copy: the hidden states are the largest
+ * buffers of a run with many calibration rows). */
 static sparq_status load_hidden(qjob *j, int *layer)
 {
     *layer = -1;
     size_t n = (size_t)j->rows * j->T * j->d;
     char *path = sparq_path_join(j->work, "hidden.bin");
     RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    char *data = NULL;
-    size_t len = 0;
-    sparq_status st = sparq_path_exists(path) ? sparq_file_read_all(path, 0, &data, &len) : SPARQ_OK;
-    if (st == SPARQ_OK && data) {
+    sparq_status st = SPARQ_OK;
+    FILE *f = sparq_path_exists(path) ? fopen(path, "rb") : NULL;
+    if (f) {
+        char magic[8];
         int32_t hdr[4];
-        if (len != 8 + sizeof hdr + 2 * n * sizeof(float) || memcmp(data, HID_MAGIC, 8) != 0) {
+        struct stat sb;
+        if (fstat(fileno(f), &sb) != 0 || (uint64_t)sb.st_size != 8 + sizeof hdr + 2 * n * sizeof(float) ||
+            fread(magic, 1, 8, f) != 8 || memcmp(magic, HID_MAGIC, 8) != 0 || fread(hdr, sizeof hdr, 1, f) != 1)
             st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (size or magic differ)", path);
-        } else {
-            memcpy(hdr, data + 8, sizeof hdr);
-            if (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d)
-                st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
-            else {
-                memcpy(j->hq, data + 8 + sizeof hdr, n * sizeof(float));
-                memcpy(j->href, data + 8 + sizeof hdr + n * sizeof(float), n * sizeof(float));
-                *layer = hdr[0];
-            }
-        }
+        else if (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d)
+            st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
+        else if (fread(j->hq, sizeof(float), n, f) != n || fread(j->href, sizeof(float), n, f) != n)
+            st = sparq_err(SPARQ_E_IO, "%s: short read", path);
+        else
+            *layer = hdr[0];
+        fclose(f);
+    } else if (sparq_path_exists(path)) {
+        st = sparq_err(SPARQ_E_IO, "%s: cannot open", path);
     }
-    sparq_free(data);
     sparq_free(path);
     return st;
 }
@@ -679,13 +798,31 @@ typedef struct lin_ref {
     hess_acc *h;
 } lin_ref;
 
+/* SPARQ_QZ_MEMDEBUG=1: the resident set at each phase on stderr (docs/quantization.md). */
+static void memdbg(const char *what, int L)
+{
+    if (!getenv("SPARQ_QZ_MEMDEBUG")) return;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256], out[512] = "";
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "Rss", 3) == 0 || strncmp(line, "VmHWM", 5) == 0) {
+            line[strcspn(line, "\n")] = 0;
+            strncat(out, line, sizeof out - strlen(out) - 2);
+            strcat(out, " |");
+        }
+    if (f) fclose(f);
+    fprintf(stderr, "[mem] %-16s %3d %s\n", what, L, out);
+}
+
 static sparq_status do_layer(qjob *j, int L, int n_total)
 {
+    memdbg("layer start", L);
     const sq_model_config *c = j->cfg;
     qz_layer_stat *ls = &j->rep->layers[L];
     memset(ls, 0, sizeof *ls);
     ls->layer = L;
-    double t0 = sparq_now();
+    double t0 = sparq_now(), tq0 = j->t_quant;
+    uint64_t nw0 = j->rep->n_weights;
     bool moe = sq_model_layer_is_moe(j->m, L);
     int n_exp = moe ? (int)c->num_experts : 1;
     size_t nh = (size_t)j->rows * j->T * j->d;
@@ -695,7 +832,42 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     RETURN_IF(!cap.down, SPARQ_E_NOMEM, "out of memory");
     sparq_status st = SPARQ_OK;
     bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
-    if (calibrated) {
+
+    /* The linears of this layer, grouped by Hessian. */
+    int n_lin = 4 + 3 * n_exp;
+    lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
+    qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
+    float **bound = sparq_calloc((size_t)n_lin, sizeof *bound); /* skeleton: dequantised fp32 linears */
+    if (!refs || !ql || !bound) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) {
+        int i = 0;
+        refs[i++] = (lin_ref){SQ_LIN_Q, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_K, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_V, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_O, 0, &cap.o};
+        for (int e = 0; e < n_exp; e++) {
+            refs[i++] = (lin_ref){SQ_LIN_GATE, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_UP, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_DOWN, e, &cap.down[e]};
+        }
+    }
+    /* Skeleton: bind the layer's FP8/MXFP4 linears as fp32 while it runs. */
+    for (int i = 0; i < n_lin && st == SPARQ_OK && j->skeleton; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (!l || l->kind != SQ_LINEAR_EXL3) continue; /* dense in the source: mapped as is */
+        int out, in;
+        st = load_weight(j, l->name, &out, &in, &bound[i], false);
+        if (st == SPARQ_OK && (out != l->out || in != l->in))
+            st = sparq_err(SPARQ_E_SHAPE, "%s: '%s' is %d -> %d, expected %d -> %d", j->o->model_dir, l->name, in,
+                           out, l->in, l->out);
+        if (st == SPARQ_OK) {
+            l->kind = SQ_LINEAR_F32;
+            l->w = bound[i];
+            l->impl = NULL;
+            l->forward = NULL;
+        }
+    }
+    if (calibrated && st == SPARQ_OK) {
         int qdim = (int)(c->num_attention_heads * c->head_dim);
         st = hess_init(&cap.attn, j->d);
         if (st == SPARQ_OK) st = hess_init(&cap.o, qdim);
@@ -709,26 +881,25 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
         hess_finish(&cap.attn), hess_finish(&cap.o), hess_finish(&cap.mlp);
         for (int e = 0; e < n_exp; e++) hess_finish(&cap.down[e]);
     }
+    memdbg("after capture", L);
     /* Reference path through the original layer. */
     if (st == SPARQ_OK) st = forward_all(j, L, j->href, NULL);
-
-    /* The linears of this layer, grouped by Hessian. */
-    int n_lin = 4 + 3 * n_exp;
-    lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
-    qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
-    if (st == SPARQ_OK && (!refs || !ql)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-    if (st == SPARQ_OK) {
-        int i = 0;
-        refs[i++] = (lin_ref){SQ_LIN_Q, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_K, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_V, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_O, 0, &cap.o};
-        for (int e = 0; e < n_exp; e++) {
-            refs[i++] = (lin_ref){SQ_LIN_GATE, e, &cap.mlp};
-            refs[i++] = (lin_ref){SQ_LIN_UP, e, &cap.mlp};
-            refs[i++] = (lin_ref){SQ_LIN_DOWN, e, &cap.down[e]};
+    memdbg("after ref fwd", L);
+    /* The original linears are not run again: drop their pages (quantization reads
+     * the source tensor by tensor) and the fp32 copies bound for the skeleton. */
+    for (int i = 0; i < n_lin && refs && bound; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (bound[i]) {
+            if (l) l->w = NULL;
+            sparq_free(bound[i]);
+            bound[i] = NULL;
+        } else if (l && l->w && l->kind != SQ_LINEAR_EXL3) {
+            uint64_t nb = (uint64_t)l->in * l->out * (l->kind == SQ_LINEAR_F32 ? 4 : 2);
+            release_mapped(j, l->w, nb);
+            span_add(j, l->w, nb);
         }
     }
+    sparq_free(bound);
     char label[64], eta[32] = "?";
     if (L > 0 && j->rep->total_seconds > 0) {
         double per = j->rep->total_seconds / (L - j->rep->resumed_layers > 0 ? L - j->rep->resumed_layers : 1);
@@ -782,11 +953,18 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
         st = swap_in(j, sq_model_linear(j->m, L, refs[i].which, refs[i].expert), &ql[i]);
     if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
+    memdbg("after hq fwd", L);
+    sq_linear *router = moe ? sq_model_linear(j->m, L, SQ_LIN_ROUTER, 0) : NULL;
+    if (router && router->w && router->kind != SQ_LINEAR_EXL3)
+        span_add(j, router->w, (uint64_t)router->in * router->out * (router->kind == SQ_LINEAR_F32 ? 4 : 2));
+    spans_release(j);
     if (st == SPARQ_OK) {
         hidden_metrics(j, ls);
         ls->mean_proxy = psum / n_lin;
         ls->max_proxy = pmax;
         ls->seconds = sparq_now() - t0;
+        ls->quant_seconds = j->t_quant - tq0;
+        ls->n_weights = j->rep->n_weights - nw0;
         for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
             st = report_add_tensor(j->rep, ql[i].key, ql[i].K, ql[i].k, ql[i].n, ql[i].proxy);
     }
@@ -884,6 +1062,7 @@ static sparq_status do_head(qjob *j)
 typedef struct out_entry {
     const sf_tensor *t;
     size_t shard;
+    bool owned; /* t->data is heap memory (skeleton placeholders, dequantised tensors) */
 } out_entry;
 
 static int cmp_entry(const void *a, const void *b)
@@ -967,91 +1146,53 @@ static sparq_status copy_file(const char *src_dir, const char *dst_dir, const ch
     return st;
 }
 
-static sparq_status assemble_output(qjob *j)
+/* Remove the files (not subdirectories) of a directory this job owns. */
+static void clear_dir_files(const char *dir)
 {
-    const qz_opts *o = j->o;
-    sparq_status st = SPARQ_OK;
-    int n_work = j->n_layers + 1;
-    sf_model **wf = sparq_calloc((size_t)n_work, sizeof *wf);
-    RETURN_IF(!wf, SPARQ_E_NOMEM, "out of memory");
-    for (int i = 0; i < n_work && st == SPARQ_OK; i++) {
-        char *p = work_file(j, i < j->n_layers ? i : -1);
-        st = p ? sf_open(&wf[i], p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    DIR *dd = opendir(dir);
+    struct dirent *de;
+    while (dd && (de = readdir(dd))) {
+        if (de->d_name[0] == '.') continue;
+        char *p = sparq_path_join(dir, de->d_name);
+        if (p) unlink(p);
         sparq_free(p);
     }
-    /* Keys replaced by quantized tensors. */
-    size_t n_entries = sf_count(j->src), n_q = 0;
-    for (int i = 0; i < n_work && st == SPARQ_OK; i++) n_entries += sf_count(wf[i]);
-    out_entry *ent = sparq_calloc(n_entries ? n_entries : 1, sizeof *ent);
-    char **qkeys = sparq_calloc(n_entries ? n_entries : 1, sizeof *qkeys);
-    if (st == SPARQ_OK && (!ent || !qkeys)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-    size_t ne = 0;
-    for (int i = 0; i < n_work && st == SPARQ_OK; i++)
-        for (size_t t = 0; t < sf_count(wf[i]); t++) {
-            const sf_tensor *x = sf_at(wf[i], t);
-            ent[ne++].t = x;
-            size_t nl = strlen(x->name);
-            if (nl > 8 && strcmp(x->name + nl - 8, ".trellis") == 0) {
-                char *k = sparq_malloc(nl + 1);
-                if (!k) {
-                    st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-                    break;
-                }
-                snprintf(k, nl + 1, "%.*s.weight", (int)(nl - 8), x->name);
-                qkeys[n_q++] = k;
-            }
-        }
-    if (st == SPARQ_OK) {
-        qsort(qkeys, n_q, sizeof *qkeys, cmp_str);
-        bool head_q = false;
-        for (size_t i = 0; i < n_q; i++) head_q |= strcmp(qkeys[i], "lm_head.weight") == 0;
-        for (size_t t = 0; t < sf_count(j->src); t++) {
-            const sf_tensor *x = sf_at(j->src, t);
-            const char *nm = x->name;
-            if (bsearch(&nm, qkeys, n_q, sizeof *qkeys, cmp_str)) continue;
-            /* RTN and EXL3 work files hold their own `<key>.weight`. */
-            bool dup = false;
-            for (int i = 0; i < n_work && !dup; i++) dup = sf_find(wf[i], nm) != NULL;
-            if (dup || (head_q && strcmp(nm, "lm_head.weight") == 0)) continue;
-            ent[ne++].t = x;
-        }
-        qsort(ent, ne, sizeof *ent, cmp_entry);
+    if (dd) closedir(dd);
+}
+
+/* With --max-mem, a shard is at most a quarter of the bound: writing a shard
+ * maps (touches) all its source tensors, which are released after it. */
+static uint64_t shard_cap(const qjob *j)
+{
+    uint64_t cap = j->o->shard_bytes ? j->o->shard_bytes : (4ull << 30);
+    if (j->o->max_mem) {
+        uint64_t q = j->o->max_mem / 4 > (1u << 20) ? j->o->max_mem / 4 : (1u << 20);
+        if (cap > q) cap = q;
     }
-    /* Shards. */
+    return cap;
+}
+
+/* Write ent[0..ne) (sorted by name) to dir as model.safetensors, or as
+ * model-0000i-of-0000n.safetensors + model.safetensors.index.json when they
+ * exceed `cap` bytes. Each shard's tensors are released from their mappings
+ * once it is written. */
+static sparq_status write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap)
+{
     size_t n_shards = 1;
     uint64_t acc = 0, total = 0;
     for (size_t i = 0; i < ne; i++) {
-        if (acc > 0 && acc + ent[i].t->nbytes > o->shard_bytes) n_shards++, acc = 0;
+        if (acc > 0 && acc + ent[i].t->nbytes > cap) n_shards++, acc = 0;
         ent[i].shard = n_shards - 1;
         acc += ent[i].t->nbytes;
         total += ent[i].t->nbytes;
     }
-    char *partial = NULL;
-    if (st == SPARQ_OK) {
-        size_t pl = strlen(o->out_dir) + 16;
-        partial = sparq_malloc(pl);
-        if (!partial) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-        else snprintf(partial, pl, "%s.partial", o->out_dir);
-    }
-    if (st == SPARQ_OK) st = sparq_mkdirs(partial);
-    if (st == SPARQ_OK) {
-        /* Clear leftovers of an interrupted assembly (files only; it is ours). */
-        DIR *dd = opendir(partial);
-        struct dirent *de;
-        while (dd && (de = readdir(dd))) {
-            if (de->d_name[0] == '.') continue;
-            char *p = sparq_path_join(partial, de->d_name);
-            if (p) unlink(p);
-            sparq_free(p);
-        }
-        if (dd) closedir(dd);
-    }
+    sparq_status st = SPARQ_OK;
     json_t *wmap = json_object();
     for (size_t s = 0; s < n_shards && st == SPARQ_OK; s++) {
         char fname[64];
         if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
         else snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
-        char *p = sparq_path_join(partial, fname);
+        char *p = sparq_path_join(dir, fname);
         sf_writer *w = NULL;
         st = p ? sf_writer_create(&w, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) st = sf_writer_set_metadata(w, "format", "pt");
@@ -1064,18 +1205,270 @@ static sparq_status assemble_output(qjob *j)
         if (st == SPARQ_OK) st = sf_writer_finish(w);
         else if (w) sf_writer_free(w);
         sparq_free(p);
+        for (size_t i = 0; i < ne; i++)
+            if (ent[i].shard == s && !ent[i].owned) release_mapped(j, ent[i].t->data, ent[i].t->nbytes);
     }
     if (st == SPARQ_OK && n_shards > 1) {
         json_t *idx = json_object(), *md = json_object();
         json_object_set_new(md, "total_size", json_integer((json_int_t)total));
         json_object_set_new(idx, "metadata", md);
         json_object_set(idx, "weight_map", wmap);
-        char *p = sparq_path_join(partial, "model.safetensors.index.json");
+        char *p = sparq_path_join(dir, "model.safetensors.index.json");
         st = p ? write_json(p, idx) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         sparq_free(p);
         json_decref(idx);
     }
     json_decref(wmap);
+    return st;
+}
+
+/* --- FP8 / MXFP4 sources: the skeleton ------------------------------------------ */
+
+/* The linears the driver quantizes (and binds itself when they are FP8/MXFP4). */
+static bool is_quant_linear(const char *key)
+{
+    static const char *const pats[] = {"model.layers.*.self_attn.[qkvo]_proj", "model.layers.*.mlp.experts.*_proj",
+                                       "model.layers.*.mlp.*_proj", "lm_head"};
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
+        if (fnmatch(pats[i], key, 0) == 0) return true;
+    return false;
+}
+
+static bool ends_with(const char *s, const char *sfx, size_t *stem)
+{
+    size_t n = strlen(s), m = strlen(sfx);
+    if (n <= m || strcmp(s + n - m, sfx) != 0) return false;
+    if (stem) *stem = n - m;
+    return true;
+}
+
+/* Is x a scale / block tensor of an FP8/MXFP4 weight (stored with that weight)? */
+static bool is_weight_companion(const sf_model *src, const sf_tensor *x)
+{
+    char key[512];
+    size_t n;
+    static const char *const sfx[] = {".weight_scale_inv", ".scale", "_scales"};
+    for (size_t i = 0; i < 3; i++)
+        if (ends_with(x->name, sfx[i], &n)) {
+            snprintf(key, sizeof key, "%.*s", (int)n, x->name);
+            sf_weight w;
+            if (sf_weight_find(src, key, &w) == SPARQ_OK && w.kind != SF_WEIGHT_DENSE && w.scale &&
+                strcmp(w.scale->name, x->name) == 0)
+                return true;
+            sparq_err_clear();
+        }
+    return false;
+}
+
+/* If the source stores any tensor in a form the runtime does not read (FP8,
+ * MXFP4), write work/skeleton: config.json and the source's tensors, where
+ * each FP8/MXFP4 linear the driver quantizes is an all-zero 1-bit EXL3
+ * placeholder (k·n/8 bytes; the driver binds the dequantised fp32 weight over
+ * it while its layer runs) and any other FP8/MXFP4 tensor (an embedding, a
+ * router) is stored dequantised as F32. *dir_out is NULL when the source
+ * needs no skeleton. */
+static sparq_status build_skeleton(qjob *j, char **dir_out)
+{
+    *dir_out = NULL;
+    const sf_model *src = j->src;
+    size_t n = sf_count(src);
+    bool need = false;
+    for (size_t i = 0; i < n && !need; i++) {
+        const sf_tensor *x = sf_at(src, i);
+        need = ends_with(x->name, "_blocks", NULL) ||
+               (ends_with(x->name, ".weight", NULL) && x->dtype != SF_BF16 && x->dtype != SF_F16 &&
+                x->dtype != SF_F32);
+    }
+    if (!need) return SPARQ_OK;
+    char *dir = sparq_path_join(j->work, "skeleton");
+    RETURN_IF(!dir, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = sparq_mkdirs(dir);
+    /* every placeholder / dequantised tensor needs an sf_tensor of its own */
+    sf_tensor *own = sparq_calloc(3 * n + 1, sizeof *own);
+    out_entry *ent = sparq_calloc(3 * n + 1, sizeof *ent);
+    void **heap = sparq_calloc(3 * n + 2, sizeof *heap);
+    size_t ne = 0, no = 0, nheap = 0;
+    uint64_t zero_bytes = 0;
+    if (st == SPARQ_OK && (!own || !ent || !heap)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    /* pass 1: the size of the largest placeholder part */
+    for (int pass = 0; pass < 2 && st == SPARQ_OK; pass++) {
+        void *zero = NULL;
+        if (pass == 1) {
+            zero = sparq_calloc(zero_bytes ? zero_bytes : 1, 1); /* never written: stays on the zero page */
+            if (!zero) {
+                st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                break;
+            }
+            heap[nheap++] = zero;
+        }
+        for (size_t i = 0; i < n && st == SPARQ_OK; i++) {
+            const sf_tensor *x = sf_at(src, i);
+            size_t stem;
+            bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
+            bool blocks = ends_with(x->name, "_blocks", &stem);
+            bool weight = !blocks && ends_with(x->name, ".weight", &stem) && !dense;
+            if (!blocks && !weight) {
+                if (pass == 1 && !is_weight_companion(src, x)) ent[ne++].t = x;
+                continue;
+            }
+            char key[512];
+            snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
+            sf_weight w;
+            st = sf_weight_find(src, key, &w);
+            if (st != SPARQ_OK) break;
+            if (is_quant_linear(key)) {
+                uint64_t k = w.in, nn = w.out;
+                if (k % 128 || nn % 128) {
+                    st = sparq_err(SPARQ_E_SHAPE, "%s: linear '%s' is %llu -> %llu; quantizable sizes are multiples of 128",
+                                   sf_file_path(src, x->file), key, (unsigned long long)k, (unsigned long long)nn);
+                    break;
+                }
+                uint64_t tb = k * nn / 8;
+                if (pass == 0) {
+                    if (tb > zero_bytes) zero_bytes = tb;
+                    continue;
+                }
+                static const char *const part[3] = {".trellis", ".suh", ".svh"};
+                for (int p3 = 0; p3 < 3; p3++) {
+                    sf_tensor *t = &own[no++];
+                    char nm[600];
+                    snprintf(nm, sizeof nm, "%s%s", key, part[p3]);
+                    t->name = sparq_strdup(nm);
+                    if (!t->name) {
+                        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                        break;
+                    }
+                    heap[nheap++] = (void *)t->name;
+                    if (p3 == 0) {
+                        t->dtype = SF_I16, t->ndim = 3;
+                        t->shape[0] = k / 16, t->shape[1] = nn / 16, t->shape[2] = 16;
+                        t->nbytes = tb;
+                    } else {
+                        t->dtype = SF_F16, t->ndim = 1;
+                        t->shape[0] = p3 == 1 ? k : nn;
+                        t->nbytes = 2 * t->shape[0];
+                    }
+                    t->numel = t->nbytes / 2;
+                    t->data = zero;
+                    ent[ne].t = t;
+                    ent[ne++].owned = true;
+                }
+            } else if (pass == 1) {
+                /* an FP8/MXFP4 tensor the runtime reads directly: store it as F32 */
+                float *f = sparq_malloc((size_t)(w.out * w.in) * sizeof(float));
+                sf_tensor *t = &own[no++];
+                char nm[600];
+                snprintf(nm, sizeof nm, "%s.weight", key);
+                t->name = sparq_strdup(nm);
+                if (!f || !t->name) {
+                    sparq_free(f);
+                    sparq_free((void *)t->name);
+                    st = sparq_err(SPARQ_E_NOMEM, "out of memory dequantising '%s'", key);
+                    break;
+                }
+                heap[nheap++] = f;
+                heap[nheap++] = (void *)t->name;
+                st = sf_weight_to_f32(&w, f);
+                release_weight(j, &w);
+                t->dtype = SF_F32, t->ndim = 2, t->shape[0] = w.out, t->shape[1] = w.in;
+                t->numel = w.out * w.in, t->nbytes = 4 * t->numel, t->data = f;
+                ent[ne].t = t;
+                ent[ne++].owned = true;
+            }
+        }
+    }
+    if (st == SPARQ_OK) {
+        clear_dir_files(dir); /* a stale skeleton of an interrupted run */
+        qsort(ent, ne, sizeof *ent, cmp_entry);
+        st = write_shards(j, dir, ent, ne, shard_cap(j));
+    }
+    if (st == SPARQ_OK) st = copy_file(j->o->model_dir, dir, "config.json");
+    for (size_t i = 0; heap && i < nheap; i++) sparq_free(heap[i]);
+    sparq_free(heap);
+    sparq_free(own);
+    sparq_free(ent);
+    if (st != SPARQ_OK) {
+        sparq_free(dir);
+        return st;
+    }
+    *dir_out = dir;
+    return SPARQ_OK;
+}
+
+static sparq_status assemble_output(qjob *j)
+{
+    const qz_opts *o = j->o;
+    sparq_status st = SPARQ_OK;
+    int n_work = j->n_layers + 1;
+    sf_model **wf = sparq_calloc((size_t)n_work, sizeof *wf);
+    RETURN_IF(!wf, SPARQ_E_NOMEM, "out of memory");
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++) {
+        char *p = work_file(j, i < j->n_layers ? i : -1);
+        st = p ? sf_open(&wf[i], p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        sparq_free(p);
+    }
+    /* Keys replaced by quantized tensors (`<key>.trellis` of EXL3, `<key>.weight` of RTN):
+     * every stored part of such a key in the source (weight, FP8/MXFP4 scales, skeleton
+     * placeholders) is left out. Unquantized tensors come from the skeleton when there
+     * is one (it holds the source's other tensors in a form the runtime reads). */
+    const sf_model *base = j->skel ? j->skel : j->src;
+    size_t n_entries = sf_count(base), n_q = 0;
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++) n_entries += sf_count(wf[i]);
+    out_entry *ent = sparq_calloc(n_entries ? n_entries : 1, sizeof *ent);
+    char **qkeys = sparq_calloc(n_entries ? n_entries : 1, sizeof *qkeys);
+    if (st == SPARQ_OK && (!ent || !qkeys)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    size_t ne = 0;
+    for (int i = 0; i < n_work && st == SPARQ_OK; i++)
+        for (size_t t = 0; t < sf_count(wf[i]); t++) {
+            const sf_tensor *x = sf_at(wf[i], t);
+            ent[ne++].t = x;
+            size_t nl = strlen(x->name), sl = 0;
+            if (nl > 8 && strcmp(x->name + nl - 8, ".trellis") == 0) sl = 8;
+            else if (nl > 7 && strcmp(x->name + nl - 7, ".weight") == 0) sl = 7;
+            if (sl) {
+                char *k = sparq_malloc(nl + 1);
+                if (!k) {
+                    st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                    break;
+                }
+                snprintf(k, nl + 1, "%.*s", (int)(nl - sl), x->name);
+                qkeys[n_q++] = k;
+            }
+        }
+    if (st == SPARQ_OK) {
+        qsort(qkeys, n_q, sizeof *qkeys, cmp_str);
+        for (size_t t = 0; t < sf_count(base); t++) {
+            const sf_tensor *x = sf_at(base, t);
+            const char *nm = x->name;
+            char key[512];
+            const char *dot = strrchr(nm, '.');
+            size_t nl = strlen(nm);
+            const char *kp = key;
+            snprintf(key, sizeof key, "%.*s", dot ? (int)(dot - nm) : (int)nl, nm);
+            if (bsearch(&kp, qkeys, n_q, sizeof *qkeys, cmp_str)) continue;
+            if (nl > 7 && (strcmp(nm + nl - 7, "_blocks") == 0 || strcmp(nm + nl - 7, "_scales") == 0)) {
+                snprintf(key, sizeof key, "%.*s", (int)(nl - 7), nm);
+                if (bsearch(&kp, qkeys, n_q, sizeof *qkeys, cmp_str)) continue;
+            }
+            bool dup = false;
+            for (int i = 0; i < n_work && !dup; i++) dup = sf_find(wf[i], nm) != NULL;
+            if (dup) continue;
+            ent[ne++].t = x;
+        }
+        qsort(ent, ne, sizeof *ent, cmp_entry);
+    }
+    char *partial = NULL;
+    if (st == SPARQ_OK) {
+        size_t pl = strlen(o->out_dir) + 16;
+        partial = sparq_malloc(pl);
+        if (!partial) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else snprintf(partial, pl, "%s.partial", o->out_dir);
+    }
+    if (st == SPARQ_OK) st = sparq_mkdirs(partial);
+    if (st == SPARQ_OK) {
+        clear_dir_files(partial); /* leftovers of an interrupted assembly */
+    }
+    if (st == SPARQ_OK) st = write_shards(j, partial, ent, ne, shard_cap(j));
     /* config.json + quantization_config.json */
     if (st == SPARQ_OK) {
         char *sp = sparq_path_join(o->model_dir, "config.json");
@@ -1192,6 +1585,16 @@ sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const ch
     json_object_set_new(root, "total_seconds", json_real(r->total_seconds));
     json_object_set_new(root, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
     json_object_set_new(root, "mem_estimate_bytes", json_integer((json_int_t)r->mem_estimate));
+    json_object_set_new(root, "max_mem_bytes", json_integer((json_int_t)o->max_mem));
+    json_t *parts = json_array();
+    for (int i = 0; i < r->n_mem_parts; i++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "what", json_string(r->mem_parts[i].what));
+        json_object_set_new(x, "bytes", json_integer((json_int_t)r->mem_parts[i].bytes));
+        json_array_append_new(parts, x);
+    }
+    json_object_set_new(root, "mem_estimate_parts", parts);
+    json_object_set_new(root, "source_skeleton", json_boolean(r->skeleton));
     json_object_set_new(root, "resumed_layers", json_integer(r->resumed_layers));
     for (int i = 0; i < r->n_layers; i++) {
         const qz_layer_stat *l = &r->layers[i];
@@ -1203,6 +1606,10 @@ sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const ch
         json_object_set_new(x, "mean_proxy_err", json_real(l->mean_proxy));
         json_object_set_new(x, "max_proxy_err", json_real(l->max_proxy));
         json_object_set_new(x, "seconds", json_real(l->seconds));
+        json_object_set_new(x, "weights", json_integer((json_int_t)l->n_weights));
+        json_object_set_new(x, "quant_seconds", json_real(l->quant_seconds));
+        json_object_set_new(x, "weights_per_second",
+                            json_real(l->quant_seconds > 0 ? (double)l->n_weights / l->quant_seconds : 0.0));
         json_object_set_new(x, "resumed", json_boolean(l->resumed));
         json_array_append_new(layers, x);
     }
@@ -1265,6 +1672,140 @@ sparq_status qz_report_write_svg(const qz_report *r, const char *path)
     return st;
 }
 
+/* --- memory estimate ---------------------------------------------------------------- */
+
+static void mem_add(qz_report *r, const char *what, uint64_t bytes)
+{
+    if (r->n_mem_parts < QZ_MEM_PARTS) r->mem_parts[r->n_mem_parts++] = (qz_mem_part){what, bytes};
+    r->mem_estimate += bytes;
+}
+
+/* Stored bytes of linear `key` in the source and its in/out (0 if absent). */
+static uint64_t src_linear(const qjob *j, const char *key, uint64_t *k, uint64_t *n)
+{
+    sf_weight w;
+    *k = *n = 0;
+    if (!key || sf_weight_find(j->src, key, &w) != SPARQ_OK) {
+        sparq_err_clear();
+        return 0;
+    }
+    *k = w.in, *n = w.out;
+    return w.nbytes;
+}
+
+/* An upper estimate of the run's peak resident set, term by term (what each
+ * phase holds at once; docs/quantization.md "Memory"): the process as loaded,
+ * the runtime's KV cache and workspace, the three calibration hidden-state
+ * sets, the Viterbi encoder, the embedding rows the calibration tokens touch,
+ * then the largest of: one layer (its mapped or fp32-bound weights and
+ * Hessians during the forwards; Hessians + one linear's work + the layer's
+ * quantized output while quantizing), the head, one output shard. */
+static void mem_estimate(qjob *j, uint64_t base_rss)
+{
+    const qz_opts *o = j->o;
+    const sq_model_config *c = j->cfg;
+    qz_report *r = j->rep;
+    r->mem_estimate = 0;
+    r->n_mem_parts = 0;
+    bool calibrated = o->method == QZ_METHOD_TRELLIS, rtn = o->method == QZ_METHOD_RTN;
+    uint64_t d = (uint64_t)j->d, qd = (uint64_t)c->num_attention_heads * c->head_dim;
+    uint64_t nh = (uint64_t)j->rows * j->T * d;
+    sq_model_mem mm;
+    sq_model_mem_report(j->m, &mm);
+    mem_add(r, "process so far (code, libraries, model index, tokenizer run)", base_rss);
+    mem_add(r, "runtime KV cache and workspace", mm.kv + mm.workspace);
+    mem_add(r, "calibration hidden states (3 sets: quantized path, reference, scratch)", 3 * nh * 4);
+    const sf_tensor *emb = sf_find(j->src, "model.embed_tokens.weight");
+    uint64_t emb_touch = emb ? emb->nbytes : 0;
+    if (emb && emb->shape[0] > 0) {
+        uint64_t rowb = emb->nbytes / emb->shape[0] + j->page;
+        if ((uint64_t)j->rows * j->T * rowb < emb_touch) emb_touch = (uint64_t)j->rows * j->T * rowb;
+    }
+    mem_add(r, "embedding rows of the calibration tokens", emb_touch);
+
+    uint64_t worst_layer = 0;
+    int kmin = o->head_bits; /* the smallest K sizes the Viterbi encoder: 2^(16-K) states */
+    for (int L = 0; L < j->n_layers; L++) {
+        bool moe = sq_model_layer_is_moe(j->m, L);
+        int n_exp = moe ? (int)c->num_experts : 1;
+        uint64_t inter = moe ? c->moe_intermediate_size : c->intermediate_size;
+        uint64_t hess = calibrated ? 4 * (2 * d * d + qd * qd + (uint64_t)n_exp * inter * inter) : 0;
+        uint64_t fwd = 0, outputs = 0, work = 0, kmax = 0;
+        for (int which = SQ_LIN_Q; which <= SQ_LIN_DOWN; which++) {
+            if (which == SQ_LIN_ROUTER && !moe) continue;
+            int ne = which >= SQ_LIN_GATE ? n_exp : 1;
+            for (int e = 0; e < ne; e++) {
+                sq_linear *l = sq_model_linear(j->m, L, (sq_lin_id)which, e);
+                uint64_t k, n, b = src_linear(j, l ? l->name : NULL, &k, &n);
+                /* bound as fp32 (skeleton) or mapped as stored */
+                fwd += l && l->kind == SQ_LINEAR_EXL3 ? 4 * k * n : b;
+                if (which == SQ_LIN_ROUTER) continue;
+                int K = bits_for(j, l ? l->name : "", L, (sq_lin_id)which, moe);
+                if (K < kmin) kmin = K;
+                outputs += rtn ? 2 * k * n : (uint64_t)K * k * n / 8 + 2 * (k + n);
+                uint64_t w = b + 4 * k * n * (rtn ? 3 : 7);
+                if (w > work) work = w;
+                if (k > kmax) kmax = k;
+            }
+        }
+        uint64_t prep = rtn ? 0 : 2 * 4 * kmax * kmax + 16 * kmax;
+        uint64_t quant = hess + prep + work + outputs;
+        uint64_t peak = (fwd + hess > quant ? fwd + hess : quant);
+        if (peak > worst_layer) worst_layer = peak;
+    }
+    /* per thread: 256 back-pointer bytes and two fp32 costs per state; one 64K-entry table */
+    uint64_t states = 1ull << (16 - (kmin < 1 ? 1 : kmin));
+    uint64_t enc = rtn ? 0 : (uint64_t)sparq_pool_size(j->pool) * (256 * states + 2 * (states + 8) * 4) + 65536 * 4;
+    mem_add(r, "Viterbi encoder (per thread)", enc);
+    uint64_t hk, hn, hb = src_linear(j, sf_find(j->src, "lm_head.weight") || sf_find(j->src, "lm_head_blocks")
+                                           ? "lm_head" : "model.embed_tokens", &hk, &hn);
+    uint64_t head = hb + 4 * hk * hn * (rtn ? 3 : 7) + (calibrated ? 3 * 4 * d * d : 0) + 2 * 4 * d * d +
+                    (rtn ? 2 : 1) * hk * hn;
+    /* the largest output (or skeleton) shard: at most the cap, at most the whole
+     * output, which is bounded by 2 bytes per weight for the quantized linears
+     * (bf16 RTN; EXL3 is less) and the stored size (F32 when dequantised) otherwise */
+    uint64_t out_upper = 0;
+    for (size_t i = 0; i < sf_count(j->src); i++) {
+        const sf_tensor *x = sf_at(j->src, i);
+        bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
+        out_upper += dense ? x->nbytes : 8 * x->numel;
+    }
+    uint64_t shard = shard_cap(j);
+    if (out_upper < shard) shard = out_upper;
+    const char *what = "largest layer (weights, Hessians, quantization work, its output)";
+    uint64_t big = worst_layer;
+    if (head > big) big = head, what = "lm_head (fp32 copies and quantization work)";
+    if (shard > big) big = shard, what = "one output shard while it is written";
+    mem_add(r, what, big);
+    mem_add(r, "allocator and thread-stack slack", 8ull << 20);
+}
+
+/* The refusal: every term, the largest named, with what lowers it. */
+static sparq_status mem_refuse(const qjob *j)
+{
+    const qz_report *r = j->rep;
+    char msg[2048], a[32], b[32];
+    int n = 0, big = 0;
+    for (int i = 1; i < r->n_mem_parts; i++)
+        if (r->mem_parts[i].bytes > r->mem_parts[big].bytes) big = i;
+    sparq_format_bytes(a, sizeof a, (double)r->mem_estimate);
+    sparq_format_bytes(b, sizeof b, (double)j->o->max_mem);
+    n += snprintf(msg + n, sizeof msg - (size_t)n, "--max-mem %s is too small: the estimated peak is %s =", b, a);
+    for (int i = 0; i < r->n_mem_parts && n < (int)sizeof msg; i++) {
+        sparq_format_bytes(a, sizeof a, (double)r->mem_parts[i].bytes);
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s %s", i ? " +" : "", a, r->mem_parts[i].what);
+    }
+    const char *w = r->mem_parts[big].what, *hint = "";
+    if (strstr(w, "hidden")) hint = "; lower --calib-rows / --calib-len";
+    else if (strstr(w, "encoder")) hint = "; use fewer --threads";
+    else if (strstr(w, "process")) hint = "; the process itself needs that much before any layer";
+    else if (strstr(w, "layer") || strstr(w, "lm_head")) hint = "; one layer must fit (it is the streaming unit)";
+    sparq_format_bytes(a, sizeof a, (double)r->mem_parts[big].bytes);
+    if (n < (int)sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, ". Largest: %s (%s)%s", w, a, hint);
+    return sparq_err(SPARQ_E_FIT, "%s", msg);
+}
+
 /* --- the job ---------------------------------------------------------------------- */
 
 static void job_free(qjob *j)
@@ -1272,6 +1813,8 @@ static void job_free(qjob *j)
     for (int K = 0; K <= TRELLIS_K_MAX; K++) viterbi_free(j->enc[K]);
     sq_model_free(j->m);
     sf_close(j->src);
+    sf_close(j->skel);
+    sparq_free(j->spans);
     sparq_pool_free(j->pool);
     sparq_free(j->tokens);
     sparq_aligned_free(j->hq);
@@ -1298,10 +1841,17 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         if (j.work) snprintf(j.work, n, "%s.work", o->out_dir);
     }
     RETURN_IF(!j.work, SPARQ_E_NOMEM, "out of memory");
+    bool new_work = !sparq_path_exists(j.work);
     st = sparq_mkdirs(j.work);
     if (st == SPARQ_OK) st = check_job(&j, o->resume);
     if (st == SPARQ_OK) st = sparq_pool_create(&j.pool, o->threads);
     if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
+    j.page = (size_t)sysconf(_SC_PAGESIZE);
+    if (j.page == 0 || (j.page & (j.page - 1))) j.page = 4096;
+    char *skel_dir = NULL;
+    if (st == SPARQ_OK) st = build_skeleton(&j, &skel_dir);
+    j.skeleton = rep->skeleton = skel_dir != NULL;
+    if (st == SPARQ_OK && skel_dir) st = sf_open(&j.skel, skel_dir);
 
     /* Model: rows per forward step = whole calibration sequences. */
     if (st == SPARQ_OK) {
@@ -1313,7 +1863,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         mo.ctx = j.T;
         mo.max_rows = j.batch_seqs * j.T;
         mo.n_threads = o->threads;
-        st = sq_model_load(&j.m, o->model_dir, &mo);
+        st = sq_model_load(&j.m, skel_dir ? skel_dir : o->model_dir, &mo);
     }
     if (st == SPARQ_OK) {
         j.cfg = sq_model_cfg(j.m);
@@ -1326,22 +1876,19 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         rep->calib_rows = j.rows;
         rep->calib_len = j.T;
         nh = (size_t)j.rows * j.T * j.d;
-        /* Memory estimate: three hidden-state sets, the Hessians of one layer,
-         * the largest linear's work (5 k×n + 2 k² floats) and the head's. */
-        const sq_model_config *c = j.cfg;
-        uint64_t qd = (uint64_t)c->num_attention_heads * c->head_dim;
-        uint64_t inter = (uint64_t)(c->moe_intermediate_size > c->intermediate_size ? c->moe_intermediate_size
-                                                                                    : c->intermediate_size);
-        uint64_t hess = 4 * (2 * (uint64_t)j.d * j.d + qd * qd + (uint64_t)c->num_experts * inter * inter);
-        uint64_t big = (uint64_t)j.d * (uint64_t)c->vocab_size;
-        uint64_t lin = 4 * (5 * big + 2 * (uint64_t)j.d * j.d);
-        rep->mem_estimate = 3 * nh * 4 + hess + lin + (64ull << 20);
+        memdbg("estimate", -1);
+        uint64_t now = cur_rss_bytes(), hwm = peak_rss_bytes();
+        mem_estimate(&j, hwm > now ? hwm : now);
         if (o->max_mem && rep->mem_estimate > o->max_mem) {
-            char a[32], b[32];
-            sparq_format_bytes(a, sizeof a, (double)rep->mem_estimate);
-            sparq_format_bytes(b, sizeof b, (double)o->max_mem);
-            st = sparq_err(SPARQ_E_FIT,
-                           "estimated working set %s exceeds --max-mem %s: lower --calib-rows/--calib-len", a, b);
+            st = mem_refuse(&j);
+            if (new_work) { /* refused before any work: leave nothing behind */
+                if (skel_dir) {
+                    clear_dir_files(skel_dir);
+                    rmdir(skel_dir);
+                }
+                clear_dir_files(j.work);
+                rmdir(j.work);
+            }
         }
     }
     if (st == SPARQ_OK) {
@@ -1391,11 +1938,13 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             st = do_head(&j);
         }
     }
+    memdbg("before assembly", -1);
     if (st == SPARQ_OK) st = assemble_output(&j);
+    memdbg("after assembly", -1);
     rep->quant_seconds = j.t_quant;
     rep->total_seconds = sparq_now() - t_start;
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0) rep->peak_rss = (uint64_t)ru.ru_maxrss * 1024;
+    rep->peak_rss = peak_rss_bytes();
     job_free(&j);
+    sparq_free(skel_dir);
     return st;
 }

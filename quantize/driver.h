@@ -24,6 +24,20 @@
  * quantization_config, quantization_config.json, tokenizer files — written
  * to OUT.partial and renamed to OUT.
  *
+ * Streaming (docs/quantization.md "Memory"): a layer's weights are touched
+ * only while it runs — the model's and the source's mapped pages are released
+ * with madvise(MADV_DONTNEED) after use — so the peak resident set is about
+ * one layer plus the calibration hidden states, whatever the model's size.
+ * `max_mem` is checked against an itemised estimate before any work and the
+ * measured peak (VmHWM) is reported.
+ *
+ * Sources: a linear may be stored dense, as FP8 with block scales or as
+ * MXFP4 (formats/weights.h). The runtime reads dense and EXL3 only, so for a
+ * source with FP8/MXFP4 tensors the runtime model is loaded from a skeleton
+ * written to the work dir (1-bit zero EXL3 placeholders for those linears)
+ * and each layer's FP8/MXFP4 linears are bound as fp32 while it runs. The
+ * quantizer sees the exact decoded values either way.
+ *
  * Bits (exllamav3's defaults): routed experts K = floor(bits), attention
  * K+2, dense MLP K+1, lm_head head_bits; embeddings, norms and the router
  * stay unquantized. A fractional `bits` upgrades the experts of an evenly
@@ -58,10 +72,12 @@ bool qz_method_parse(const char *s, qz_method *out);
 
 /* How each linear's global scale g is found (ldlq.h). */
 typedef enum qz_scale_search {
-    QZ_SCALE_FULL = 0, /* search for every tensor (exllamav3) */
-    QZ_SCALE_SHARED,   /* default: search for expert 0 of each projection and K in a MoE layer and reuse
-                          g for the other experts (the search costs several times the quantization of a
-                          small matrix; regularised experts have near-identical statistics) */
+    QZ_SCALE_FULL = 0, /* default, as exllamav3: a coarse grid (0.1..1.9), a fine grid and a parabolic
+                          refinement on a sample of tiles, for every tensor (reference.md §1.3) */
+    QZ_SCALE_SHARED,   /* search for expert 0 of each projection and K in a MoE layer and reuse its g
+                          for the layer's other experts: faster (the search costs several times the
+                          quantization of a small matrix; regularised experts have near-identical
+                          statistics); docs/benchmarks-quantize.md compares time and KLD */
     QZ_SCALE_FIXED,    /* no search: ldlq_default_g(K, codebook) (fast; for tests) */
 } qz_scale_search;
 
@@ -71,7 +87,8 @@ typedef struct qz_bits_rule {
 } qz_bits_rule;
 
 typedef struct qz_opts {
-    const char *model_dir;  /* source HF directory (bf16/fp16/fp32 safetensors) */
+    const char *model_dir;  /* source HF directory: linears BF16/F16/F32, FP8 + block scales or
+                               MXFP4 (formats/weights.h); other tensors BF16/F16/F32 (or FP8) */
     const char *out_dir;    /* created; must not exist */
     const char *work_dir;   /* NULL: "<out_dir>.work" */
     double bits;            /* expert base bits, 1..8, fractional allowed (default 3) */
@@ -86,9 +103,11 @@ typedef struct qz_opts {
     trellis_codebook cb;     /* default mul1 */
     qz_method method;
     int rtn_group;           /* RTN group size along the input dim (default 128) */
-    qz_scale_search scale_search; /* default QZ_SCALE_SHARED */
+    qz_scale_search scale_search; /* default QZ_SCALE_FULL */
     bool resume;             /* continue from work_dir's checkpoint */
-    uint64_t max_mem;        /* bytes; 0 = no limit (checked against the estimate before starting) */
+    uint64_t max_mem;        /* bytes; 0 = no limit. A bound on the peak resident set: the run is
+                                refused up front when the estimate exceeds it, and streams one layer
+                                at a time (mapped pages released after use) to stay under it */
     uint64_t shard_bytes;    /* max bytes per output shard (default 4 GiB) */
     uint64_t seed;           /* default 0 */
     int threads;             /* ≤ 0: all CPUs */
@@ -112,8 +131,17 @@ typedef struct qz_layer_stat {
     double sqnr_db;  /* 10·log10(‖h_ref‖² / ‖h_q − h_ref‖²) */
     double mean_proxy, max_proxy;
     double seconds;  /* wall time of the layer (0 if restored from the checkpoint) */
+    uint64_t n_weights;    /* weights quantized in this layer (0 if restored) */
+    double quant_seconds;  /* time inside the quantizer for them (weights/s = n_weights / quant_seconds) */
     bool resumed;
 } qz_layer_stat;
+
+/* One term of the memory estimate (see qz_run / docs/quantization.md). */
+typedef struct qz_mem_part {
+    const char *what; /* static string, e.g. "calibration hidden states" */
+    uint64_t bytes;
+} qz_mem_part;
+#define QZ_MEM_PARTS 10
 
 typedef struct qz_report {
     qz_tensor_stat *tensors;
@@ -123,8 +151,13 @@ typedef struct qz_report {
     uint64_t n_weights;      /* weights quantized in this run (not restored ones) */
     double quant_seconds;    /* time spent inside the quantizer in this run */
     double total_seconds;
-    uint64_t peak_rss;       /* bytes (getrusage) */
-    uint64_t mem_estimate;   /* bytes: the driver's own estimate of its peak working set */
+    uint64_t peak_rss;       /* bytes: the process's measured peak resident set (VmHWM), file-backed
+                                pages of the mapped checkpoint included */
+    uint64_t mem_estimate;   /* bytes: the driver's upper estimate of that peak (checked against
+                                --max-mem before any work) */
+    qz_mem_part mem_parts[QZ_MEM_PARTS]; /* its terms (they add up to mem_estimate) */
+    int n_mem_parts;
+    bool skeleton;           /* FP8/MXFP4 source: ran on a skeleton with fp32 binding per layer */
     int calib_rows, calib_len, random_rows;
     int resumed_layers;
 } qz_report;

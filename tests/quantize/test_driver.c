@@ -25,6 +25,7 @@
 #include "quantize/driver.h"
 #include "quantize/ldlq.h"
 #include "runtime/model.h"
+#include "qtest.h"
 #include "t.h"
 
 static char g_model[1024], g_calib[1024], g_eval[1024], g_tmp[1024];
@@ -48,17 +49,6 @@ static char *tmp_path(const char *name)
     char *b = buf[i++ & 7];
     snprintf(b, sizeof buf[0], "%s/%s", g_tmp, name);
     return b;
-}
-
-static bool files_equal(const char *a, const char *b)
-{
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    bool eq = sparq_file_read_all(a, 0, &x, &nx) == SPARQ_OK && sparq_file_read_all(b, 0, &y, &ny) == SPARQ_OK &&
-              nx == ny && memcmp(x, y, nx) == 0;
-    sparq_free(x);
-    sparq_free(y);
-    return eq;
 }
 
 static int tensor_K(const sf_model *sf, const char *key)
@@ -245,7 +235,7 @@ static void test_resume_identical(void)
         char a[1200], b[1200];
         snprintf(a, sizeof a, "%s/%s", tmp_path("q3"), files[i]);
         snprintf(b, sizeof b, "%s/%s", out, files[i]);
-        CHECK_MSG(files_equal(a, b), "%s differs after resume", files[i]);
+        CHECK_MSG(qt_files_equal(a, b), "%s differs after resume", files[i]);
     }
 }
 

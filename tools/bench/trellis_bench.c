@@ -217,9 +217,15 @@ static void time_alternated(int reps, void (*fa)(void *), void (*fb)(void *), vo
     }
 }
 
+/* "Cold" runs rotate over copies of the weights whose total exceeds the
+ * last-level cache several times, so every call reads its matrix from DRAM,
+ * as a decode step through a model larger than the cache does; "hot" runs
+ * repeat one copy (the matrix partly or wholly cache-resident). */
 typedef struct gemv_arg {
-    const trellis_linear *lin;
-    const float *w, *x;
+    const trellis_linear *lin; /* [n_tr] copies (same shape, own trellis words) */
+    const float *const *w;     /* [n_w] fp32 copies */
+    int n_tr, n_w, i_tr, i_w;
+    const float *x;
     float *y;
     sparq_pool *pool;
 } gemv_arg;
@@ -227,13 +233,16 @@ typedef struct gemv_arg {
 static void run_trellis(void *v)
 {
     gemv_arg *g = v;
-    trellis_linear_gemm_path(g->lin, g->x, 1, g->y, g->pool, bench_path);
+    trellis_linear_gemm_path(&g->lin[g->i_tr], g->x, 1, g->y, g->pool, bench_path);
+    g->i_tr = (g->i_tr + 1) % g->n_tr;
 }
 
 static void run_sgemv(void *v)
 {
     gemv_arg *g = v;
-    cblas_sgemv(CblasRowMajor, CblasTrans, g->lin->k, g->lin->n, 1.0f, g->w, g->lin->n, g->x, 1, 0.0f, g->y, 1);
+    cblas_sgemv(CblasRowMajor, CblasTrans, g->lin->k, g->lin->n, 1.0f, g->w[g->i_w], g->lin->n, g->x, 1, 0.0f, g->y,
+                1);
+    g->i_w = (g->i_w + 1) % g->n_w;
 }
 
 typedef struct gemm_arg {
@@ -317,10 +326,18 @@ static void bench_small_batch(int reps)
     free(y);
 }
 
+/* Copies of a bytes-sized array so that they total at least `total` bytes. */
+static int copies_for(size_t bytes, size_t total)
+{
+    size_t c = (total + bytes - 1) / bytes;
+    return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
+}
+
 static int bench_gemv(int threads, int reps)
 {
     const int K = 3;
     const int shapes[2][2] = {{4096, 4096}, {2048, 768}};
+    const size_t cold_total = (size_t)256 << 20; /* 8x this machine's 32 MB L3 */
     sparq_pool *pool = NULL, *one = NULL;
     if (sparq_pool_create(&pool, threads) != SPARQ_OK || sparq_pool_create(&one, 1) != SPARQ_OK) return 1;
     const int T = sparq_pool_size(pool);
@@ -330,33 +347,53 @@ static int bench_gemv(int threads, int reps)
            bwT / 1e9, T);
     printf("read bandwidth, 64 MB array (the 4096x4096 fp32 matrix's size, partly cached): %.1f GB/s (1 thread), "
            "%.1f GB/s (%d threads)\n", c1 / 1e9, cT / 1e9, T);
-    printf("batch-1 GEMV, K=%d mul1, path %s, best of %d alternated runs\n", K, trellis_path_name(bench_path),
-           reps);
-    printf("%-10s %3s %11s %11s %8s %14s %9s\n", "(k, n)", "thr", "trellis us", "sgemv us", "speedup",
+    printf("batch-1 GEMV, K=%d mul1, path %s, best of %d alternated runs; cold = each call on another copy of the "
+           "weights (copies totalling >= %zu MB: read from DRAM, as in a decode step), hot = one copy\n",
+           K, trellis_path_name(bench_path), reps, cold_total >> 20);
+    printf("%-10s %-4s %3s %11s %11s %8s %14s %9s\n", "(k, n)", "mode", "thr", "trellis us", "sgemv us", "speedup",
            "trellis GB/s", "% of bw");
     for (int s = 0; s < 2; s++) {
         const int k = shapes[s][0], n = shapes[s][1];
         const size_t nw = (size_t)k / 16 * (n / 16) * 16 * K;
         bench_linear bl;
         bench_linear_make(&bl, k, n, K, pool);
-        const trellis_linear lin = bl.lin;
-        const float *w = bl.w;
+        const int n_tr = copies_for(nw * 2, cold_total), n_w = copies_for((size_t)k * n * 4, cold_total);
+        trellis_linear *lins = malloc((size_t)n_tr * sizeof *lins);
+        float **ws = malloc((size_t)n_w * sizeof *ws);
+        lins[0] = bl.lin;
+        ws[0] = bl.w;
+        for (int c = 1; c < n_tr; c++) {
+            uint16_t *tr = malloc(nw * 2);
+            memcpy(tr, bl.tr, nw * 2);
+            lins[c] = bl.lin;
+            lins[c].trellis = tr;
+        }
+        for (int c = 1; c < n_w; c++) {
+            ws[c] = sparq_aligned_alloc(64, (size_t)k * n * sizeof(float));
+            memcpy(ws[c], bl.w, (size_t)k * n * sizeof(float));
+        }
         float *x = malloc((size_t)k * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
         for (int i = 0; i < k; i++) x[i] = gauss();
-        for (int tt = 0; tt < 2; tt++) {
-            const int nthr = tt ? T : 1;
-            openblas_set_num_threads(nthr);
-            gemv_arg g = {&lin, w, x, y, tt ? pool : NULL};
-            run_trellis(&g);
-            run_sgemv(&g);
-            double cpu_tr = 0, cpu_bl = 0, tt_tr = 0, tt_bl = 0;
-            time_alternated(reps, run_trellis, run_sgemv, &g, &tt_tr, &tt_bl, &cpu_tr, &cpu_bl);
-            const double gbs = (double)nw * 2 / tt_tr;
-            printf("%4dx%-5d %3d %11.1f %11.1f %7.2fx %14.2f %8.1f%%", k, n, nthr, tt_tr * 1e6, tt_bl * 1e6,
-                   tt_bl / tt_tr, gbs / 1e9, 100 * gbs / (tt ? bwT : bw1));
-            if (!tt) printf("   CPU us: trellis %.1f, sgemv %.1f", cpu_tr * 1e6, cpu_bl * 1e6);
-            printf("\n");
-        }
+        for (int cold = 1; cold >= 0; cold--)
+            for (int tt = 0; tt < 2; tt++) {
+                const int nthr = tt ? T : 1;
+                openblas_set_num_threads(nthr);
+                gemv_arg g = {lins, (const float *const *)ws, cold ? n_tr : 1, cold ? n_w : 1, 0, 0, x, y,
+                              tt ? pool : NULL};
+                run_trellis(&g);
+                run_sgemv(&g);
+                double cpu_tr = 0, cpu_bl = 0, tt_tr = 0, tt_bl = 0;
+                time_alternated(cold ? reps * 2 : reps, run_trellis, run_sgemv, &g, &tt_tr, &tt_bl, &cpu_tr, &cpu_bl);
+                const double gbs = (double)nw * 2 / tt_tr;
+                printf("%4dx%-5d %-4s %3d %11.1f %11.1f %7.2fx %14.2f %8.1f%%", k, n, cold ? "cold" : "hot", nthr,
+                       tt_tr * 1e6, tt_bl * 1e6, tt_bl / tt_tr, gbs / 1e9, 100 * gbs / (tt ? bwT : bw1));
+                if (!tt) printf("   CPU us: trellis %.1f, sgemv %.1f", cpu_tr * 1e6, cpu_bl * 1e6);
+                printf("\n");
+            }
+        for (int c = 1; c < n_tr; c++) free((void *)lins[c].trellis);
+        for (int c = 1; c < n_w; c++) sparq_aligned_free(ws[c]);
+        free(lins);
+        free(ws);
         bench_linear_free(&bl);
         free(x);
         free(y);

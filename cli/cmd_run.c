@@ -333,10 +333,13 @@ int cmd_run(int argc, char **argv)
     }
     if (st != SPARQ_OK) {
         if (st_open == SPARQ_OK && tr->size > 1) cli_dist_fail(&spec, tr, st); /* the others are serving */
+        /* print before closing: closing waits for every rank, and once the others exit
+         * with an error mpirun stops this one, possibly before it has said why */
+        const int rc = reported ? 1 : cli_fail(&spec, st);
         sq_dist_close(s.model);
         sq_tokenizer_free(s.tok);
         sq_transport_close(tr);
-        return reported ? 1 : cli_fail(&spec, st);
+        return rc;
     }
     if (parallel > sq_dist_options(s.model)->n_seq) {
         st = sparq_err(SPARQ_E_ARG, "%s: --parallel %lld, but the bundle was planned for %d users (sparq pack --users)",

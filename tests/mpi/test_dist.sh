@@ -96,6 +96,12 @@ rank_pid() {
     if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo $p; return; fi
   done
 }
+# wait up to 20 s until file $1 has output (the generation has started)
+started() {
+  i=0
+  while [ ! -s "$1" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+  sleep 0.5
+}
 # wait for mpirun ($1) up to $2 s; prints its exit status, 999 if it is still running
 running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; } # an exited child is a zombie until waited for
 wait_for() {
@@ -108,7 +114,7 @@ wait_for() {
 SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 \
   >"$T/k.out" 2>"$T/k.err" &
 mp=$!
-sleep 2
+started "$T/k.out"
 victim=$(rank_pid "$T/b3" 1)
 [ -n "$victim" ] && ok || bad "kill: rank 1 not found"
 [ -n "$victim" ] && kill -9 "$victim"
@@ -125,8 +131,9 @@ pkill -9 -f "sparq run $T/b3" 2>/dev/null
 SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 --timeout 2 \
   >"$T/s.out" 2>"$T/s.err" &
 mp=$!
-sleep 2
+started "$T/s.out"
 victim=$(rank_pid "$T/b3" 1)
+[ -n "$victim" ] && ok || bad "stall: rank 1 not found"
 [ -n "$victim" ] && kill -STOP "$victim"
 rc=$(wait_for $mp 30)
 [ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "stall: mpirun exit '$rc' (999 = still running after 30 s)"

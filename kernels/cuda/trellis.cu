@@ -1,7 +1,9 @@
 /* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
  * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
  * README.md; trellis_cuda_gemm runs v10, the balanced kernel below with the
- * lab options of trellis_decode.cuh and programmatic dependent launch).
+ * lab options of trellis_decode.cuh and programmatic dependent launch;
+ * trellis_cuda_moe_forward runs MoE lab v17, trellis_fused.cuh's block body
+ * in two launches with one-wave grids).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -366,13 +368,58 @@ static decode_fn decode_pick(int K, int cb, int version = 0)
     });
 }
 
-static void moe_pick(int K, int cb, moe_gu_fn *gu, moe_down_fn *down)
+/* MoE lab versions (kernels/cuda/lab/README.md): 5 = round 1 (v3's body),
+ * 13 = v9's decode, 14 = 13 + programmatic dependent launch of the down
+ * launch, 15 = v11's decode + PDL, 16 = 5 + PDL, 17 / 18 = 14 with the
+ * chunk fitted to one / two waves of resident blocks (moe_chunk_fit), 19 =
+ * 16 with 17's chunk; -1 for another version. */
+static int moe_version_opts(int version)
 {
-    *gu = with_k_cb(K, cb, [](auto k, auto c) -> moe_gu_fn {
-        return k_moe_gate_up<decltype(k)::value, decltype(c)::value, 4>;
-    });
-    *down = with_k_cb(K, cb, [](auto k, auto c) -> moe_down_fn {
-        return k_moe_down<decltype(k)::value, decltype(c)::value, 4>;
+    switch (version) {
+    case 5: return 0;
+    case 13: return DEC_2W | DEC_IMMA;
+    case 14: return DEC_2W | DEC_IMMA | DEC_PDL;
+    case 15: return DEC_2W | DEC_IMMA | DEC_FMA | DEC_PDL;
+    case 16: return DEC_PDL;
+    case 17:
+    case 18: return DEC_2W | DEC_IMMA | DEC_PDL;
+    case 19: return DEC_PDL;
+    default: return -1;
+    }
+}
+
+/* The version trellis_cuda_moe_forward runs, and its options (instantiated
+ * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
+#define MOE_DEFAULT_VERSION 17
+#define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
+
+template <int KK, int CC, int D>
+static void moe_pick_d(moe_gu_fn *gu, moe_down_fn *down)
+{
+    if constexpr (D == MOE_DEFAULT_D || (CC == CB_MUL1 && KK >= 2 && KK <= 4)) {
+        *gu = k_moe_gate_up<KK, CC, 4, D>;
+        *down = k_moe_down<KK, CC, 4, D>;
+    }
+}
+
+static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *down)
+{
+    *gu = NULL;
+    *down = NULL;
+    const int d = moe_version_opts(version);
+    with_k_cb(K, cb, [&](auto k, auto c) -> int {
+        constexpr int KK = decltype(k)::value, CC = decltype(c)::value;
+        switch (d) {
+        case 0: moe_pick_d<KK, CC, 0>(gu, down); break;
+        case DEC_2W | DEC_IMMA: moe_pick_d<KK, CC, DEC_2W | DEC_IMMA>(gu, down); break;
+        case DEC_2W | DEC_IMMA | DEC_PDL: moe_pick_d<KK, CC, DEC_2W | DEC_IMMA | DEC_PDL>(gu, down); break;
+        case DEC_2W | DEC_IMMA | DEC_FMA | DEC_PDL:
+            moe_pick_d<KK, CC, DEC_2W | DEC_IMMA | DEC_FMA | DEC_PDL>(gu, down);
+            break;
+        case DEC_PDL: moe_pick_d<KK, CC, DEC_PDL>(gu, down); break;
+        default: break;
+        }
+        return 0;
     });
 }
 
@@ -783,6 +830,9 @@ struct trellis_cuda_moe {
     float *t_gu;        /* pairs × 2 × inter, zero between calls */
     float *t_down;      /* pairs × hidden, zero between calls */
     unsigned *c_gu, *c_down;
+    /* moe_chunk_fit's answers by [version − 17][launch: 0 gate/up, 1 down]
+     * [tokens] (0 = not asked yet): the occupancy query runs once */
+    int chunk_fit[3][2][TRELLIS_GEMM_MAX_ROWS + 1];
 };
 
 /* k tiles per block for n_jobs fused GEMVs of shape (k, n): about 4 blocks of
@@ -796,6 +846,44 @@ static int fused_chunk(int k, int n, int n_jobs)
     int chunk = (int)((ktiles + splits - 1) / splits);
     chunk = (chunk + 7) / 8 * 8;
     return chunk > FUSED_MAX_CHUNK ? FUSED_MAX_CHUNK : chunk;
+}
+
+/* MoE lab v17 (the default), v18, v19: k tiles per block fitted to the
+ * resident blocks of the kernel fn (occupancy query: `cap` blocks at once on
+ * the whole GPU), so the last wave is not a sliver (round 1's fused_chunk gave 540 blocks = 2.05
+ * waves for DeepSeek's gate/up). max_waves 1 (v17): the most splits whose
+ * blocks all fit at once; 2 (v18): the split count that fills the slots of
+ * ≤ 2 waves best (ties: more blocks). Rows are 1..16 tokens' worth of one
+ * row each, so shared memory stays small: chunk ≤ MOE_MAX_CHUNK. */
+#define MOE_MAX_CHUNK 512
+static int moe_chunk_fit(const void *fn, int k, int n, int n_jobs, int max_waves)
+{
+    const int ktiles = k / 16, nbc = (n + FUSED_COLS - 1) / FUSED_COLS;
+    const long long per_split = (long long)nbc * n_jobs;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, fused_smem_bytes(MOE_MAX_CHUNK, 1)) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        (void)cudaGetLastError();
+        per_sm = 1;
+    }
+    const long long cap = (long long)per_sm * sm_count();
+    int best = ((ktiles + 7) / 8) * 8;
+    double best_fill = -1.0;
+    long long best_blocks = 0;
+    for (int chunk = 8; chunk <= ktiles + 7 && chunk <= MOE_MAX_CHUNK; chunk += 8) {
+        const long long blocks = per_split * ((ktiles + chunk - 1) / chunk);
+        const long long waves = (blocks + cap - 1) / cap;
+        if (waves > max_waves) continue;
+        const double fill = (double)blocks / (double)(waves * cap);
+        if (fill > best_fill + 1e-9 || (fill > best_fill - 1e-9 && blocks > best_blocks)) {
+            best_fill = fill;
+            best_blocks = blocks;
+            best = chunk;
+        }
+    }
+    if (best > MOE_MAX_CHUNK) best = MOE_MAX_CHUNK;
+    return best;
 }
 
 void trellis_cuda_moe_free(trellis_cuda_moe *m)
@@ -882,28 +970,70 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     return SPARQ_OK;
 }
 
-sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
-                                      const float *weights, float *out, void *stream)
+sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
+                                          const float *weights, float *out, void *stream, int version)
 {
     RETURN_IF(!m || !x || !ids || !weights || !out, SPARQ_E_ARG, "cuda moe forward: missing argument");
     RETURN_IF(tokens < 1 || tokens > m->max_tokens, SPARQ_E_ARG, "cuda moe forward: %d tokens, created for 1..%d",
               tokens, m->max_tokens);
     moe_gu_fn gu;
     moe_down_fn dn;
-    moe_pick(m->K, m->cb, &gu, &dn);
-    RETURN_IF(!gu || !dn, SPARQ_E_UNSUPPORTED, "cuda moe: no kernel for K=%d codebook %d", m->K, m->cb);
+    moe_pick(m->K, m->cb, version, &gu, &dn);
+    RETURN_IF(!gu || !dn, SPARQ_E_UNSUPPORTED, "cuda moe: no kernel for K=%d codebook %d (MoE lab version %d)", m->K,
+              m->cb, version);
+    const bool pdl = (moe_version_opts(version) & DEC_PDL) != 0;
     cudaStream_t s = (cudaStream_t)stream;
     const int pairs = tokens * m->top_k;
-    const int c1 = fused_chunk(m->hidden, m->inter, 2 * pairs), c2 = fused_chunk(m->inter, m->hidden, pairs);
+    int c1 = fused_chunk(m->hidden, m->inter, 2 * pairs), c2 = fused_chunk(m->inter, m->hidden, pairs);
+    if (version >= 17) { /* 17, 19: one wave; 18: two */
+        const int waves = version == 18 ? 2 : 1;
+        int *f = m->chunk_fit[version - 17][0] + tokens, *fd = m->chunk_fit[version - 17][1] + tokens;
+        if (!*f) {
+            *f = moe_chunk_fit((const void *)gu, m->hidden, m->inter, 2 * pairs, waves);
+            *fd = moe_chunk_fit((const void *)dn, m->inter, m->hidden, pairs, waves);
+        }
+        c1 = *f;
+        c2 = *fd;
+    }
     const int nbc1 = (m->inter + FUSED_COLS - 1) / FUSED_COLS, nbc2 = (m->hidden + FUSED_COLS - 1) / FUSED_COLS;
     const int sp1 = (m->hidden / 16 + c1 - 1) / c1, sp2 = (m->inter / 16 + c2 - 1) / c2;
     gu<<<dim3(nbc1 * sp1, 2 * pairs), 256, fused_smem_bytes(c1, 1), s>>>(
         m->proj[0], m->proj[1], ids, x, m->gu, m->t_gu, m->c_gu, m->hidden, m->inter, m->top_k, c1);
     CUDA_RETURN_IF(cudaGetLastError(), "moe gate/up launch (%d pairs)", pairs);
+    if (pdl) {
+        /* down may start while gate/up runs: it waits (griddepcontrol.wait)
+         * before reading gu */
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(nbc2 * sp2, pairs);
+        cfg.blockDim = dim3(256);
+        cfg.dynamicSmemBytes = fused_smem_bytes(c2, 1);
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, dn, m->proj[2], ids, weights, (const float *)m->gu, out, m->t_down,
+                                          m->c_down, m->hidden, m->inter, m->top_k, c2),
+                       "moe down launch (%d pairs, PDL)", pairs);
+        return SPARQ_OK;
+    }
     dn<<<dim3(nbc2 * sp2, pairs), 256, fused_smem_bytes(c2, 1), s>>>(m->proj[2], ids, weights, m->gu, out, m->t_down,
                                                                      m->c_down, m->hidden, m->inter, m->top_k, c2);
     CUDA_RETURN_IF(cudaGetLastError(), "moe down launch (%d pairs)", pairs);
     return SPARQ_OK;
+}
+
+/* trellis_cuda_moe_forward runs MoE lab version MOE_DEFAULT_VERSION = v17
+ * (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's decode, the
+ * down launch overlapped by PDL, k tiles per block fitted to one wave of
+ * resident blocks; 1.38× one v10 GEMV of the same weights on DeepSeek's
+ * shapes (round 1's v5 in the same run: 1.47×), 1.80× on Qwen3's (v5:
+ * 1.92×); run 13 in docs/benchmarks-cuda.md. */
+sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
+                                      const float *weights, float *out, void *stream)
+{
+    return trellis_cuda_moe_forward_lab(m, x, tokens, ids, weights, out, stream, MOE_DEFAULT_VERSION);
 }
 
 } /* extern "C" */

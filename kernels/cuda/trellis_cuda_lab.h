@@ -59,6 +59,19 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
 
 /* trellis_cuda_decode_inner with the tile decode of lab version 6..12 (0 =
  * the real one), so the test can check each version's decode bit for bit. */
+/* trellis_cuda_moe_forward with MoE lab version `version`
+ * (kernels/cuda/lab/README.md): 5 = round 1 (v3's block body), 13 = v9's
+ * decode (two ring words per lane, mul1 byte sums on the tensor core),
+ * 14 = 13 + the down launch overlapped with gate/up by programmatic
+ * dependent launch, 15 = v11's decode (+ state masks on the FMA pipe) +
+ * PDL, 16 = 5 + PDL, 17 / 18 = 14 with the k tiles per block fitted
+ * to one / two waves of resident blocks (17 is the default), 19 = 16
+ * with 17's k tiles per block. The default version exists for every K and
+ * codebook, the others for mul1 at K = 2..4 only (SPARQ_E_UNSUPPORTED
+ * otherwise). */
+sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
+                                          const float *weights, float *out, void *stream, int version);
+
 sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q, void *stream, int version);
 
 #ifdef __cplusplus

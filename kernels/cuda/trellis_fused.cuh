@@ -88,6 +88,9 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
     uint32_t wn[U][NW][NWD];
     auto load_step = [&](int kt) { words_load<K, NW, U>(p + (size_t)(kt - kt0) * row_stride, row_stride, lr, wn); };
     if (active) load_step(kt0);
+    /* DEC_PDL (MoE down, v14+): x and x2 come from the previous launch, which
+     * may still run; the first trellis words above are already in flight */
+    if constexpr ((D & DEC_PDL) != 0) griddep_wait();
 
     /* 1. input transform of this block's k range into shared memory */
     {
@@ -182,12 +185,18 @@ __global__ void __launch_bounds__(256) k_gemm_fused(const uint32_t *__restrict__
     fused_body<K, CB, U, 0, D>(trellis, x, nullptr, suh, svh, t, counters, y, 1.0f, k, n, rows, chunk);
 }
 
-/* --- fused MoE decode layer (lab v5) ----------------------------------------------
+/* --- fused MoE decode layer (lab v5, v13..v16) ---------------------------------------
  * Two launches for all routed (token, expert) pairs of a layer, routing read
  * on the device (no host round trip):
  *   k_moe_gate_up: blockIdx.y = 2·pair + {0 gate, 1 up}: gu[2·pair + w] = x[token]·W_w[e]
  *   k_moe_down:    blockIdx.y = pair: out[token] += weight · (silu(g) ⊙ u)·W_down[e]
- * Each (pair, linear) is one batch-1 v3 GEMV with its own t slice and counters. */
+ * Each (pair, linear) is one batch-1 v3 GEMV with its own t slice and counters.
+ * D: the decode options of fused_body (0 = v5's round-1 decode, DEC_2W |
+ * DEC_IMMA = v9's, + DEC_FMA = v11's); DEC_PDL: gate/up lets the down launch
+ * start at once (griddep_launch), and down loads its first trellis words
+ * before it waits for gate/up (griddep_wait in fused_body). Only down waits:
+ * gate/up is launched plainly, so it never overlaps the previous layer's
+ * down (which still reads gu). */
 
 /* Device tables of one projection's per-expert tensors. */
 struct moe_proj {
@@ -196,7 +205,7 @@ struct moe_proj {
     const __half *const *svh;
 };
 
-template <int K, int CB, int U>
+template <int K, int CB, int U, int D = 0>
 __global__ void __launch_bounds__(256) k_moe_gate_up(moe_proj gate, moe_proj up, const int *__restrict__ ids,
                                                      const float *__restrict__ x, float *__restrict__ gu,
                                                      float *__restrict__ t, unsigned *__restrict__ counters,
@@ -205,12 +214,13 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(moe_proj gate, moe_proj up,
     const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair];
     const moe_proj &pr = (job & 1) ? up : gate;
     const int nbc = (inter + FUSED_COLS - 1) / FUSED_COLS;
-    fused_body<K, CB, U, 0>(pr.tr[e], x + (size_t)token * hidden, nullptr, pr.suh[e], pr.svh[e],
+    if constexpr ((D & DEC_PDL) != 0) griddep_launch();
+    fused_body<K, CB, U, 0, D & ~DEC_PDL>(pr.tr[e], x + (size_t)token * hidden, nullptr, pr.suh[e], pr.svh[e],
                             t + (size_t)job * inter, counters + (size_t)job * nbc, gu + (size_t)job * inter, 1.0f,
                             hidden, inter, 1, chunk);
 }
 
-template <int K, int CB, int U>
+template <int K, int CB, int U, int D = 0>
 __global__ void __launch_bounds__(256) k_moe_down(moe_proj down, const int *__restrict__ ids,
                                                   const float *__restrict__ weights, const float *__restrict__ gu,
                                                   float *__restrict__ out, float *__restrict__ t,
@@ -219,7 +229,7 @@ __global__ void __launch_bounds__(256) k_moe_down(moe_proj down, const int *__re
 {
     const int pair = blockIdx.y, token = pair / top_k, e = ids[pair];
     const int nbc = (hidden + FUSED_COLS - 1) / FUSED_COLS;
-    fused_body<K, CB, U, FUSED_IN_SWIGLU | FUSED_OUT_ADD>(
+    fused_body<K, CB, U, FUSED_IN_SWIGLU | FUSED_OUT_ADD, D>(
         down.tr[e], gu + (size_t)2 * pair * inter, gu + (size_t)(2 * pair + 1) * inter, down.suh[e], down.svh[e],
         t + (size_t)pair * hidden, counters + (size_t)pair * nbc, out + (size_t)token * hidden, weights[pair], inter,
         hidden, 1, chunk);

@@ -11,7 +11,8 @@
  *    2: two-word loads, tensor-core byte sums, FMA masks, programmatic
  *    dependent launch) and the default entry point the same; each lab
  *    version's tile decode is also checked bit for bit like the real one;
- *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU;
+ *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
+ *    and every MoE lab version, v5 and v13..v19);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -391,18 +392,25 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dx, x, (size_t)tokens * hidden * 4) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dids, ids, pairs * sizeof(int)) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
-    for (int rep = 0; rep < 2; rep++) { /* twice: the scratch must come back to zero */
+    /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
+     * twice: the scratch must come back to zero */
+    static const int versions[] = {0, 5, 13, 14, 15, 16, 17, 18, 19};
+    const int nver = cb == TRELLIS_CB_MUL1 && K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0]) : 1;
+    for (int run = 0; run < 2 * nver; run++) {
+        const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
-        sparq_status st = trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL);
-        CHECK_MSG(st == SPARQ_OK, "moe forward: %s", sparq_errmsg());
+        sparq_status st = version == 0 ? trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL)
+                                       : trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, version);
+        CHECK_MSG(st == SPARQ_OK, "moe forward (version %d): %s", version, sparq_errmsg());
         CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
         CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
         for (size_t i = 0; i < (size_t)tokens * hidden; i++) out[i] -= res[i];
         const double e = nmse(out, ref, (size_t)tokens * hidden);
         if (e > worst_nmse || e != e) worst_nmse = e;
-        CHECK_MSG(e <= NMSE_MAX, "moe %dx%d E=%d top-%d tokens=%d K=%d %s: normalised MSE %.3g", hidden, inter, E,
-                  top_k, tokens, K, trellis_cb_name(cb), e);
+        CHECK_MSG(e <= NMSE_MAX, "moe v%d %dx%d E=%d top-%d tokens=%d K=%d %s: normalised MSE %.3g", version, hidden,
+                  inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
     }
+    CHECK(trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, 99) == SPARQ_E_UNSUPPORTED);
     trellis_cuda_moe_free(moe);
     for (int i = 0; i < 3 * E; i++) {
         trellis_cuda_linear_free(dl[i]);
@@ -431,6 +439,9 @@ static void test_moe(void)
     check_moe(512, 384, 4, 2, 3, 3, TRELLIS_CB_MUL1);
     check_moe(256, 640, 6, 3, 2, 2, TRELLIS_CB_3INST);
     check_moe(1024, 768, 8, 8, 16, 4, TRELLIS_CB_MCG); /* every expert, 16 tokens */
+    /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
+    check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
+    check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
     /* mismatched expert shapes are refused, naming the tensor */
     host_lin a, b;
     host_lin_make(&a, 256, 128, 2, TRELLIS_CB_MUL1);

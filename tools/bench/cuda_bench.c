@@ -12,10 +12,11 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick | --lab | --profile]   (prints a table; exit 77
- * without a GPU). --lab: only the lab round-2 columns (v3, v4, v6..v12 and
- * the default, whole op and main kernel, + a rows sweep of the default), no
- * MoE; --profile: a few launches of every version for ncu, no timing. */
+ * Usage: cuda_bench [--quick | --lab | --moe | --profile]   (prints a table;
+ * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
+ * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
+ * default), no MoE; --moe: only the MoE section (every MoE lab version);
+ * --profile: a few launches of every version for ncu, no timing. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -125,7 +126,10 @@ static void copies_free(trellis_cuda_linear **lins, int nc, uint16_t *tw, uint16
 
 static void call_moe(op *o, int i)
 {
-    SK(trellis_cuda_moe_forward(o->moe, o->x, 1, o->ids[i % o->ncopies], o->rw, o->y, o->s));
+    if (o->version == 0)
+        SK(trellis_cuda_moe_forward(o->moe, o->x, 1, o->ids[i % o->ncopies], o->rw, o->y, o->s));
+    else
+        SK(trellis_cuda_moe_forward_lab(o->moe, o->x, 1, o->ids[i % o->ncopies], o->rw, o->y, o->s, o->version));
 }
 
 /* A random host trellis linear (mul1); the caller frees the three arrays. */
@@ -178,8 +182,17 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMalloc((void **)&out, (size_t)hidden * 4));
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
+    /* the default (version 0), then every MoE lab version, cold */
+    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19};
+    enum { NMV = sizeof mver / sizeof mver[0] };
+    double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
-    const double t_moe = time_op(&o, nsets), t_moe_hot = time_op(&o, 1);
+    for (int v = 0; v < NMV; v++) {
+        o.version = mver[v];
+        t_ver[v] = time_op(&o, nsets);
+    }
+    o.version = 0;
+    const double t_moe = t_ver[0], t_moe_hot = time_op(&o, 1);
     /* one GEMV with the same number of weights: hidden × (top_k · 3 · inter), cold */
     const int gn = top_k * 3 * inter;
     const size_t gbytes = (size_t)hidden * gn * K / 8;
@@ -192,12 +205,18 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     SK(trellis_cuda_ws_create(hidden, gn, &ws));
     float *gy;
     CK(cudaMalloc((void **)&gy, (size_t)gn * 4));
+    /* the reference: the default GEMV (v10, version 1 here), and v3 (round 1's reference) */
     op g = {.call = call_ours, .s = s, .lins = gl, .rows = 1, .parts = TRELLIS_CUDA_PART_ALL, .x = x, .y = gy,
-            .ws = ws, .version = 3};
+            .ws = ws, .version = 1};
     const double t_gemv = time_op(&g, nc);
+    g.version = 3;
+    const double t_gemv3 = time_op(&g, nc);
     const double bound = (double)gbytes / bw * 1e6;
-    printf("%-22s %6d %6d %3d/%-3d %9.2f %9.2f %9.2f %7.2fx %9.2f\n", name, hidden, inter, top_k, E, t_moe, t_moe_hot,
-           t_gemv, t_moe / t_gemv, bound);
+    printf("%-22s %6d %6d %3d/%-3d %9.2f %9.2f %9.2f %9.2f %7.2fx %9.2f\n", name, hidden, inter, top_k, E, t_moe,
+           t_moe_hot, t_gemv, t_gemv3, t_moe / t_gemv, bound);
+    printf("  MoE lab versions (cold µs, ratio to gemv-v10):");
+    for (int v = 1; v < NMV; v++) printf(" v%d %.2f (%.2fx)", mver[v], t_ver[v], t_ver[v] / t_gemv);
+    printf("\n");
     fflush(stdout);
     for (int c = 0; c < nc; c++) trellis_cuda_linear_free(gl[c]);
     free(gl);
@@ -305,6 +324,8 @@ int main(int argc, char **argv)
     const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0;
     /* --lab: only the columns of the current lab round (v3, v4, v6..v9, cuBLAS) */
     const int lab = argc > 1 && strcmp(argv[1], "--lab") == 0;
+    /* --moe: only the fused MoE layer section */
+    const int moe_only = argc > 1 && strcmp(argv[1], "--moe") == 0;
     if (trellis_cuda_device_count() == 0) {
         printf("skipped: no GPU\n");
         return 77;
@@ -317,7 +338,7 @@ int main(int argc, char **argv)
 
     static const int shapes[][2] = {{4096, 14336}, {8192, 8192}, {5120, 2304},
                                     {2304, 5120},  {2048, 768},  {768, 2048}};
-    const int nshapes = quick ? 2 : 6;
+    const int nshapes = moe_only ? 0 : quick ? 2 : 6;
     if (profile) {
         /* a few launches of each version on 4096x14336 K=3, for ncu */
         const int k = 4096, n = 14336;
@@ -352,18 +373,23 @@ int main(int argc, char **argv)
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(h, s);
 
-    printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
-           "over > 256 MB\n",
-           G, REPS);
-    if (lab)
-        printf("%-12s %2s %7s %7s %7s | %7s %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %7s %7s %8s %8s\n",
-               "in x out", "K", "v3", "v4", "v4-main", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v6-main",
-               "v7-main", "v8-main", "v10-main", "v12-main", "cublas", "best", "speedup", "membound");
-    if (lab) printf("  (last two columns: default = trellis_cuda_gemm, and cublas / default)\n");
-    else
-    printf("%-12s %2s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %6s | %6s %6s %6s | %6s %6s %6s %6s %6s | %7s\n", "in x out",
-           "K", "v3", "v3-hot", "v2", "v2-main", "v4", "v4-main", "v4m-b3", "v4m-b5", "v4m-b6", "cublas", "cbl-hot", "speedup", "membound", "%bound", "v3c16",
-           "v3c32", "v3c64", "v2-hot", "m:1x4", "m:2x8", "m:4x4", "m:1x8", "v1");
+    if (!moe_only) { /* the GEMV table's header */
+        printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
+               "over > 256 MB\n",
+               G, REPS);
+        if (lab) {
+            printf("%-12s %2s %7s %7s %7s | %7s %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %7s %7s %8s %8s\n",
+                   "in x out", "K", "v3", "v4", "v4-main", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v6-main",
+                   "v7-main", "v8-main", "v10-main", "v12-main", "cublas", "best", "speedup", "membound");
+            printf("  (last two columns: default = trellis_cuda_gemm, and cublas / default)\n");
+        } else {
+            printf("%-12s %2s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %6s | %6s %6s %6s | %6s %6s %6s "
+                   "%6s %6s | %7s\n",
+                   "in x out", "K", "v3", "v3-hot", "v2", "v2-main", "v4", "v4-main", "v4m-b3", "v4m-b5", "v4m-b6",
+                   "cublas", "cbl-hot", "speedup", "membound", "%bound", "v3c16", "v3c32", "v3c64", "v2-hot", "m:1x4",
+                   "m:2x8", "m:4x4", "m:1x8", "v1");
+        }
+    }
     for (int si = 0; si < nshapes; si++) {
         const int k = shapes[si][0], n = shapes[si][1];
         /* cuBLAS fp16 once per shape */
@@ -543,11 +569,18 @@ int main(int argc, char **argv)
     }
     printf("\nfused MoE decode layer, K=3 mul1, batch 1 (one token), µs per layer; cold = routing rotates over 8 "
            "expert sets of a layer with E experts\n");
-    printf("%-22s %6s %6s %7s %9s %9s %9s %8s %9s\n", "shapes", "hidden", "inter", "k/E", "layer", "layer-hot",
-           "gemv-eq", "ratio", "membound");
+    printf("%-22s %6s %6s %7s %9s %9s %9s %9s %8s %9s\n", "shapes", "hidden", "inter", "k/E", "layer", "layer-hot",
+           "gemv-v10", "gemv-v3", "ratio", "membound");
     bench_moe(s, bw, "DeepSeek-V4.1-Flash", 5120, 2304, 6, 32);
     bench_moe(s, bw, "Qwen3-30B-A3B", 2048, 768, 8, 128);
-    printf("gemv-eq = one v3 GEMV of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-eq\n");
+    printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
+           "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
+           "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block\n");
+    if (moe_only) {
+        cublasDestroy(h);
+        return 0;
+    }
 
     printf("\nv3 = one fused launch (default chunk), v2 = three launches, v4 = v2 with a balanced grid (v4m-bN: "
            "its main kernel alone, compiled for N blocks/SM: 2, 3 of 256 threads, 5, 6 of 128 threads); v3cN = v3 with N k tiles per block; "

@@ -28,6 +28,7 @@
 #include "kernels/cuda/trellis_cuda.h"
 #include "kernels/cuda/trellis_cuda_lab.h"
 #include "kernels/st_mini.h"
+#include "kernels/trellis_rand.h"
 #include "t.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -49,30 +50,11 @@ static uint64_t fnv1a64(const uint8_t *p, size_t n)
     return h;
 }
 
-/* A random host linear: random trellis words (any bits are a valid ring),
- * scales of random sign and magnitude 0.5..1.5. */
-typedef struct host_lin {
-    trellis_linear lin;
-    uint16_t *trellis, *suh, *svh;
-} host_lin;
-
+/* A random host linear: scales of random sign and magnitude 0.5..1.5. */
+typedef trellis_rand_lin host_lin;
 static void host_lin_make(host_lin *h, int k, int n, int K, trellis_codebook cb)
 {
-    const size_t words = (size_t)k / 16 * (n / 16) * 16 * K;
-    h->trellis = malloc(words * 2);
-    h->suh = malloc((size_t)k * 2);
-    h->svh = malloc((size_t)n * 2);
-    for (size_t i = 0; i < words; i++) h->trellis[i] = (uint16_t)rnd32();
-    for (int i = 0; i < k; i++) h->suh[i] = sparq_f32_to_f16((rnd32() & 1 ? 1.0f : -1.0f) * (1.0f + 0.5f * rnd_unit()));
-    for (int i = 0; i < n; i++) h->svh[i] = sparq_f32_to_f16((rnd32() & 1 ? 1.0f : -1.0f) * (1.0f + 0.5f * rnd_unit()));
-    h->lin = (trellis_linear){k, n, K, cb, h->trellis, h->suh, h->svh};
-}
-
-static void host_lin_free(host_lin *h)
-{
-    free(h->trellis);
-    free(h->suh);
-    free(h->svh);
+    trellis_rand_lin_make(h, k, n, K, cb, rnd32, 0.5f, 1.5f, 0.5f, 1.5f, true);
 }
 
 /* GPU decode of `lin` vs CPU decode, bit for bit; returns the fp16 result
@@ -120,7 +102,7 @@ static void test_decode_random(void)
                 snprintf(what, sizeof what, "random %dx%d K=%d %s", shapes[s][0], shapes[s][1], K,
                          trellis_cb_name((trellis_codebook)cb));
                 free(check_decode(&h.lin, what));
-                host_lin_free(&h);
+                trellis_rand_lin_free(&h);
             }
 }
 
@@ -269,7 +251,7 @@ static void test_gemm_all_k(void)
                     check_gemm(&h, dl, ws, 16, 0, 0, 0, v);
                 }
                 trellis_cuda_linear_free(dl);
-                host_lin_free(&h);
+                trellis_rand_lin_free(&h);
             }
     trellis_cuda_ws_free(ws);
     fprintf(stderr, "  worst normalised MSE so far %.3g\n", worst_nmse);
@@ -294,7 +276,7 @@ static void test_gemm_lab_variants(void)
             check_gemm(&h, dl, ws, 9, variants[v][0], variants[v][1], 0, V2);
         }
         trellis_cuda_linear_free(dl);
-        host_lin_free(&h);
+        trellis_rand_lin_free(&h);
     }
     /* 768 x 2048: few k tiles, many columns */
     host_lin h;
@@ -315,7 +297,7 @@ static void test_gemm_lab_variants(void)
         for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
     }
     trellis_cuda_linear_free(dl);
-    host_lin_free(&h);
+    trellis_rand_lin_free(&h);
     /* the default (v10, programmatic dependent launches) called repeatedly on
      * one workspace: t must be back to zero after each call */
     host_lin_make(&h, 2048, 2048, 3, TRELLIS_CB_MUL1);
@@ -325,7 +307,7 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 4 + 6 * i, 0, 0, 0, DEFAULT);
     }
     trellis_cuda_linear_free(dl);
-    host_lin_free(&h);
+    trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
 }
 
@@ -338,7 +320,7 @@ static void test_prefill(void)
     CHECK(trellis_cuda_linear_upload(&h.lin, "prefill", &dl) == SPARQ_OK);
     for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, NULL, rows_list[r], 0, 0, 0, PREFILL);
     trellis_cuda_linear_free(dl);
-    host_lin_free(&h);
+    trellis_rand_lin_free(&h);
 }
 
 /* The fused MoE layer against the CPU: per token and routed expert,
@@ -414,7 +396,7 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     trellis_cuda_moe_free(moe);
     for (int i = 0; i < 3 * E; i++) {
         trellis_cuda_linear_free(dl[i]);
-        host_lin_free(&hl[i]);
+        trellis_rand_lin_free(&hl[i]);
     }
     trellis_cuda_free(dx);
     trellis_cuda_free(dout);
@@ -459,9 +441,9 @@ static void test_moe(void)
     trellis_cuda_linear_free(da);
     trellis_cuda_linear_free(db);
     trellis_cuda_linear_free(dd);
-    host_lin_free(&a);
-    host_lin_free(&b);
-    host_lin_free(&c);
+    trellis_rand_lin_free(&a);
+    trellis_rand_lin_free(&b);
+    trellis_rand_lin_free(&c);
 }
 
 static void test_errors(void)
@@ -483,7 +465,7 @@ static void test_errors(void)
     CHECK(bad == NULL);
     trellis_cuda_free(d);
     trellis_cuda_linear_free(dl);
-    host_lin_free(&h);
+    trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
 }
 

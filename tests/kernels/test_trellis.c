@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/half.h"
 #include "kernels/cpu/trellis.h"
+#include "kernels/trellis_rand.h"
 #include "t.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -123,28 +124,10 @@ static void test_simd_tile_decode(void)
     fprintf(stderr, "  SIMD paths here: %d (best: %s)\n", n_paths, trellis_path_name(trellis_path_best()));
 }
 
-typedef struct rlin {
-    trellis_linear lin;
-    uint16_t *tr, *suh, *svh;
-} rlin;
-
-static void rlin_make(rlin *r, int k, int n, int K, trellis_codebook cb)
+/* the same scales as real layers roughly have: |suh| ~ 0.5..1, svh small */
+static void rlin_make(trellis_rand_lin *r, int k, int n, int K, trellis_codebook cb)
 {
-    const size_t nw = (size_t)k / 16 * (n / 16) * 16 * K;
-    r->tr = malloc(nw * 2);
-    r->suh = malloc((size_t)k * 2);
-    r->svh = malloc((size_t)n * 2);
-    for (size_t i = 0; i < nw; i++) r->tr[i] = (uint16_t)rnd();
-    for (int i = 0; i < k; i++) r->suh[i] = sparq_f32_to_f16((rnd() & 1 ? -1.0f : 1.0f) * (0.5f + 0.5f * fabsf(rndf())));
-    for (int i = 0; i < n; i++) r->svh[i] = sparq_f32_to_f16(0.01f + 0.02f * fabsf(rndf()));
-    r->lin = (trellis_linear){k, n, K, cb, r->tr, r->suh, r->svh};
-}
-
-static void rlin_free(rlin *r)
-{
-    free(r->tr);
-    free(r->suh);
-    free(r->svh);
+    trellis_rand_lin_make(r, k, n, K, cb, rnd, 0.5f, 1.0f, 0.01f, 0.03f, false);
 }
 
 static void test_gemm(void)
@@ -157,7 +140,7 @@ static void test_gemm(void)
         for (int cb = 0; cb < TRELLIS_CB_COUNT_; cb++) {
             const int *sh = shapes[(K + cb) % 3];
             const int k = sh[0], n = sh[1], rows = rows_list[(K * 3 + cb) % 4];
-            rlin r;
+            trellis_rand_lin r;
             rlin_make(&r, k, n, K, (trellis_codebook)cb);
             float *x = malloc((size_t)rows * k * sizeof(float));
             float *y0 = malloc((size_t)rows * n * sizeof(float)), *y1 = malloc((size_t)rows * n * sizeof(float));
@@ -198,14 +181,14 @@ static void test_gemm(void)
             free(y0);
             free(y1);
             free(w);
-            rlin_free(&r);
+            trellis_rand_lin_free(&r);
         }
     sparq_pool_free(pool);
 }
 
 static void test_errors(void)
 {
-    rlin r;
+    trellis_rand_lin r;
     rlin_make(&r, 128, 128, 3, TRELLIS_CB_MUL1);
     float x[128], y[128];
     memset(x, 0, sizeof x);
@@ -233,7 +216,7 @@ static void test_errors(void)
     trellis_codebook cb;
     CHECK(trellis_cb_parse("mcg", &cb) && cb == TRELLIS_CB_MCG);
     CHECK(!trellis_cb_parse("mul2", &cb));
-    rlin_free(&r);
+    trellis_rand_lin_free(&r);
 }
 
 static void test_codebook_stats(void)

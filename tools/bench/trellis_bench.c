@@ -21,6 +21,7 @@
 #include "common/threadpool.h"
 #include "kernels/cpu/trellis.h"
 #include "quantize/viterbi.h"
+#include "tests/kernels/trellis_rand.h"
 
 void openblas_set_num_threads(int);
 
@@ -269,30 +270,23 @@ static void run_sgemm(void *v)
 /* A random K-bit mul1 linear (random trellis words decode like real ones,
  * cost-wise) and its decoded fp32 matrix for the BLAS baseline. */
 typedef struct bench_linear {
-    trellis_linear lin;
-    uint16_t *tr, *suh, *svh;
+    trellis_rand_lin r; /* r.lin: the linear */
     float *w;
 } bench_linear;
 
+static uint32_t rnd32(void) { return (uint32_t)(unif() * 4294967296.0); }
+
 static void bench_linear_make(bench_linear *b, int k, int n, int K, sparq_pool *pool)
 {
-    const size_t nw = (size_t)k / 16 * (n / 16) * 16 * K;
-    b->tr = malloc(nw * 2);
-    b->suh = malloc((size_t)k * 2);
-    b->svh = malloc((size_t)n * 2);
-    for (size_t i = 0; i < nw; i++) b->tr[i] = (uint16_t)(unif() * 65536);
-    for (int i = 0; i < k; i++) b->suh[i] = sparq_f32_to_f16(unif() < 0.5 ? -1.0f : 1.0f);
-    for (int i = 0; i < n; i++) b->svh[i] = sparq_f32_to_f16(0.02f);
-    b->lin = (trellis_linear){k, n, K, TRELLIS_CB_MUL1, b->tr, b->suh, b->svh};
+    /* |suh| = 1 (random signs), svh = 0.02: a typical layer's scales */
+    trellis_rand_lin_make(&b->r, k, n, K, TRELLIS_CB_MUL1, rnd32, 1.0f, 1.0f, 0.02f, 0.02f, false);
     b->w = sparq_aligned_alloc(64, (size_t)k * n * sizeof(float));
-    trellis_linear_decode(&b->lin, b->w, pool);
+    trellis_linear_decode(&b->r.lin, b->w, pool);
 }
 
 static void bench_linear_free(bench_linear *b)
 {
-    free(b->tr);
-    free(b->suh);
-    free(b->svh);
+    trellis_rand_lin_free(&b->r);
     sparq_aligned_free(b->w);
 }
 
@@ -302,7 +296,7 @@ static void bench_small_batch(int reps)
     const int k = 4096, n = 4096, K = 3;
     bench_linear bl;
     bench_linear_make(&bl, k, n, K, NULL);
-    const trellis_linear lin = bl.lin;
+    const trellis_linear lin = bl.r.lin;
     const float *w = bl.w;
     float *x = malloc((size_t)16 * k * sizeof(float)), *y = malloc((size_t)16 * n * sizeof(float));
     for (int i = 0; i < 16 * k; i++) x[i] = gauss();
@@ -360,12 +354,12 @@ static int bench_gemv(int threads, int reps)
         const int n_tr = copies_for(nw * 2, cold_total), n_w = copies_for((size_t)k * n * 4, cold_total);
         trellis_linear *lins = malloc((size_t)n_tr * sizeof *lins);
         float **ws = malloc((size_t)n_w * sizeof *ws);
-        lins[0] = bl.lin;
+        lins[0] = bl.r.lin;
         ws[0] = bl.w;
         for (int c = 1; c < n_tr; c++) {
             uint16_t *tr = malloc(nw * 2);
-            memcpy(tr, bl.tr, nw * 2);
-            lins[c] = bl.lin;
+            memcpy(tr, bl.r.trellis, nw * 2);
+            lins[c] = bl.r.lin;
             lins[c].trellis = tr;
         }
         for (int c = 1; c < n_w; c++) {

@@ -165,6 +165,25 @@ static sparq_status exchange_load_status(sq_dist *d, const char *path, sparq_sta
     return sparq_err(SPARQ_E_COMM, "rank %d: rank %d failed to load", t->rank, (int)first_bad);
 }
 
+/* Sizes from d->m, and the buffers this rank needs: row scratch always; the two
+ * step buffers with several ranks; the logits chunk on the last of several. */
+static sparq_status attach_model(sq_dist *d)
+{
+    d->d = (int)sq_model_cfg(d->m)->hidden_size;
+    d->vocab = (int)sq_model_cfg(d->m)->vocab_size;
+    d->max_rows = sq_model_options(d->m)->max_rows;
+    d->buf_bytes = step_bytes(d, d->max_rows);
+    d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
+    d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
+    const bool pipe = d->size > 1, last = pipe && d->rank == d->size - 1;
+    if (pipe)
+        for (int i = 0; i < 2; i++) d->buf[i] = sparq_aligned_alloc(64, d->buf_bytes);
+    if (last) d->lbuf = sparq_aligned_alloc(64, (size_t)LOGIT_CHUNK * (size_t)d->vocab * sizeof(float));
+    RETURN_IF(!d->pos || !d->seqs || (pipe && (!d->buf[0] || !d->buf[1])) || (last && !d->lbuf), SPARQ_E_NOMEM,
+              "rank %d: cannot allocate the pipeline buffers (2 x %zu bytes)", d->rank, d->buf_bytes);
+    return SPARQ_OK;
+}
+
 sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
                           sq_transport *t, bool *reported)
 {
@@ -185,30 +204,12 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
     opts.node = t->rank;
     opts.nodes = t->size;
     sparq_status st = sq_model_load(&d->m, path, &opts);
-    if (st == SPARQ_OK) {
-        /* consistency of the layer split: rank 0 embeds, the last rank has the head */
-        int first, end;
-        sq_model_layer_range(d->m, &first, &end);
-        if ((d->rank == 0) != sq_model_has_embed(d->m) || (d->rank == d->size - 1) != sq_model_has_head(d->m))
-            st = sparq_err(SPARQ_E_FORMAT, "%s: node %d has embed=%d head=%d, which does not fit rank %d of %d", path,
-                           d->rank, sq_model_has_embed(d->m), sq_model_has_head(d->m), d->rank, d->size);
-        d->d = (int)sq_model_cfg(d->m)->hidden_size;
-        d->vocab = (int)sq_model_cfg(d->m)->vocab_size;
-        d->max_rows = sq_model_options(d->m)->max_rows;
-    }
-    if (st == SPARQ_OK) {
-        d->buf_bytes = step_bytes(d, d->max_rows);
-        d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
-        d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
-        if (d->size > 1)
-            for (int i = 0; i < 2; i++) d->buf[i] = sparq_aligned_alloc(64, d->buf_bytes);
-        if (d->size > 1 && d->rank == d->size - 1)
-            d->lbuf = sparq_aligned_alloc(64, (size_t)LOGIT_CHUNK * (size_t)d->vocab * sizeof(float));
-        if (!d->pos || !d->seqs || (d->size > 1 && (!d->buf[0] || !d->buf[1])) ||
-            (d->size > 1 && d->rank == d->size - 1 && !d->lbuf))
-            st = sparq_err(SPARQ_E_NOMEM, "rank %d: cannot allocate the pipeline buffers (2 x %zu bytes)", d->rank,
-                           d->buf_bytes);
-    }
+    /* consistency of the layer split: rank 0 embeds, the last rank has the head */
+    if (st == SPARQ_OK &&
+        ((d->rank == 0) != sq_model_has_embed(d->m) || (d->rank == d->size - 1) != sq_model_has_head(d->m)))
+        st = sparq_err(SPARQ_E_FORMAT, "%s: node %d has embed=%d head=%d, which does not fit rank %d of %d", path,
+                       d->rank, sq_model_has_embed(d->m), sq_model_has_head(d->m), d->rank, d->size);
+    if (st == SPARQ_OK) st = attach_model(d);
     st = exchange_load_status(d, path, st, reported);
     if (st != SPARQ_OK) {
         sq_model_free(d->m);
@@ -235,14 +236,9 @@ sparq_status sq_dist_wrap(sq_dist **out, sq_model *m)
     d->m = m;
     d->borrowed_model = true;
     sq_dist_opts_default(&d->o);
-    d->d = (int)sq_model_cfg(m)->hidden_size;
-    d->vocab = (int)sq_model_cfg(m)->vocab_size;
-    d->max_rows = sq_model_options(m)->max_rows;
-    d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
-    d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
-    if (!d->pos || !d->seqs) {
+    if ((st = attach_model(d)) != SPARQ_OK) {
         sq_dist_close(d);
-        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+        return st;
     }
     *out = d;
     return SPARQ_OK;

@@ -210,12 +210,7 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
                 for (int s = 0; s < U; s++) afrag_load(ua, ub, kt + s, lo_ok, hi_ok, a[s]);
 #pragma unroll
                 for (int s = 0; s < U; s++) tiles_mma<K, CB, NW, D, NWD>(w[s], lr.r, a[s], acc, sel0, sel1, one);
-#pragma unroll
-                for (int s = 0; s < U; s++)
-#pragma unroll
-                    for (int j = 0; j < NW; j++)
-#pragma unroll
-                        for (int e = 0; e < NWD; e++) w[s][j][e] = wn[s][j][e];
+                words_copy<NW, U, NWD>(w, wn);
             } else {
                 words_load<K, NW, U, NWD>(p + (size_t)kt * row_stride, row_stride, lr, w);
 #pragma unroll

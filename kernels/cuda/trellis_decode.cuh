@@ -274,6 +274,18 @@ __device__ __forceinline__ void words_load(const uint32_t *p, size_t row_stride,
     }
 }
 
+/* dst = src: the next step's prefetched words become the current ones. */
+template <int NW, int U, int NWD>
+__device__ __forceinline__ void words_copy(uint32_t (&dst)[U][NW][NWD], const uint32_t (&src)[U][NW][NWD])
+{
+#pragma unroll
+    for (int s = 0; s < U; s++)
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+#pragma unroll
+            for (int e = 0; e < NWD; e++) dst[s][j][e] = src[s][j][e];
+}
+
 /* A fragment of k tile `kt` from fp16 rows read as half2 words: ua, ub point
  * at word c of rows g and g+8; rows past the batch read as zero. */
 __device__ __forceinline__ void afrag_load(const uint32_t *ua, const uint32_t *ub, int kt, bool lo_ok, bool hi_ok,

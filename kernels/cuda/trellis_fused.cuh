@@ -123,12 +123,7 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
         const uint32_t *ua = u_s + g * ustride + c, *ub = u_s + (g + 8) * ustride + c;
         for (int kt = kt0; kt < kt1; kt += U) {
             uint32_t w[U][NW][NWD];
-#pragma unroll
-            for (int s = 0; s < U; s++)
-#pragma unroll
-                for (int j = 0; j < NW; j++)
-#pragma unroll
-                    for (int e = 0; e < NWD; e++) w[s][j][e] = wn[s][j][e];
+            words_copy<NW, U, NWD>(w, wn);
             if (kt + U < kt1) load_step(kt + U);
 #pragma unroll
             for (int s = 0; s < U; s++) {

@@ -5,15 +5,29 @@
  *
  * Canonical GEMM arithmetic (all paths produce these exact bits):
  *   u = had128(x ⊙ suh) per row;
- *   per tile column nt and batch row: acc[h][a][j] = 0 (h = 0..1, a = 0..3, j = 0..7);
- *   for kt ascending, step m = 0..31, segment j = 0..7 (position p = 32j + m):
+ *   3inst, mcg: per tile column nt and batch row: acc[h][a][j] = 0 (h = 0..1,
+ *   a = 0..3, j = 0..7); for kt ascending, step m = 0..31, segment j = 0..7
+ *   (position p = 32j + m):
  *       acc[(m>>2)&1][m&3][j] = fma(value(p), u[16kt + step_row(m)], acc[...]);
  *   t[16nt + 8h + j] = (acc[h][0][j] + acc[h][1][j]) + (acc[h][2][j] + acc[h][3][j]);
+ *   mul1 (integer; values are never formed):
+ *     per 128-input block β of a row: m = max|u|, s = m / 32639 and
+ *     q_i = clamp(rint(u_i · (32639 / m)), ±32639) (s = NaN if the block is
+ *     not finite, s = q = 0 if it is all zero); b = byte sum of state·0x83DCD12D;
+ *     I[β][col] = Σ_i b·q_i − 510·Σ_i q_i, exact in (wrapping) int32;
+ *     f[col] = fma((float)I[β][col], A·s_β, f[col]) over β ascending;
+ *     t[col] = f[col] + D·Σ_i u_i (the sum in input order).
+ *   The codebook value is round_fp16(A·(b − 510) + D); the GEMM uses it
+ *   without that last rounding (at most half an fp16 ulp per weight, 2.8e-4
+ *   relative RMS: 1/500 of the 3-bit quantization noise) and with u to 16 bits
+ *   per block, which makes the per-weight work a multiply, a byte-pair sum
+ *   and one integer multiply-add, and makes every path bit-identical for free.
  *   y = had128(t) ⊙ svh.
  * Position 32j + m lies in column j + 8·((m>>2)&1) and row step_row(m) (see
  * trellis_impl.h); four accumulators per column break the FMA latency chain. */
 #include "kernels/cpu/trellis.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -157,6 +171,48 @@ static void gemm_col_scalar(const trellis_gemm_job *job, int nt)
     }
 }
 
+static void gemm_col_scalar_mul1(const trellis_gemm_job *job, int nt)
+{
+    const trellis_linear *lin = job->lin;
+    const int K = lin->K, kt_count = lin->k / 16, nt_count = lin->n / 16, nblk = lin->k / TRELLIS_Q_BLOCK;
+    const size_t tile_words = (size_t)trellis_tile_words(K);
+    uint32_t iacc[TRELLIS_GEMM_MAX_ROWS][16];
+    float facc[TRELLIS_GEMM_MAX_ROWS][16];
+    uint32_t b[TRELLIS_TILE_N];
+    memset(iacc, 0, sizeof iacc);
+    memset(facc, 0, sizeof facc);
+    for (int kt = 0; kt < kt_count; kt++) {
+        uint32_t ext[TRELLIS_EXT_WORDS];
+        trellis_ring_prepare(lin->trellis + ((size_t)kt * nt_count + nt) * tile_words, K, ext);
+        for (int p = 0; p < TRELLIS_TILE_N; p++) {
+            const uint32_t x = trellis_ring_state(ext, K, p) * TRELLIS_MUL1_MUL;
+            b[p] = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24);
+        }
+        for (int r = 0; r < job->rows; r++) {
+            const int32_t *q = job->uq2 + (size_t)r * lin->k + 16 * kt;
+            for (int p = 0; p < TRELLIS_TILE_N; p++)
+                iacc[r][trellis_pos_col(p)] += b[p] * (uint32_t)(int16_t)q[trellis_pos_row(p)];
+        }
+        if ((kt + 1) % (TRELLIS_Q_BLOCK / 16)) continue;
+        const int blk = kt / (TRELLIS_Q_BLOCK / 16);
+        for (int r = 0; r < job->rows; r++) {
+            const uint32_t bias = (uint32_t)job->bbias[(size_t)r * nblk + blk];
+            const float scale = job->bscale[(size_t)r * nblk + blk];
+            for (int c = 0; c < 16; c++) {
+                facc[r][c] = fmaf((float)(int32_t)(iacc[r][c] - bias), scale, facc[r][c]);
+                iacc[r][c] = 0;
+            }
+        }
+    }
+    for (int r = 0; r < job->rows; r++) memcpy(job->t + (size_t)r * lin->n + 16 * nt, facc[r], sizeof facc[r]);
+}
+
+static void gemm_col_scalar_any(const trellis_gemm_job *job, int nt)
+{
+    if (job->lin->cb == TRELLIS_CB_MUL1) gemm_col_scalar_mul1(job, nt);
+    else gemm_col_scalar(job, nt);
+}
+
 static void viterbi_step_scalar(const float *cb, const float *cost_in, float *cost_out, uint8_t *back, int K,
                                 float target, float weight)
 {
@@ -181,7 +237,7 @@ static void viterbi_step_scalar(const float *cb, const float *cost_in, float *co
 }
 
 const trellis_path_impl trellis_impl_scalar = {
-    .gemm_col = gemm_col_scalar,
+    .gemm_col = gemm_col_scalar_any,
     .cols_per_task = 1,
     .values = values_scalar,
     .viterbi_step = viterbi_step_scalar,
@@ -368,6 +424,40 @@ sparq_status trellis_linear_decode(const trellis_linear *lin, float *w, sparq_po
 
 /* --- GEMM driver ----------------------------------------------------------------- */
 
+/* mul1's input quantization (see the top of the file) of one row u (k
+ * values): fills uq2, bscale and bbias; returns Σ u in input order. */
+static float quantize_row(const float *u, size_t k, int32_t *uq2, float *bscale, int32_t *bbias)
+{
+    float sum = 0.0f;
+    for (size_t b0 = 0; b0 < k; b0 += TRELLIS_Q_BLOCK) {
+        float m = 0.0f;
+        bool finite = true;
+        for (size_t i = b0; i < b0 + TRELLIS_Q_BLOCK; i++) {
+            const float a = fabsf(u[i]);
+            sum += u[i];
+            if (!(a <= FLT_MAX)) finite = false;
+            else if (a > m) m = a;
+        }
+        const size_t blk = b0 / TRELLIS_Q_BLOCK;
+        uint32_t qsum = 0;
+        if (!finite || m == 0.0f) {
+            for (size_t i = b0; i < b0 + TRELLIS_Q_BLOCK; i++) uq2[i] = 0;
+            bscale[blk] = finite ? 0.0f : NAN;
+        } else {
+            const float inv = (float)TRELLIS_Q_MAX / m;
+            for (size_t i = b0; i < b0 + TRELLIS_Q_BLOCK; i++) {
+                long q = lrintf(u[i] * inv);
+                q = q > TRELLIS_Q_MAX ? TRELLIS_Q_MAX : q < -TRELLIS_Q_MAX ? -TRELLIS_Q_MAX : q;
+                uq2[i] = (int32_t)(((uint32_t)q & 0xFFFFu) | ((uint32_t)q << 16));
+                qsum += (uint32_t)q;
+            }
+            bscale[blk] = TRELLIS_MUL1_A * (m / (float)TRELLIS_Q_MAX);
+        }
+        bbias[blk] = (int32_t)(510u * qsum);
+    }
+    return sum;
+}
+
 typedef struct gemm_ctx {
     trellis_gemm_job job;
     trellis_gemm_col_fn fn;
@@ -392,29 +482,40 @@ sparq_status trellis_linear_gemm_path(const trellis_linear *lin, const float *x,
     RETURN_IF(!impl, SPARQ_E_UNSUPPORTED, "trellis gemm: code path '%s' is not available here",
               trellis_path_name(path) ? trellis_path_name(path) : "?");
 
-    const size_t k = (size_t)lin->k, n = (size_t)lin->n;
-    float *u = sparq_aligned_alloc(64, (size_t)rows * k * sizeof(float));
-    float *t = sparq_aligned_alloc(64, (size_t)rows * n * sizeof(float));
-    if (!u || !t) {
-        sparq_aligned_free(u);
-        sparq_aligned_free(t);
-        return sparq_err(SPARQ_E_NOMEM, "trellis gemm: no memory for %d×%zu work buffers", rows, k + n);
-    }
+    const size_t k = (size_t)lin->k, n = (size_t)lin->n, nblk = k / TRELLIS_Q_BLOCK;
+    const bool mul1 = lin->cb == TRELLIS_CB_MUL1;
+    /* one allocation: u, t, and for mul1 uq2, bscale, bbias (all 4-byte items) */
+    const size_t items = (size_t)rows * (k + n + (mul1 ? k + 2 * nblk : 0));
+    float *u = sparq_aligned_alloc(64, items * sizeof(float));
+    if (!u) return sparq_err(SPARQ_E_NOMEM, "trellis gemm: no memory for %d×%zu work buffers", rows, k + n);
+    float *t = u + (size_t)rows * k;
+    trellis_gemm_job job = {lin, rows, u, t, NULL, NULL, NULL};
+    float dsum[TRELLIS_GEMM_MAX_ROWS] = {0};
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * k;
         float *ur = u + (size_t)r * k;
         for (size_t i = 0; i < k; i++) ur[i] = xr[i] * sparq_f16_to_f32(lin->suh[i]);
         trellis_had128(ur, k / 128);
     }
-    gemm_ctx ctx = {{lin, rows, u, t}, impl->gemm_col};
+    if (mul1) {
+        int32_t *uq2 = (int32_t *)(void *)(t + (size_t)rows * n);
+        float *bscale = (float *)(void *)(uq2 + (size_t)rows * k);
+        int32_t *bbias = (int32_t *)(void *)(bscale + (size_t)rows * nblk);
+        for (int r = 0; r < rows; r++)
+            dsum[r] = TRELLIS_MUL1_D * quantize_row(u + (size_t)r * k, k, uq2 + (size_t)r * k,
+                                                    bscale + (size_t)r * nblk, bbias + (size_t)r * nblk);
+        job.uq2 = uq2, job.bscale = bscale, job.bbias = bbias;
+    }
+    gemm_ctx ctx = {job, impl->gemm_col};
     sparq_pool_for(pool, n / 16 / (size_t)impl->cols_per_task, gemm_task, &ctx);
     for (int r = 0; r < rows; r++) {
         float *tr = t + (size_t)r * n, *yr = y + (size_t)r * n;
+        if (mul1)
+            for (size_t j = 0; j < n; j++) tr[j] += dsum[r];
         trellis_had128(tr, n / 128);
         for (size_t j = 0; j < n; j++) yr[j] = tr[j] * sparq_f16_to_f32(lin->svh[j]);
     }
     sparq_aligned_free(u);
-    sparq_aligned_free(t);
     return SPARQ_OK;
 }
 

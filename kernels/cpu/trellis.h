@@ -129,7 +129,10 @@ sparq_status trellis_linear_decode(const trellis_linear *lin, float *w, sparq_po
 
 /* y[r] = x[r] · W for r < rows (x: rows×k, y: rows×n, row-major), computed as
  * ((((x ⊙ suh)·H)·Q)·H) ⊙ svh with Q decoded tile by tile in registers, never
- * materialised. rows is 1..TRELLIS_GEMM_MAX_ROWS; larger batches should
+ * materialised. For mul1, Q's values are used without their final fp16
+ * rounding and H·(x ⊙ suh) is rounded to 16 bits per 128 inputs, so the
+ * products are integer (trellis.c; ~2e-4 relative RMS from decode-then-matmul);
+ * 3inst and mcg use the exact fp16 values in fp32. rows is 1..TRELLIS_GEMM_MAX_ROWS; larger batches should
  * decode once (trellis_linear_decode) and call BLAS. Work is split over
  * columns across `pool` (NULL = serial); the result does not depend on the
  * number of threads. x and y must not overlap. Allocates rows·(k+n) floats

@@ -181,6 +181,62 @@ AI void gemm_col_kernel(const trellis_gemm_job *job, int nt, const int K, const 
     }
 }
 
+/* mul1 byte-pair sums: the 16-bit words (b0 + b1, b2 + b3) of state·0x83DCD12D;
+ * vpmaddwd against (q, q) then gives b·q per lane. */
+AI __m256i pair_sums8(__m256i s)
+{
+    return _mm256_maddubs_epi16(_mm256_mullo_epi32(s, _mm256_set1_epi32((int)TRELLIS_MUL1_MUL)),
+                                _mm256_set1_epi8(1));
+}
+
+/* Fold one 128-input block's integer sums into the fp32 accumulators
+ * (trellis.c's canonical conversion) and clear them. */
+AI void block_fold8(__m256i ia[2][4], __m256 fa[2], const trellis_gemm_job *job, size_t i_blk)
+{
+    const __m256i bias = _mm256_set1_epi32(job->bbias[i_blk]);
+    const __m256 scale = _mm256_set1_ps(job->bscale[i_blk]);
+    for (int h = 0; h < 2; h++) {
+        const __m256i s = _mm256_add_epi32(_mm256_add_epi32(ia[h][0], ia[h][1]), _mm256_add_epi32(ia[h][2], ia[h][3]));
+        fa[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, bias)), scale, fa[h]);
+        for (int a = 0; a < 4; a++) ia[h][a] = _mm256_setzero_si256();
+    }
+}
+
+/* mul1: trellis.c's integer arithmetic, one tile column. */
+AI void gemm_col_mul1(const trellis_gemm_job *job, int nt, const int K)
+{
+    const trellis_linear *lin = job->lin;
+    const int kt_count = lin->k / 16, nt_count = lin->n / 16, rows = job->rows, per_blk = TRELLIS_Q_BLOCK / 16;
+    const size_t tile_words = (size_t)trellis_tile_words(K), nblk = (size_t)lin->k / TRELLIS_Q_BLOCK;
+    const size_t stride = (size_t)nt_count * tile_words;
+    const uint16_t *tile = lin->trellis + (size_t)nt * tile_words;
+    __m256i w[TRELLIS_K_MAX + 1];
+    __m256i ia[TRELLIS_GEMM_MAX_ROWS][2][4];
+    __m256 fa[TRELLIS_GEMM_MAX_ROWS][2];
+    __m256i v[32];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) {
+            fa[r][h] = _mm256_setzero_ps();
+            for (int a = 0; a < 4; a++) ia[r][h][a] = _mm256_setzero_si256();
+        }
+    for (int kt = 0; kt < kt_count; kt++, tile += stride) {
+        prefetch_tile(tile + PREFETCH_TILES * stride, K);
+        segment_words(tile, K, w);
+#pragma GCC unroll 32
+        for (int m = 0; m < 32; m++) v[m] = pair_sums8(step_states(w, K, m));
+        for (int r = 0; r < rows; r++) {
+            const int32_t *q = job->uq2 + (size_t)r * lin->k + 16 * kt;
+#pragma GCC unroll 32
+            for (int m = 0; m < 32; m++)
+                ia[r][(m >> 2) & 1][m & 3] = _mm256_add_epi32(
+                    ia[r][(m >> 2) & 1][m & 3], _mm256_madd_epi16(v[m], _mm256_set1_epi32(q[trellis_step_row(m)])));
+            if ((kt + 1) % per_blk == 0) block_fold8(ia[r], fa[r], job, (size_t)r * nblk + (size_t)(kt / per_blk));
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(job->t + (size_t)r * lin->n + 16 * (size_t)nt + 8 * h, fa[r][h]);
+}
+
 /* Viterbi step, 8 nodes per vector and 4 vectors in flight (the running
  * minimum is a dependency chain of 2^K compare/blends; interleaving four
  * independent chains keeps the pipes busy at large K). The 8 predecessor
@@ -247,10 +303,12 @@ static TARGET void viterbi_step_avx2(const float *cb, const float *cost_in, floa
     {                                                                                        \
         gemm_col_kernel(job, nt, K, (trellis_codebook)CB, ONE);                              \
     }
-#define KERNELS_K(K) KERNEL(K, 0, 0) KERNEL(K, 0, 1) KERNEL(K, 1, 0) KERNEL(K, 1, 1) KERNEL(K, 2, 0) KERNEL(K, 2, 1)
+#define MUL1_KERNEL(K)                                                                       \
+    static TARGET void gemm_##K##_mul1(const trellis_gemm_job *job, int nt) { gemm_col_mul1(job, nt, K); }
+#define KERNELS_K(K) KERNEL(K, 0, 0) KERNEL(K, 0, 1) KERNEL(K, 1, 0) KERNEL(K, 1, 1) MUL1_KERNEL(K)
 TRELLIS_EACH_K(KERNELS_K)
 #define ROW(K)                                                                               \
-    {{gemm_##K##_0_0, gemm_##K##_0_1}, {gemm_##K##_1_0, gemm_##K##_1_1}, {gemm_##K##_2_0, gemm_##K##_2_1}}
+    {{gemm_##K##_0_0, gemm_##K##_0_1}, {gemm_##K##_1_0, gemm_##K##_1_1}, {gemm_##K##_mul1, gemm_##K##_mul1}}
 static const trellis_gemm_col_fn kernels[8][3][2] = {TRELLIS_EACH_K_LIST(ROW)};
 
 static TARGET void gemm_col_avx2(const trellis_gemm_job *job, int nt)

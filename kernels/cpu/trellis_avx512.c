@@ -9,6 +9,7 @@
  * and blends) measured 0.6× the speed of the AVX2 one on this Zen 5. */
 #include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/half.h"
@@ -51,10 +52,41 @@ AI __m512 values16(__m512i s, trellis_codebook cb)
 }
 
 /* w[c + 1] lane j (< 8) = word K·j + c of tile A, lane 8 + j the same word of
- * tile B = tile A + 8K words. */
+ * tile B = tile A + 8K words (word −1 wraps to the tile's last). For K ≤ 4 a
+ * tile's 8K words fit one two-register permute table, so each w is two
+ * vpermt2d (tile A from the pair's first 32 words, tile B from its last 32)
+ * and a blend: a 16-lane gather costs several times that. K ≥ 5 gathers. */
 AI void segment_words2(const uint16_t *tile_a, const int K, __m512i *w)
 {
     const int nw = 8 * K;
+    const int32_t *d = (const int32_t *)(const void *)tile_a;
+    if (K == 1) {
+        const __m512i t = _mm512_loadu_si512((const void *)d);
+        for (int c = -1; c < K; c++) {
+            const __m512i idx = _mm512_setr_epi32((c + 8) % 8, 1 + c, 2 + c, 3 + c, 4 + c, 5 + c, 6 + c, 7 + c,
+                                                  8 + (c + 8) % 8, 9 + c, 10 + c, 11 + c, 12 + c, 13 + c, 14 + c,
+                                                  15 + c);
+            w[c + 1] = _mm512_permutexvar_epi32(idx, t);
+        }
+        return;
+    }
+    if (K <= 4) {
+        const __m512i a0 = _mm512_loadu_si512((const void *)d), a1 = _mm512_loadu_si512((const void *)(d + 16));
+        const __m512i b0 = _mm512_loadu_si512((const void *)(d + 2 * nw - 32));
+        const __m512i b1 = _mm512_loadu_si512((const void *)(d + 2 * nw - 16));
+        const int ob = 32 - nw; /* tile B word i is table B entry i + ob */
+        for (int c = -1; c < K; c++) {
+#define WA(j) (((j) * K + c + nw) % nw)
+            const __m512i ia = _mm512_setr_epi32(WA(0), WA(1), WA(2), WA(3), WA(4), WA(5), WA(6), WA(7), 0, 0, 0, 0,
+                                                 0, 0, 0, 0);
+            const __m512i ib = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, WA(0) + ob, WA(1) + ob, WA(2) + ob,
+                                                 WA(3) + ob, WA(4) + ob, WA(5) + ob, WA(6) + ob, WA(7) + ob);
+#undef WA
+            w[c + 1] = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_permutex2var_epi32(a0, ia, a1),
+                                               _mm512_permutex2var_epi32(b0, ib, b1));
+        }
+        return;
+    }
     for (int c = -1; c < K; c++) {
         const __m512i idx = _mm512_setr_epi32((c + nw) % nw, K + c, 2 * K + c, 3 * K + c, 4 * K + c, 5 * K + c,
                                               6 * K + c, 7 * K + c, nw + (c + nw) % nw, nw + K + c, nw + 2 * K + c,
@@ -156,6 +188,71 @@ AI void gemm_pair_kernel(const trellis_gemm_job *job, int pair, const int K, con
     }
 }
 
+/* mul1 byte-pair sums: the 16-bit words (b0 + b1, b2 + b3) of state·0x83DCD12D,
+ * so that one multiply-add of 16-bit pairs against (q, q) adds b·q to a lane. */
+AI __m512i pair_sums(__m512i s)
+{
+    return _mm512_maddubs_epi16(_mm512_mullo_epi32(s, _mm512_set1_epi32((int)TRELLIS_MUL1_MUL)),
+                                _mm512_set1_epi8(1));
+}
+
+/* Fold one 128-input block's integer sums into the fp32 accumulators (the
+ * canonical conversion of trellis.c) and clear them. */
+AI void block_fold(__m512i ia[2][4], __m512 fa[2], const trellis_gemm_job *job, size_t i_blk)
+{
+    const __m512i bias = _mm512_set1_epi32(job->bbias[i_blk]);
+    const __m512 scale = _mm512_set1_ps(job->bscale[i_blk]);
+    for (int h = 0; h < 2; h++) {
+        const __m512i s = _mm512_add_epi32(_mm512_add_epi32(ia[h][0], ia[h][1]), _mm512_add_epi32(ia[h][2], ia[h][3]));
+        fa[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, bias)), scale, fa[h]);
+        for (int a = 0; a < 4; a++) ia[h][a] = _mm512_setzero_si512();
+    }
+}
+
+/* t of batch row r for tile columns nt, nt + 1 from the lane layout above. */
+AI void store_pair(const trellis_gemm_job *job, int r, int nt, const __m512 fa[2])
+{
+    float tmp[2][16];
+    for (int h = 0; h < 2; h++) _mm512_storeu_ps(tmp[h], fa[h]);
+    float *t = job->t + (size_t)r * job->lin->n + 16 * (size_t)nt;
+    for (int tcol = 0; tcol < 2; tcol++)
+        for (int h = 0; h < 2; h++) memcpy(t + 16 * tcol + 8 * h, tmp[h] + 8 * tcol, 8 * sizeof(float));
+}
+
+/* The mul1 integer kernels, twice: for AVX-512 F+BW, and for CPUs that also
+ * have VNNI and VBMI2 (Ice Lake, Zen 4 and later: vpdpwssd, vpshrdd). */
+#define TARGET_ICL __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi2")))
+#define MUL1_FN gemm_pair_mul1
+#define MUL1_ATTR TARGET
+#define MUL1_ICL 0
+#include "kernels/cpu/trellis_avx512_mul1.h"
+#define MUL1_FN gemm_pair_mul1_icl
+#define MUL1_ATTR TARGET_ICL
+#define MUL1_ICL 1
+#include "kernels/cpu/trellis_avx512_mul1.h"
+
+#define MUL1_KERNELS(K)                                                                                    \
+    static TARGET void mul1_##K##_0(const trellis_gemm_job *job, int pair) { gemm_pair_mul1(job, pair, K, 0); } \
+    static TARGET void mul1_##K##_1(const trellis_gemm_job *job, int pair) { gemm_pair_mul1(job, pair, K, 1); } \
+    static TARGET_ICL void mul1i_##K##_0(const trellis_gemm_job *job, int pair) { gemm_pair_mul1_icl(job, pair, K, 0); } \
+    static TARGET_ICL void mul1i_##K##_1(const trellis_gemm_job *job, int pair) { gemm_pair_mul1_icl(job, pair, K, 1); }
+TRELLIS_EACH_K(MUL1_KERNELS)
+#define MUL1_ROW(K) {{mul1_##K##_0, mul1_##K##_1}, {mul1i_##K##_0, mul1i_##K##_1}}
+static const trellis_gemm_col_fn mul1_kernels[8][2][2] = {TRELLIS_EACH_K_LIST(MUL1_ROW)};
+
+/* AVX512-VNNI (leaf 7 ECX bit 11) and AVX512-VBMI2 (ECX bit 6), asked once. */
+static bool icl_ok(void)
+{
+    static _Atomic int ok = -1;
+    int v = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) && (c & (1u << 6));
+        atomic_store_explicit(&ok, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 #define KERNEL(K, CB, ONE)                                                                   \
     static TARGET void gemm_##K##_##CB##_##ONE(const trellis_gemm_job *job, int pair)        \
     {                                                                                        \
@@ -169,7 +266,8 @@ static const trellis_gemm_col_fn kernels[8][3][2] = {TRELLIS_EACH_K_LIST(ROW)};
 
 TARGET void trellis_avx512_gemm_pair(const trellis_gemm_job *job, int pair)
 {
-    kernels[job->lin->K - 1][job->lin->cb][job->rows == 1](job, pair);
+    if (job->lin->cb == TRELLIS_CB_MUL1) mul1_kernels[job->lin->K - 1][icl_ok()][job->rows == 1](job, pair);
+    else kernels[job->lin->K - 1][job->lin->cb][job->rows == 1](job, pair);
 }
 
 /* AVX-512F (leaf 7 EBX bit 16), AVX-512BW (bit 30), F16C/FMA implied by

@@ -63,7 +63,23 @@ typedef struct trellis_gemm_job {
     int rows;
     const float *u;
     float *t;
+    /* mul1 only, the integer arithmetic of trellis.c: per row r and input i,
+     * uq2[r·k + i] = the 16-bit quantized u twice, (q & 0xFFFF) | (q << 16);
+     * per row and 128-input block β (index r·k/128 + β), bscale = A·s_β and
+     * bbias = 510·Σq over the block. */
+    const int32_t *uq2;
+    const float *bscale;
+    const int32_t *bbias;
 } trellis_gemm_job;
+
+/* mul1's integer GEMM: u is quantized per 128-input block to |q| ≤ 32639
+ * (so the high byte fits int8 for the GPU's tensor core); the value of a
+ * weight is A·(b − 510) + D with b the byte sum of state·0x83DCD12D,
+ * A = fp16 0x1EEE = 1774·2^-18 and D = 1534·A + fp16 0xC931 = −476·2^-18. */
+#define TRELLIS_Q_BLOCK 128
+#define TRELLIS_Q_MAX 32639
+#define TRELLIS_MUL1_A (1774.0f / 262144.0f)
+#define TRELLIS_MUL1_D (-476.0f / 262144.0f)
 
 typedef void (*trellis_gemm_col_fn)(const trellis_gemm_job *job, int nt);
 typedef void (*trellis_values_fn)(const uint16_t *words, int K, trellis_codebook cb, float *v);

@@ -143,10 +143,71 @@ AI void gemm_col_kernel(const trellis_gemm_job *job, int nt, const int K, const 
     }
 }
 
+/* mul1 byte sums b of state·0x83DCD12D, 4 lanes. */
+AI int32x4_t byte_sums4(uint32x4_t s)
+{
+    const uint32x4_t x = vmulq_u32(s, vdupq_n_u32(TRELLIS_MUL1_MUL));
+    return vreinterpretq_s32_u32(vpaddlq_u16(vpaddlq_u8(vreinterpretq_u8_u32(x))));
+}
+
+/* mul1: trellis.c's integer arithmetic, one tile column; ia[r][h][a][half]
+ * sums b·q (wrapping int32), folded into fa per 128-input block. */
+AI void gemm_col_mul1(const trellis_gemm_job *job, int nt, const int K)
+{
+    const trellis_linear *lin = job->lin;
+    const int kt_count = lin->k / 16, nt_count = lin->n / 16, rows = job->rows, per_blk = TRELLIS_Q_BLOCK / 16;
+    const size_t tile_words = (size_t)trellis_tile_words(K), nblk = (size_t)lin->k / TRELLIS_Q_BLOCK;
+    const size_t stride = (size_t)nt_count * tile_words;
+    const uint16_t *tile = lin->trellis + (size_t)nt * tile_words;
+    uint32_t w[TRELLIS_K_MAX + 1][8];
+    int32x4_t ia[TRELLIS_GEMM_MAX_ROWS][2][4][2];
+    float32x4_t fa[TRELLIS_GEMM_MAX_ROWS][2][2];
+    int32x4_t v[32][2];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) {
+            fa[r][h][0] = fa[r][h][1] = vdupq_n_f32(0.0f);
+            for (int a = 0; a < 4; a++) ia[r][h][a][0] = ia[r][h][a][1] = vdupq_n_s32(0);
+        }
+    for (int kt = 0; kt < kt_count; kt++, tile += stride) {
+        __builtin_prefetch(tile + 8 * stride);
+        segment_words(tile, K, w);
+#pragma GCC unroll 32
+        for (int m = 0; m < 32; m++) {
+            v[m][0] = byte_sums4(step_states(w, K, m, 0));
+            v[m][1] = byte_sums4(step_states(w, K, m, 1));
+        }
+        for (int r = 0; r < rows; r++) {
+            const int32_t *q = job->uq2 + (size_t)r * lin->k + 16 * kt;
+#pragma GCC unroll 32
+            for (int m = 0; m < 32; m++) {
+                const int32x4_t x = vdupq_n_s32((int16_t)q[trellis_step_row(m)]);
+                int32x4_t *a = ia[r][(m >> 2) & 1][m & 3];
+                a[0] = vmlaq_s32(a[0], v[m][0], x);
+                a[1] = vmlaq_s32(a[1], v[m][1], x);
+            }
+            if ((kt + 1) % per_blk) continue;
+            const size_t i_blk = (size_t)r * nblk + (size_t)(kt / per_blk);
+            const int32x4_t bias = vdupq_n_s32(job->bbias[i_blk]);
+            const float32x4_t scale = vdupq_n_f32(job->bscale[i_blk]);
+            for (int h = 0; h < 2; h++)
+                for (int s = 0; s < 2; s++) {
+                    int32x4_t (*a)[2] = ia[r][h];
+                    const int32x4_t sum = vaddq_s32(vaddq_s32(a[0][s], a[1][s]), vaddq_s32(a[2][s], a[3][s]));
+                    fa[r][h][s] = vfmaq_f32(fa[r][h][s], vcvtq_f32_s32(vsubq_s32(sum, bias)), scale);
+                    for (int i = 0; i < 4; i++) a[i][s] = vdupq_n_s32(0);
+                }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 2; s++) vst1q_f32(job->t + (size_t)r * lin->n + 16 * (size_t)nt + 8 * h + 4 * s, fa[r][h][s]);
+}
+
 #define KERNEL(K, CB)                                                                        \
     static void gemm_##K##_##CB(const trellis_gemm_job *job, int nt)                         \
     {                                                                                        \
-        if (job->rows == 1) gemm_col_kernel(job, nt, K, (trellis_codebook)CB, 1);            \
+        if (CB == TRELLIS_CB_MUL1) gemm_col_mul1(job, nt, K);                                \
+        else if (job->rows == 1) gemm_col_kernel(job, nt, K, (trellis_codebook)CB, 1);       \
         else gemm_col_kernel(job, nt, K, (trellis_codebook)CB, 0);                           \
     }
 #define KERNELS_K(K) KERNEL(K, 0) KERNEL(K, 1) KERNEL(K, 2)

@@ -66,10 +66,35 @@ AI __m256 values8(__m256i s, trellis_codebook cb)
 /* --- GEMM: one SIMD lane per tile segment (see trellis_impl.h) ----------- */
 
 /* The ring words of every segment, transposed: w[c + 1] lane j = ring word
- * K·j + c (c = −1 .. K−1; word −1 of segment 0 wraps to the last one). */
+ * K·j + c (c = −1 .. K−1; word −1 of segment 0 wraps to the last one). For
+ * K ≤ 4 the tile is K registers, and each w is one vpermd per register it
+ * draws from, blended: an 8-lane gather costs more than that on recent
+ * cores. K ≥ 5 gathers. */
 AI void segment_words(const uint16_t *tile, const int K, __m256i *w)
 {
     const int nw = 8 * K;
+    if (K <= 4) {
+        __m256i src[4];
+        for (int i = 0; i < K; i++) src[i] = _mm256_loadu_si256((const __m256i *)(const void *)tile + i);
+        for (int c = -1; c < K; c++) {
+#define WD(j) ((K * (j) + c + nw) % nw)
+#define IN(j, i) (-(WD(j) / 8 == (i)))
+            __m256i r = _mm256_setzero_si256();
+            for (int i = 0; i < K; i++) {
+                const __m256i p = _mm256_permutevar8x32_epi32(
+                    src[i], _mm256_setr_epi32(WD(0) & 7, WD(1) & 7, WD(2) & 7, WD(3) & 7, WD(4) & 7, WD(5) & 7,
+                                              WD(6) & 7, WD(7) & 7));
+                r = i == 0 ? p
+                           : _mm256_blendv_epi8(r, p,
+                                                _mm256_setr_epi32(IN(0, i), IN(1, i), IN(2, i), IN(3, i), IN(4, i),
+                                                                  IN(5, i), IN(6, i), IN(7, i)));
+            }
+#undef IN
+#undef WD
+            w[c + 1] = r;
+        }
+        return;
+    }
     for (int c = -1; c < K; c++) {
         const __m256i idx = _mm256_setr_epi32((c + nw) % nw, K + c, 2 * K + c, 3 * K + c, 4 * K + c, 5 * K + c,
                                               6 * K + c, 7 * K + c);
@@ -202,8 +227,9 @@ AI void block_fold8(__m256i ia[2][4], __m256 fa[2], const trellis_gemm_job *job,
     }
 }
 
-/* mul1: trellis.c's integer arithmetic, one tile column. */
-AI void gemm_col_mul1(const trellis_gemm_job *job, int nt, const int K)
+/* mul1: trellis.c's integer arithmetic, one tile column; batch 1 consumes
+ * each step's sums as they are made, larger batches decode a tile once. */
+AI void gemm_col_mul1(const trellis_gemm_job *job, int nt, const int K, const int one_row)
 {
     const trellis_linear *lin = job->lin;
     const int kt_count = lin->k / 16, nt_count = lin->n / 16, rows = job->rows, per_blk = TRELLIS_Q_BLOCK / 16;
@@ -222,6 +248,17 @@ AI void gemm_col_mul1(const trellis_gemm_job *job, int nt, const int K)
     for (int kt = 0; kt < kt_count; kt++, tile += stride) {
         prefetch_tile(tile + PREFETCH_TILES * stride, K);
         segment_words(tile, K, w);
+        if (one_row) {
+            const int32_t *q = job->uq2 + 16 * kt;
+#pragma GCC unroll 32
+            for (int m = 0; m < 32; m++)
+                ia[0][(m >> 2) & 1][m & 3] =
+                    _mm256_add_epi32(ia[0][(m >> 2) & 1][m & 3],
+                                     _mm256_madd_epi16(pair_sums8(step_states(w, K, m)),
+                                                       _mm256_set1_epi32(q[trellis_step_row(m)])));
+            if ((kt + 1) % per_blk == 0) block_fold8(ia[0], fa[0], job, (size_t)(kt / per_blk));
+            continue;
+        }
 #pragma GCC unroll 32
         for (int m = 0; m < 32; m++) v[m] = pair_sums8(step_states(w, K, m));
         for (int r = 0; r < rows; r++) {
@@ -304,11 +341,12 @@ static TARGET void viterbi_step_avx2(const float *cb, const float *cost_in, floa
         gemm_col_kernel(job, nt, K, (trellis_codebook)CB, ONE);                              \
     }
 #define MUL1_KERNEL(K)                                                                       \
-    static TARGET void gemm_##K##_mul1(const trellis_gemm_job *job, int nt) { gemm_col_mul1(job, nt, K); }
+    static TARGET void gemm_##K##_mul1_0(const trellis_gemm_job *job, int nt) { gemm_col_mul1(job, nt, K, 0); } \
+    static TARGET void gemm_##K##_mul1_1(const trellis_gemm_job *job, int nt) { gemm_col_mul1(job, nt, K, 1); }
 #define KERNELS_K(K) KERNEL(K, 0, 0) KERNEL(K, 0, 1) KERNEL(K, 1, 0) KERNEL(K, 1, 1) MUL1_KERNEL(K)
 TRELLIS_EACH_K(KERNELS_K)
 #define ROW(K)                                                                               \
-    {{gemm_##K##_0_0, gemm_##K##_0_1}, {gemm_##K##_1_0, gemm_##K##_1_1}, {gemm_##K##_mul1, gemm_##K##_mul1}}
+    {{gemm_##K##_0_0, gemm_##K##_0_1}, {gemm_##K##_1_0, gemm_##K##_1_1}, {gemm_##K##_mul1_0, gemm_##K##_mul1_1}}
 static const trellis_gemm_col_fn kernels[8][3][2] = {TRELLIS_EACH_K_LIST(ROW)};
 
 static TARGET void gemm_col_avx2(const trellis_gemm_job *job, int nt)

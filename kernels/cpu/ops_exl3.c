@@ -13,8 +13,11 @@ static void exl3_forward(sq_exec *ex, const sq_linear *l, const float *x, int ro
     const trellis_linear *t = l->impl;
     for (int r0 = 0; r0 < rows; r0 += TRELLIS_GEMM_MAX_ROWS) {
         int n = rows - r0 < TRELLIS_GEMM_MAX_ROWS ? rows - r0 : TRELLIS_GEMM_MAX_ROWS;
-        /* shapes were validated by sq_cpu_linear_exl3_bind, so this cannot fail */
-        (void)trellis_linear_gemm(t, x + (size_t)r0 * l->in, n, y + (size_t)r0 * l->out, ex->pool);
+        /* a small product is done before the pool's threads would be awake
+         * (as for bf16, ops.c); shapes were validated by
+         * sq_cpu_linear_exl3_bind, so this cannot fail */
+        sparq_pool *pool = (size_t)n * (size_t)t->k * (size_t)t->n < SQ_CPU_SERIAL_MACS ? NULL : ex->pool;
+        (void)trellis_linear_gemm(t, x + (size_t)r0 * l->in, n, y + (size_t)r0 * l->out, pool);
     }
     if (l->bias)
         for (int r = 0; r < rows; r++)

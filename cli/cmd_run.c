@@ -29,6 +29,7 @@
 #include "runtime/generate.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 
 enum {
     O_PROMPT, O_N, O_CHAT, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_SEED, O_CTX, O_THREADS,
@@ -67,72 +68,26 @@ static const cli_spec spec = {
     "  mpirun -np 2 sparq run bundle-2box -p 'The file system' -n 64 --temp 0\n"};
 
 typedef struct run_state {
-    sq_dist *model;
+    sq_session sess;
     sq_tokenizer *tok;
-    sq_sampler *sampler;
-    float *logits;
-    int32_t *cached; /* ids in the KV cache */
-    int n_cached;
-    int32_t stop[SQ_MAX_EOS_IDS + 2];
-    int n_stop;
-    bool ignore_eos;
+    sq_dist *model;
     uint64_t seed;
-    double t_prompt, t_decode;
-    long n_prompt, n_decode;
-    int last_prompt_len; /* ids of the last prompt; generated ids follow it in `cached` */
 } run_state;
 
-static bool is_stop(const run_state *s, int32_t t)
+static bool emit_stdout(void *ctx, const char *text, size_t len)
 {
-    for (int i = 0; i < s->n_stop; i++)
-        if (s->stop[i] == t) return true;
-    return false;
+    (void)ctx;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return true;
 }
 
-/* Prefill ids (reusing the cached prefix), then generate up to n tokens.
- * Generated ids are appended to the cache record; text streams to stdout. */
+/* Prefill ids (reusing the cached prefix), then generate up to n tokens,
+ * streaming the text to stdout. */
 static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_new)
 {
-    const int ctx = sq_dist_options(s->model)->ctx;
-    int keep = 0;
-    while (keep < s->n_cached && keep < n_ids && s->cached[keep] == ids[keep]) keep++;
-    if (keep == n_ids) keep--; /* always run at least one token to get logits */
-    if (keep < 0) keep = 0;
-    RETURN_IF(n_ids >= ctx, SPARQ_E_RANGE, "prompt of %d tokens does not fit the context of %d (--ctx)", n_ids, ctx);
-    FORWARD_IF(sq_dist_seq_truncate(s->model, 0, keep));
-    sq_sampler_reset(s->sampler, s->seed);
-    for (int i = 0; i < n_ids; i++) sq_sampler_accept(s->sampler, ids[i]);
-    double t0 = sparq_now();
-    FORWARD_IF(sq_dist_forward(s->model, 0, ids + keep, n_ids - keep, SQ_LOGITS_LAST, s->logits));
-    s->t_prompt += sparq_now() - t0;
-    s->n_prompt += n_ids - keep;
-    memcpy(s->cached, ids, (size_t)n_ids * sizeof(int32_t));
-    s->n_cached = n_ids;
-    s->last_prompt_len = n_ids;
-
-    sq_detok d;
-    sq_detok_init(&d, s->tok, true);
-    const char *txt;
-    size_t len;
-    sparq_status st = SPARQ_OK;
-    t0 = sparq_now();
-    for (int i = 0; i < n_new && s->n_cached < ctx; i++) {
-        int32_t t = sq_sampler_sample(s->sampler, s->logits);
-        if (!s->ignore_eos && is_stop(s, t)) break;
-        sq_sampler_accept(s->sampler, t);
-        st = sq_detok_push(&d, t, &txt, &len);
-        if (st != SPARQ_OK) break;
-        fwrite(txt, 1, len, stdout);
-        fflush(stdout);
-        s->n_decode++;
-        s->cached[s->n_cached++] = t;
-        if (i + 1 == n_new || s->n_cached >= ctx) break; /* no logits needed for a token we will not sample */
-        st = sq_dist_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
-        if (st != SPARQ_OK) break;
-    }
-    s->t_decode += sparq_now() - t0;
-    if (st == SPARQ_OK && sq_detok_flush(&d, &txt, &len) == SPARQ_OK) fwrite(txt, 1, len, stdout);
-    sq_detok_free(&d);
+    sq_session_out o;
+    const sparq_status st = sq_session_generate(&s->sess, ids, n_ids, n_new, s->seed, emit_stdout, NULL, &o);
     fflush(stdout);
     return st;
 }
@@ -142,14 +97,14 @@ static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_
 static sparq_status generate_parallel(run_state *s, const sq_sampler_params *sp, const int32_t *ids, int n_ids,
                                       int n_new, int N)
 {
-    sq_gen_opts o = {.n_seqs = N, .n_new = n_new, .sampler = *sp, .stop = s->stop, .n_stop = s->n_stop,
-                     .ignore_stop = s->ignore_eos};
+    sq_gen_opts o = {.n_seqs = N, .n_new = n_new, .sampler = *sp, .stop = s->sess.stop, .n_stop = s->sess.n_stop,
+                     .ignore_stop = s->sess.ignore_eos};
     sq_gen_result r;
     FORWARD_IF(sq_generate(s->model, ids, n_ids, &o, &r));
-    s->t_prompt += r.t_prompt;
-    s->t_decode += r.t_decode;
-    s->n_prompt += r.n_prompt;
-    s->n_decode += r.n_decode;
+    s->sess.t_prompt += r.t_prompt;
+    s->sess.t_decode += r.t_decode;
+    s->sess.n_prompt += r.n_prompt;
+    s->sess.n_decode += r.n_decode;
     sparq_status st = SPARQ_OK;
     for (int i = 0; st == SPARQ_OK && i < N; i++) {
         char *text = NULL;
@@ -164,25 +119,6 @@ static sparq_status generate_parallel(run_state *s, const sq_sampler_params *sp,
     return st;
 }
 
-static sparq_status encode(const run_state *s, const char *text, bool add_bos, int32_t **ids, int *n)
-{
-    int32_t *raw = NULL;
-    size_t nraw = 0;
-    FORWARD_IF(sq_tokenizer_encode(s->tok, text, strlen(text), true, &raw, &nraw));
-    const int32_t bos = sq_tokenizer_bos(s->tok);
-    const int extra = add_bos && bos >= 0 ? 1 : 0;
-    *ids = sparq_malloc((nraw + 1) * sizeof(int32_t));
-    if (!*ids) {
-        sparq_free(raw);
-        return sparq_err(SPARQ_E_NOMEM, "out of memory");
-    }
-    if (extra) (*ids)[0] = bos;
-    if (nraw) memcpy(*ids + extra, raw, nraw * sizeof(int32_t));
-    *n = (int)nraw + extra;
-    sparq_free(raw);
-    return SPARQ_OK;
-}
-
 /* Render the conversation so far and generate the assistant's turn. */
 static sparq_status chat_turn(run_state *s, sq_chat_msg *msgs, int n_msgs, int n_new)
 {
@@ -190,7 +126,7 @@ static sparq_status chat_turn(run_state *s, sq_chat_msg *msgs, int n_msgs, int n
     FORWARD_IF(sq_chat_apply(s->tok, msgs, n_msgs, true, &text));
     int32_t *ids = NULL;
     int n = 0;
-    sparq_status st = encode(s, text, false, &ids, &n);
+    sparq_status st = sq_session_encode(&s->sess, text, false, &ids, &n);
     sparq_free(text);
     if (st == SPARQ_OK) st = generate(s, ids, n, n_new);
     sparq_free(ids);
@@ -247,9 +183,9 @@ static sparq_status interactive(run_state *s, const char *system, int n_new)
         /* the reply (the ids generated after the prompt) becomes the assistant turn */
         char *reply = NULL;
         size_t rl = 0;
-        const int n_prompt_ids = s->last_prompt_len;
-        st = sq_tokenizer_decode(s->tok, s->cached + n_prompt_ids, (size_t)(s->n_cached - n_prompt_ids), true,
-                                 &reply, &rl);
+        const int n_prompt_ids = s->sess.last_prompt_len;
+        st = sq_tokenizer_decode(s->tok, s->sess.cached + n_prompt_ids, (size_t)(s->sess.n_cached - n_prompt_ids),
+                                 true, &reply, &rl);
         if (st != SPARQ_OK) break;
         owned[n] = reply;
         msgs[n++] = (sq_chat_msg){SQ_ROLE_ASSISTANT, reply};
@@ -302,45 +238,13 @@ int cmd_run(int argc, char **argv)
     if (parallel > 1 && chat) return cli_usage_error(&spec, "--parallel works with a plain prompt, not --chat");
     const char *dir = a.pos[0];
 
-    sq_transport *tr = NULL;
-    sparq_status st = sq_transport_auto(&tr);
-    if (st != SPARQ_OK) return cli_fail(&spec, st);
-    cli_dist_setup(tr);
     run_state s = {0};
-    s.ignore_eos = ignore_eos;
     s.seed = (uint64_t)seed;
-    if (tr->rank == 0) st = sq_tokenizer_load(&s.tok, dir);
-    sq_model_opts mo;
-    sq_model_opts_default(&mo);
-    mo.ctx = (int)ctx;
-    mo.n_threads = (int)threads;
-    mo.device = device;
-    mo.max_rows = 256;
-    mo.n_seq = (int)parallel;
-    sq_dist_opts dop;
-    sq_dist_opts_default(&dop);
-    dop.timeout_s = timeout;
-    bool reported = false;
-    /* a tokenizer failure on rank 0 must still let the other ranks finish loading and hear about it */
-    sparq_status st_open = sq_dist_open(&s.model, dir, &mo, &dop, tr, &reported);
-    if (st == SPARQ_OK) st = st_open;
-    if (st == SPARQ_OK && tr->rank != 0) {
-        st = sq_dist_serve(s.model);
-        if (st != SPARQ_OK) cli_dist_fail(&spec, tr, st); /* does not return under MPI */
-        sq_dist_close(s.model);
-        sq_transport_close(tr);
-        return 0;
-    }
-    if (st != SPARQ_OK) {
-        if (st_open == SPARQ_OK && tr->size > 1) cli_dist_fail(&spec, tr, st); /* the others are serving */
-        /* print before closing: closing waits for every rank, and once the others exit
-         * with an error mpirun stops this one, possibly before it has said why */
-        const int rc = reported ? 1 : cli_fail(&spec, st);
-        sq_dist_close(s.model);
-        sq_tokenizer_free(s.tok);
-        sq_transport_close(tr);
-        return rc;
-    }
+    const cli_model_args ma = {(int)ctx, (int)threads, (int)parallel, device, timeout};
+    sq_transport *tr = NULL;
+    const int started = cli_dist_start(&spec, dir, &ma, &tr, &s.model, &s.tok);
+    if (started >= 0) return started;
+    sparq_status st = SPARQ_OK;
     if (parallel > sq_dist_options(s.model)->n_seq) {
         st = sparq_err(SPARQ_E_ARG, "%s: --parallel %lld, but the bundle was planned for %d users (sparq pack --users)",
                        dir, parallel, sq_dist_options(s.model)->n_seq);
@@ -350,8 +254,6 @@ int cmd_run(int argc, char **argv)
         sq_transport_close(tr);
         return rc;
     }
-    const sq_model_config *cfg = sq_dist_cfg(s.model);
-    const int V = (int)cfg->vocab_size;
     sq_sampler_params sp;
     sq_sampler_params_default(&sp);
     sp.temp = (float)temp;
@@ -361,15 +263,8 @@ int cmd_run(int argc, char **argv)
     sp.repeat_penalty = (float)rep;
     sp.repeat_last_n = (int)repn;
     sp.seed = (uint64_t)seed;
-    st = sq_sampler_create(&s.sampler, &sp, V);
-    s.logits = sparq_malloc((size_t)V * sizeof(float));
-    s.cached = sparq_malloc((size_t)sq_dist_options(s.model)->ctx * sizeof(int32_t));
-    if (st == SPARQ_OK && (!s.logits || !s.cached)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-    for (int i = 0; i < cfg->n_eos_token_ids && s.n_stop < SQ_MAX_EOS_IDS; i++)
-        s.stop[s.n_stop++] = (int32_t)cfg->eos_token_ids[i];
-    if (sq_tokenizer_eos(s.tok) >= 0) s.stop[s.n_stop++] = sq_tokenizer_eos(s.tok);
-    if (chat && sq_tokenizer_token_id(s.tok, "<|im_end|>") >= 0)
-        s.stop[s.n_stop++] = sq_tokenizer_token_id(s.tok, "<|im_end|>");
+    st = sq_session_init(&s.sess, s.model, s.tok, &sp, chat);
+    s.sess.ignore_eos = ignore_eos;
 
     if (st == SPARQ_OK) {
         if (chat && !prompt) {
@@ -384,7 +279,7 @@ int cmd_run(int argc, char **argv)
         } else {
             int32_t *ids = NULL;
             int n = 0;
-            st = encode(&s, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
+            st = sq_session_encode(&s.sess, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
             if (st == SPARQ_OK && n == 0) st = sparq_err(SPARQ_E_ARG, "the prompt is empty");
             if (st == SPARQ_OK && parallel > 1) {
                 st = generate_parallel(&s, &sp, ids, n, (int)n_new, (int)parallel);
@@ -403,8 +298,8 @@ int cmd_run(int argc, char **argv)
         rc = cli_dist_fail(&spec, tr, st);
     } else {
         fprintf(stderr, "prompt: %ld tokens in %.3f s (%.1f tok/s); decode: %ld tokens in %.3f s (%.1f tok/s)\n",
-                s.n_prompt, s.t_prompt, s.t_prompt > 0 ? s.n_prompt / s.t_prompt : 0.0, s.n_decode, s.t_decode,
-                s.t_decode > 0 ? s.n_decode / s.t_decode : 0.0);
+                s.sess.n_prompt, s.sess.t_prompt, s.sess.t_prompt > 0 ? s.sess.n_prompt / s.sess.t_prompt : 0.0,
+                s.sess.n_decode, s.sess.t_decode, s.sess.t_decode > 0 ? s.sess.n_decode / s.sess.t_decode : 0.0);
         if (stats) {
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
@@ -424,9 +319,7 @@ int cmd_run(int argc, char **argv)
                     (unsigned long long)ds.bytes_sent);
         }
     }
-    sparq_free(s.logits);
-    sparq_free(s.cached);
-    sq_sampler_free(s.sampler);
+    sq_session_free(&s.sess);
     sq_dist_close(s.model);
     sq_tokenizer_free(s.tok);
     sq_transport_close(tr);

@@ -39,3 +39,49 @@ int cli_dist_fail(const cli_spec *spec, sq_transport *t, int st)
     }
     return cli_fail(spec, st);
 }
+
+int cli_dist_start(const cli_spec *spec, const char *dir, const cli_model_args *ma, sq_transport **trp,
+                   sq_dist **model, sq_tokenizer **tok)
+{
+    sq_model_opts mo;
+    sq_model_opts_default(&mo);
+    mo.ctx = ma->ctx;
+    mo.n_threads = ma->threads;
+    mo.device = ma->device;
+    mo.max_rows = 256;
+    mo.n_seq = ma->n_seq;
+    sq_dist_opts dop;
+    sq_dist_opts_default(&dop);
+    dop.timeout_s = ma->timeout_s;
+    *trp = NULL, *model = NULL, *tok = NULL;
+    sq_transport *tr = NULL;
+    sparq_status st = sq_transport_auto(&tr);
+    if (st != SPARQ_OK) return cli_fail(spec, st);
+    cli_dist_setup(tr);
+    if (tr->rank == 0) st = sq_tokenizer_load(tok, dir);
+    bool reported = false;
+    /* a tokenizer failure on rank 0 must still let the other ranks finish loading and hear about it */
+    const sparq_status st_open = sq_dist_open(model, dir, &mo, &dop, tr, &reported);
+    if (st == SPARQ_OK) st = st_open;
+    if (st == SPARQ_OK && tr->rank != 0) {
+        st = sq_dist_serve(*model);
+        if (st != SPARQ_OK) cli_dist_fail(spec, tr, st); /* does not return under MPI */
+        sq_dist_close(*model);
+        sq_transport_close(tr);
+        *model = NULL;
+        return 0;
+    }
+    if (st != SPARQ_OK) {
+        if (st_open == SPARQ_OK && tr->size > 1) cli_dist_fail(spec, tr, st); /* the others are serving */
+        /* print before closing: closing waits for every rank, and once the others exit
+         * with an error mpirun stops this one, possibly before it has said why */
+        const int rc = reported ? 1 : cli_fail(spec, st);
+        sq_dist_close(*model);
+        sq_tokenizer_free(*tok);
+        sq_transport_close(tr);
+        *model = NULL, *tok = NULL;
+        return rc;
+    }
+    *trp = tr;
+    return -1;
+}

@@ -10,6 +10,7 @@ static const cli_command commands[] = {
     {"quantize", "calibrated EXL3 quantization of a model, streaming, resumable, with a report", cmd_quantize},
     {"tokenize", "text -> token ids and back with a model's tokenizer", cmd_tokenize},
     {"run", "generate text with a model on the CPU (streaming; --chat)", cmd_run},
+    {"serve", "OpenAI-compatible HTTP server for a model (/v1/completions, /v1/chat/completions)", cmd_serve},
     {"eval", "perplexity of a model on a text; KL divergence against a reference", cmd_eval},
     {"plan", "memory plan of a model on N boxes: per-node table and a verdict", cmd_plan},
     {"pack", "write a checksummed bundle for N boxes (refuses what does not fit)", cmd_pack},

@@ -8,7 +8,8 @@
 #    text on 1 and 3 ranks, and continuation k equals a single run --seed k;
 #  - a bundle on the wrong number of ranks is refused, naming both numbers;
 #  - killing a rank mid-generation ends every rank, with mpirun naming it;
-#  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it.
+#  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it;
+#  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT.
 # Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
 set -u
 SPARQ="$1"
@@ -102,12 +103,13 @@ started() {
   while [ ! -s "$1" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
   sleep 0.5
 }
-# wait for mpirun ($1) up to $2 s; prints its exit status, 999 if it is still running
+# wait for mpirun ($1) up to $2 s; sets RC to its exit status, 999 if it is still running
+# (not through $(...): a subshell cannot wait for this shell's child, its wait says 127)
 running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; } # an exited child is a zombie until waited for
 wait_for() {
   i=0
   while running "$1" && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i+1)); done
-  if running "$1"; then echo 999; else wait "$1"; echo $?; fi
+  if running "$1"; then RC=999; else wait "$1"; RC=$?; fi
 }
 
 # a rank dies mid-generation
@@ -118,7 +120,7 @@ started "$T/k.out"
 victim=$(rank_pid "$T/b3" 1)
 [ -n "$victim" ] && ok || bad "kill: rank 1 not found"
 [ -n "$victim" ] && kill -9 "$victim"
-rc=$(wait_for $mp 20)
+wait_for $mp 20; rc=$RC
 [ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "kill: mpirun exit '$rc' (999 = still running after 20 s)"
 grep -qi "rank 1" "$T/k.err" && ok || bad "kill: no message names rank 1: $(cat "$T/k.err")"
 echo "--- kill: what the ranks and mpirun said:"; cat "$T/k.err"
@@ -135,13 +137,39 @@ started "$T/s.out"
 victim=$(rank_pid "$T/b3" 1)
 [ -n "$victim" ] && ok || bad "stall: rank 1 not found"
 [ -n "$victim" ] && kill -STOP "$victim"
-rc=$(wait_for $mp 30)
+wait_for $mp 30; rc=$RC
 [ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "stall: mpirun exit '$rc' (999 = still running after 30 s)"
 echo "--- stall: what the ranks and mpirun said:"; cat "$T/s.err"
 grep -q "rank 1 does not answer" "$T/s.err" && ok || bad "stall: rank 0 does not name rank 1: $(cat "$T/s.err")"
 sleep 0.5
 [ -z "$(pgrep -f "sparq run $T/b3")" ] && ok || bad "stall: sparq processes left behind"
 pkill -9 -f "sparq run $T/b3" 2>/dev/null
+
+# sparq serve on 2 ranks: rank 0 answers over HTTP with the one-process greedy text;
+# SIGINT to rank 0 shuts the pipeline down and every rank exits 0
+$MPIRUN -np 2 "$SPARQ" serve "$T/b2" --port 0 -t 1 >/dev/null 2>"$T/sv.err" &
+mp=$!
+port=""; i=0
+while [ -z "$port" ] && [ $i -lt 300 ]; do
+  port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/sv.err"); sleep 0.1; i=$((i+1))
+done
+[ -n "$port" ] && ok || bad "serve on 2 ranks did not start: $(cat "$T/sv.err")"
+python3 - "$port" "$P" >"$T/sv.out" 2>"$T/sv.perr" <<'PY'
+import json, sys, urllib.request
+body = json.dumps({"prompt": sys.argv[2], "max_tokens": 48, "temperature": 0}).encode()
+r = urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[1], data=body), timeout=60)
+print(sys.argv[2] + json.load(r)["choices"][0]["text"])
+PY
+cmp -s "$T/o1" "$T/sv.out" && ok || bad "serve on 2 ranks: '$(cat "$T/sv.out" "$T/sv.perr")' vs '$(cat "$T/o1")'"
+r0=""
+for p in $(pgrep -f "sparq serve $T/b2"); do
+  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && r0=$p
+done
+[ -n "$r0" ] && kill -INT "$r0"
+wait_for $mp 20; rc=$RC
+[ "$rc" = 0 ] && ok || bad "serve on 2 ranks: SIGINT to rank 0: mpirun exit '$rc': $(cat "$T/sv.err")"
+grep -q "stopped after 1 requests" "$T/sv.err" && ok || bad "serve on 2 ranks: no stop line: $(cat "$T/sv.err")"
+pkill -9 -f "sparq serve $T/b2" 2>/dev/null
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,0 +1,159 @@
+/* tests/runtime/test_http.c — the HTTP request parser (runtime/http.h) on
+ * whole, partial, pipelined and malformed requests, and the socket reader
+ * over a socketpair (timeouts, Expect: 100-continue, a peer that hangs up). */
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "runtime/http.h"
+#include "t.h"
+
+static long parse(const char *s, sq_http_request *r)
+{
+    const char *why;
+    return sq_http_parse(s, strlen(s), r, &why);
+}
+
+static void test_whole(void)
+{
+    sq_http_request r;
+    const char *req = "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"
+                      "authorization:   Bearer k  \r\n\r\nhelloEXTRA";
+    const long n = parse(req, &r);
+    CHECK_EQ_INT(n, (long)strlen(req) - 5); /* pipelined bytes after the body are not part of it */
+    CHECK(strcmp(r.method, "POST") == 0);
+    CHECK(strcmp(r.path, "/v1/completions") == 0);
+    CHECK_EQ_INT(r.minor, 1);
+    CHECK_EQ_INT(r.body_len, 5);
+    CHECK(memcmp(r.body, "hello", 5) == 0);
+    CHECK(strcmp(r.auth, "Bearer k") == 0);
+    CHECK(!r.expect_continue);
+    /* LF-only line ends and HTTP/1.0, no body */
+    CHECK_EQ_INT(parse("GET /health HTTP/1.0\n\n", &r), 22);
+    CHECK(strcmp(r.path, "/health") == 0);
+    CHECK_EQ_INT(r.minor, 0);
+    CHECK_EQ_INT(r.body_len, 0);
+}
+
+static void test_partial(void)
+{
+    sq_http_request r;
+    const char *req = "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\nabcd";
+    const size_t len = strlen(req);
+    const char *why;
+    for (size_t cut = 0; cut < len; cut++) {
+        const long n = sq_http_parse(req, cut, &r, &why);
+        CHECK_MSG(n == 0, "prefix of %zu bytes: %ld", cut, n);
+        if (cut >= len - 4) CHECK(r.expect_continue && r.header_len == len - 4); /* headers complete */
+    }
+    CHECK_EQ_INT(sq_http_parse(req, len, &r, &why), (long)len);
+}
+
+static void test_malformed(void)
+{
+    static const struct {
+        const char *req;
+        long want;
+    } cases[] = {
+        {"get / HTTP/1.1\r\n\r\n", -400},
+        {"GET\r\n\r\n", -400},
+        {"GET  / HTTP/1.1\r\n\r\n", -400},
+        {"GET nope HTTP/1.1\r\n\r\n", -400},
+        {"GET / HTTP/2.0\r\n\r\n", -505},
+        {"GET / FTP/1.1\r\n\r\n", -400},
+        {"GET /\x01 HTTP/1.1\r\n\r\n", -400},
+        {"POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n", -400},
+        {"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", -413},
+        {"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", -400},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", -501},
+        {"POST / HTTP/1.1\r\nExpect: something\r\n\r\n", -417},
+        {"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", -400},
+        {"GET / HTTP/1.1\r\n: empty name\r\n\r\n", -400},
+        {"GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", -400},
+        {"GET / HTTP/1.1\r\nA: b\x7f\r\n\r\n", -400},
+        {"\r\nGET / HTTP/1.1\r\n\r\n", -400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sq_http_request r;
+        const char *why = NULL;
+        const long n = sq_http_parse(cases[i].req, strlen(cases[i].req), &r, &why);
+        CHECK_MSG(n == cases[i].want, "case %zu: got %ld, want %ld", i, n, cases[i].want);
+        CHECK(why && why[0]);
+    }
+    /* a path of 1024 bytes: 414; headers over 16 KiB: 431 */
+    char *big = sparq_malloc(SQ_HTTP_MAX_HEADER + 64);
+    memset(big, 'a', SQ_HTTP_MAX_HEADER + 63);
+    memcpy(big, "GET /", 5);
+    strcpy(big + 5 + 1023, " HTTP/1.1\r\n\r\n"); /* a path of 1024 bytes */
+    sq_http_request r;
+    CHECK_EQ_INT(parse(big, &r), -414);
+    memset(big, 'a', SQ_HTTP_MAX_HEADER + 63);
+    memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
+    big[SQ_HTTP_MAX_HEADER + 63] = 0;
+    CHECK_EQ_INT(parse(big, &r), -431);
+    sparq_free(big);
+    CHECK(strcmp(sq_http_reason(413), "Content Too Large") == 0);
+}
+
+static void test_read(void)
+{
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    /* Expect: 100-continue gets its interim answer before the body is sent */
+    const char head[] = "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n";
+    CHECK(write(sv[1], head, sizeof head - 1) == (ssize_t)(sizeof head - 1));
+    pid_t pid = fork();
+    if (pid == 0) { /* the client: wait for 100 Continue, then send the body */
+        char got[64] = {0};
+        struct pollfd p = {sv[1], POLLIN, 0};
+        if (poll(&p, 1, 5000) == 1 && read(sv[1], got, sizeof got - 1) > 0 && strstr(got, "100 Continue"))
+            (void)!write(sv[1], "{}", 2);
+        _exit(0);
+    }
+    char *buf = NULL;
+    sq_http_request r;
+    int status = -1;
+    CHECK(sq_http_read(sv[0], 5, &buf, &r, &status) == SPARQ_OK);
+    waitpid(pid, NULL, 0);
+    CHECK_EQ_INT(r.body_len, 2);
+    CHECK(r.body && memcmp(r.body, "{}", 2) == 0);
+    sparq_free(buf);
+    /* a client that sends half a request and waits: 408 after the timeout */
+    CHECK(write(sv[1], "GET /he", 7) == 7);
+    buf = NULL;
+    CHECK(sq_http_read(sv[0], 0.2, &buf, &r, &status) == SPARQ_E_TIMEOUT);
+    CHECK_EQ_INT(status, 408);
+    CHECK(buf == NULL);
+    /* a client that hangs up mid-request: nothing to answer */
+    close(sv[1]);
+    CHECK(sq_http_read(sv[0], 1, &buf, &r, &status) == SPARQ_E_IO);
+    CHECK_EQ_INT(status, 0);
+    /* a malformed request: its status */
+    int sp2[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp2) == 0);
+    CHECK(write(sp2[1], "GET / HTTP/3\r\n\r\n", 16) == 16);
+    CHECK(sq_http_read(sp2[0], 1, &buf, &r, &status) == SPARQ_E_FORMAT);
+    CHECK_EQ_INT(status, 505);
+    /* a response is written whole */
+    CHECK(sq_http_respond(sp2[0], 404, "application/json", "{}", 2) == SPARQ_OK);
+    char out[256] = {0};
+    CHECK(read(sp2[1], out, sizeof out - 1) > 0);
+    CHECK(strncmp(out, "HTTP/1.1 404 Not Found\r\n", 24) == 0);
+    CHECK(strstr(out, "Content-Length: 2\r\n") && strstr(out, "\r\n\r\n{}"));
+    close(sp2[0]);
+    close(sp2[1]);
+    close(sv[0]);
+}
+
+int main(void)
+{
+    RUN(test_whole);
+    RUN(test_partial);
+    RUN(test_malformed);
+    RUN(test_read);
+    return t_summary();
+}

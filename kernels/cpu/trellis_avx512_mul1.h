@@ -14,7 +14,9 @@ static inline __attribute__((always_inline)) MUL1_ATTR __m512i step_states_icl(c
     const int S = (m + 1) * K - 16, a = (S + 32) / 32 - 1, r = S - 32 * a;
     const __m512i mask = _mm512_set1_epi32(0xFFFF);
     if (r <= 16) return _mm512_and_si512(_mm512_srli_epi32(w[a + 1], 16 - r), mask);
-    return _mm512_and_si512(_mm512_shrdi_epi32(w[a + 2], w[a + 1], 48 - r), mask);
+    /* the variable-count form: the immediate one needs a constant expression, which
+     * r is only after optimisation (clang -O0 refuses it) */
+    return _mm512_and_si512(_mm512_shrdv_epi32(w[a + 2], w[a + 1], _mm512_set1_epi32(48 - r)), mask);
 }
 #define MUL1_STATES(m) step_states_icl(w, K, (m))
 #define MUL1_DP(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))

@@ -51,10 +51,15 @@ sparq_status sq_session_set_sampler(sq_session *s, const sq_sampler_params *sp)
 
 sparq_status sq_session_encode(const sq_session *s, const char *text, bool add_bos, int32_t **ids, int *n)
 {
+    return sq_prompt_encode(s->tok, text, add_bos, ids, n);
+}
+
+sparq_status sq_prompt_encode(const sq_tokenizer *tok, const char *text, bool add_bos, int32_t **ids, int *n)
+{
     int32_t *raw = NULL;
     size_t nraw = 0;
-    FORWARD_IF(sq_tokenizer_encode(s->tok, text, strlen(text), true, &raw, &nraw));
-    const int32_t bos = sq_tokenizer_bos(s->tok);
+    FORWARD_IF(sq_tokenizer_encode(tok, text, strlen(text), true, &raw, &nraw));
+    const int32_t bos = sq_tokenizer_bos(tok);
     const int extra = add_bos && bos >= 0 ? 1 : 0;
     *ids = sparq_malloc((nraw + 1) * sizeof(int32_t));
     if (!*ids) {
@@ -85,6 +90,9 @@ sparq_status sq_session_generate(sq_session *s, const int32_t *ids, int n_ids, i
               max_ctx);
     int keep = 0;
     while (keep < s->n_cached && keep < n_ids && s->cached[keep] == ids[keep]) keep++;
+    /* the last sampled token of a generation that ended on its length was never
+     * run, so it is in `cached` but not in the KV cache */
+    if (keep > sq_dist_seq_len(s->model, 0)) keep = sq_dist_seq_len(s->model, 0);
     if (keep == n_ids) keep--; /* always run at least one token to get logits */
     FORWARD_IF(sq_dist_seq_truncate(s->model, 0, keep));
     s->n_cached = keep;

@@ -3,17 +3,22 @@
  * Endpoints: GET /health, GET /v1/models, POST /v1/completions and
  * POST /v1/chat/completions (whole responses or server-sent event streams).
  * The HTTP subset is runtime/http.h, the request and response JSON
- * runtime/openai.h, generation runtime/session.h — so a chat's next turn only
- * prefills its new messages. Requests are served one at a time, in order of
- * arrival (the others wait in the listen queue): one model, one KV slot.
+ * runtime/openai.h, generation runtime/sched.h: requests run concurrently in
+ * the model's KV slots (--parallel), batched into one decode step, and a
+ * chat's next turn only prefills its new messages.
+ *
+ * Threads: the main thread accepts; each connection gets a thread that reads
+ * the request, tokenizes, submits a job and writes what the scheduler's
+ * engine thread produces. Connections beyond slots + queue are answered 503.
  *
  * Under mpirun (a bundle packed for N boxes) rank 0 listens and the other
  * ranks serve their pipeline stage, as for `sparq run`. SIGINT / SIGTERM
- * finish the request in progress, then stop; a model error answers 500 and
- * ends the server (the model's state can no longer be trusted). */
+ * stop accepting, let the running requests finish, then stop; a model error
+ * ends the requests with 500 and the server with status 1. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,15 +34,20 @@
 #include "common/alloc.h"
 #include "runtime/http.h"
 #include "runtime/openai.h"
+#include "runtime/sched.h"
 #include "runtime/session.h"
 
-enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT, O_API_KEY };
+enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_PARALLEL, O_QUEUE, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT,
+       O_API_KEY };
 static const cli_opt opts[] = {
     [O_HOST] = {"host", 0, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 = every interface)"},
     [O_PORT] = {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed at start)"},
     [O_NAME] = {"model-name", 0, "NAME", "the model id /v1/models and responses report; requests may name any (default: MODEL's directory name)"},
     [O_MAXTOK] = {"max-tokens", 'n', "N", "tokens to generate when a request gives no max_tokens (default 512)"},
-    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096)"},
+    [O_PARALLEL] = {"parallel", 0, "N", "requests generated at once, each in its own KV slot (default 4; a bundle: "
+                                        "the users it was packed for, at most)"},
+    [O_QUEUE] = {"queue", 0, "N", "requests that may wait for a slot; more connections get 503 (default 64)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096; a bundle: as packed)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
     [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
@@ -50,7 +60,7 @@ static const cli_spec spec = {
     "serve", "MODEL [options]",
     "Serve MODEL (a Hugging Face model directory, an EXL3 model, or a bundle from `sparq pack`) over HTTP with "
     "the OpenAI API: /v1/completions, /v1/chat/completions (both with \"stream\": true), /v1/models, and /health. "
-    "One request runs at a time. A bundle packed for N boxes runs as N processes: "
+    "Requests run concurrently, batched (--parallel). A bundle packed for N boxes runs as N processes: "
     "`mpirun -np N sparq serve BUNDLE`. docs/cli-serve.md lists the request fields.",
     opts,
     "examples:\n  sparq serve tests/data/tiny-qwen3moe --port 8080\n"
@@ -66,14 +76,16 @@ static void on_stop(int sig)
 }
 
 typedef struct server {
-    sq_session sess;
+    sq_sched *sched;
     sq_tokenizer *tok;
     const char *name;
     const char *api_key;
     int default_max;
     double req_timeout;
-    unsigned long long n_served;
-    bool fatal;         /* a model error: stop serving */
+    pthread_mutex_t mu;        /* clients, served */
+    pthread_cond_t cv;
+    int clients, max_clients;
+    unsigned long long n_served, n_ids;
 } server;
 
 static void respond_json(int fd, int status, char *json)
@@ -88,75 +100,29 @@ static void respond_error(int fd, int status, const char *msg, const char *param
     respond_json(fd, status, sq_oai_error(status, msg, param));
 }
 
+/* Whether the client has closed its end (a pending EOF or error). */
+static bool client_gone(int fd)
+{
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+    char c;
+    return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 /* --- one completion ------------------------------------------------------- */
-
-typedef struct emitter {
-    int fd;
-    const sq_oai_request *req;
-    const sq_oai_meta *meta;
-    char *text;        /* everything generated so far (stop strings cut it) */
-    size_t len, cap;
-    size_t sent;       /* bytes of text already streamed */
-    size_t hold;       /* longest stop string − 1: bytes held back while streaming */
-    bool first;        /* the next chunk is the first */
-    bool stopped;      /* a stop string ended it */
-    bool io_failed;    /* the client went away */
-} emitter;
-
-static bool stream_upto(emitter *e, size_t upto)
-{
-    while (upto > e->sent && upto < e->len && (e->text[upto] & 0xC0) == 0x80) upto--; /* whole characters */
-    if (upto <= e->sent) return true;
-    char *chunk = sq_oai_chunk(e->req->kind, e->meta, e->text + e->sent, upto - e->sent, e->first,
-                               SQ_OAI_FINISH_NONE, false, 0, 0);
-    const bool ok = chunk && sq_http_sse_event(e->fd, chunk) == SPARQ_OK;
-    sparq_free(chunk);
-    e->first = false;
-    e->sent = upto;
-    if (!ok) e->io_failed = true;
-    return ok;
-}
-
-static bool on_text(void *ctx, const char *piece, size_t n)
-{
-    emitter *e = ctx;
-    if (e->len + n + 1 > e->cap) {
-        size_t nc = e->cap ? e->cap : 256;
-        while (nc < e->len + n + 1) nc *= 2;
-        char *nt = sparq_realloc(e->text, nc);
-        if (!nt) {
-            e->io_failed = true;
-            return false;
-        }
-        e->text = nt, e->cap = nc;
-    }
-    const size_t from = e->len > e->hold + n ? e->len - e->hold - n : 0; /* a stop string may start before piece */
-    memcpy(e->text + e->len, piece, n);
-    e->len += n;
-    e->text[e->len] = 0;
-    for (int i = 0; i < e->req->n_stop; i++) {
-        const char *hit = strstr(e->text + from, e->req->stop[i]);
-        if (hit) {
-            e->len = (size_t)(hit - e->text);
-            e->text[e->len] = 0;
-            e->stopped = true;
-        }
-    }
-    if (e->stopped) return false;
-    if (e->req->stream && e->len > e->hold) return stream_upto(e, e->len - e->hold);
-    return true;
-}
 
 static sparq_status prompt_ids(server *sv, const sq_oai_request *rq, int32_t **ids, int *n)
 {
-    if (rq->kind == SQ_OAI_COMPLETION)
-        return sq_session_encode(&sv->sess, rq->prompt, sq_tokenizer_add_bos(sv->tok), ids, n);
+    if (rq->kind == SQ_OAI_COMPLETION) return sq_prompt_encode(sv->tok, rq->prompt, sq_tokenizer_add_bos(sv->tok), ids, n);
     char *text = NULL;
     FORWARD_IF(sq_chat_apply(sv->tok, rq->msgs, rq->n_msgs, true, &text));
-    const sparq_status st = sq_session_encode(&sv->sess, text, false, ids, n);
+    const sparq_status st = sq_prompt_encode(sv->tok, text, false, ids, n);
     sparq_free(text);
     return st;
 }
+
+static sq_oai_finish finish_of(sq_job_end e) { return e == SQ_JOB_LENGTH ? SQ_OAI_FINISH_LENGTH : SQ_OAI_FINISH_STOP; }
 
 static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind kind)
 {
@@ -169,57 +135,83 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
     }
     int32_t *ids = NULL;
     int n_ids = 0;
+    sq_job *job = NULL;
+    pthread_mutex_lock(&sv->mu);
+    const unsigned long long serial = ++sv->n_ids;
+    pthread_mutex_unlock(&sv->mu);
     st = prompt_ids(sv, &rq, &ids, &n_ids);
-    const int ctx = sq_dist_options(sv->sess.model)->ctx;
-    if (st == SPARQ_OK && n_ids == 0) st = sparq_err(SPARQ_E_ARG, "the prompt is empty");
-    if (st == SPARQ_OK && n_ids >= ctx)
-        st = sparq_err(SPARQ_E_RANGE, "the prompt is %d tokens; the server's context is %d (sparq serve --ctx)",
-                       n_ids, ctx);
+    if (st == SPARQ_OK) {
+        if (!rq.has_seed) rq.sampler.seed = (uint64_t)time(NULL) ^ (serial * 0x9E3779B97F4A7C15ull);
+        const sq_job_params jp = {ids, n_ids, rq.max_tokens >= 0 ? rq.max_tokens : sv->default_max, rq.sampler,
+                                  (const char *const *)rq.stop, rq.n_stop};
+        st = sq_sched_submit(sv->sched, &jp, &job);
+    }
+    sparq_free(ids);
     if (st != SPARQ_OK) {
-        respond_error(fd, st == SPARQ_E_NOMEM ? 500 : 400, sparq_errmsg(), kind == SQ_OAI_CHAT ? "messages" : "prompt");
-        sparq_free(ids);
+        const int status = st == SPARQ_E_FIT || st == SPARQ_E_STATE ? 503 : st == SPARQ_E_NOMEM ? 500 : 400;
+        respond_error(fd, status, sparq_errmsg(), status == 400 ? (kind == SQ_OAI_CHAT ? "messages" : "prompt") : NULL);
         sq_oai_request_free(&rq);
         return;
     }
-    const int max_new = rq.max_tokens >= 0 ? rq.max_tokens : sv->default_max;
-    if (!rq.has_seed) rq.sampler.seed = (uint64_t)time(NULL) ^ (sv->n_served * 0x9E3779B97F4A7C15ull);
-
     char id[48];
     snprintf(id, sizeof id, "%s-%llx%04llx", kind == SQ_OAI_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL),
-             sv->n_served & 0xFFFF);
+             serial & 0xFFFF);
     const sq_oai_meta meta = {id, sv->name, (long long)time(NULL)};
-    emitter e = {.fd = fd, .req = &rq, .meta = &meta, .first = true};
-    for (int i = 0; i < rq.n_stop; i++) {
-        const size_t l = strlen(rq.stop[i]);
-        if (l - 1 > e.hold) e.hold = l - 1;
-    }
-    sq_session_out out = {0};
-    st = sq_session_set_sampler(&sv->sess, &rq.sampler);
-    if (st == SPARQ_OK && rq.stream && sq_http_sse_begin(fd) != SPARQ_OK) e.io_failed = true;
-    if (st == SPARQ_OK && !e.io_failed)
-        st = max_new > 0 ? sq_session_generate(&sv->sess, ids, n_ids, max_new, rq.sampler.seed, on_text, &e, &out)
-                         : SPARQ_OK;
-    const sq_oai_finish fin = e.stopped || out.eos ? SQ_OAI_FINISH_STOP : SQ_OAI_FINISH_LENGTH;
-    if (st != SPARQ_OK) {
-        sv->fatal = st != SPARQ_E_RANGE;
-        if (!rq.stream) respond_error(fd, 500, sparq_errmsg(), NULL);
-        else if (!e.io_failed) {
-            char *err = sq_oai_error(500, sparq_errmsg(), NULL);
-            if (err) (void)sq_http_sse_event(fd, err);
-            sparq_free(err);
+    bool alive = !rq.stream || sq_http_sse_begin(fd) == SPARQ_OK, first = true;
+    char *all = NULL;
+    size_t len = 0;
+    sq_job_update u;
+    for (;;) {
+        st = sq_job_next(job, 0.5, &u);
+        if (st == SPARQ_E_TIMEOUT) {
+            if (client_gone(fd)) {
+                alive = false;
+                sq_job_cancel(job);
+                break;
+            }
+            continue;
         }
-    } else if (!rq.stream) {
-        respond_json(fd, 200, sq_oai_response(kind, &meta, e.text ? e.text : "", e.len, fin, n_ids, out.n_new));
-    } else if (!e.io_failed && stream_upto(&e, e.len)) {
-        char *last = sq_oai_chunk(kind, &meta, "", 0, e.first, fin, false, 0, 0);
-        char *usage = rq.include_usage ? sq_oai_chunk(kind, &meta, "", 0, false, fin, true, n_ids, out.n_new) : NULL;
+        if (st != SPARQ_OK) break;
+        if (u.len && rq.stream) {
+            char *chunk = sq_oai_chunk(kind, &meta, u.text, u.len, first, SQ_OAI_FINISH_NONE, false, 0, 0);
+            alive = chunk && sq_http_sse_event(fd, chunk) == SPARQ_OK;
+            sparq_free(chunk);
+            first = false;
+        } else if (u.len) {
+            char *na = sparq_realloc(all, len + u.len + 1);
+            if (na) {
+                memcpy(na + len, u.text, u.len);
+                all = na, len += u.len;
+                all[len] = 0;
+            } else {
+                alive = false;
+            }
+        }
+        sparq_free(u.text);
+        if (!alive) {
+            sq_job_cancel(job);
+            break;
+        }
+        if (u.end != SQ_JOB_RUNNING) break;
+    }
+    if (alive && st == SPARQ_OK && u.end == SQ_JOB_ERROR) {
+        char *err = sq_oai_error(500, u.error, NULL);
+        if (rq.stream && err) (void)sq_http_sse_event(fd, err);
+        else respond_json(fd, 500, err), err = NULL;
+        sparq_free(err);
+    } else if (alive && st == SPARQ_OK && !rq.stream) {
+        respond_json(fd, 200, sq_oai_response(kind, &meta, all ? all : "", len, finish_of(u.end), u.n_prompt, u.n_new));
+    } else if (alive && st == SPARQ_OK) {
+        char *last = sq_oai_chunk(kind, &meta, "", 0, first, finish_of(u.end), false, 0, 0);
+        char *usage = rq.include_usage ? sq_oai_chunk(kind, &meta, "", 0, false, finish_of(u.end), true, u.n_prompt, u.n_new)
+                                       : NULL;
         if (last && sq_http_sse_event(fd, last) == SPARQ_OK && (!usage || sq_http_sse_event(fd, usage) == SPARQ_OK))
             (void)sq_http_sse_event(fd, "[DONE]");
         sparq_free(last);
         sparq_free(usage);
     }
-    sparq_free(e.text);
-    sparq_free(ids);
+    sparq_free(all);
+    sq_job_release(job);
     sq_oai_request_free(&rq);
 }
 
@@ -227,7 +219,7 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
 
 static void handle(server *sv, int fd)
 {
-    const struct timeval tv = {30, 0}; /* a client that stops reading cannot hold the server forever */
+    const struct timeval tv = {30, 0}; /* a client that stops reading cannot hold its thread forever */
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     char *buf = NULL;
     sq_http_request hr;
@@ -241,8 +233,15 @@ static void handle(server *sv, int fd)
     char want[600];
     snprintf(want, sizeof want, "Bearer %s", sv->api_key ? sv->api_key : "");
     if (!strcmp(hr.path, "/health") && get) {
-        static const char ok[] = "{\"status\":\"ok\"}";
-        (void)sq_http_respond(fd, 200, "application/json", ok, sizeof ok - 1);
+        sq_sched_stats ss;
+        sq_sched_get_stats(sv->sched, &ss);
+        char body[256];
+        const int n = snprintf(body, sizeof body,
+                               "{\"status\":\"%s\",\"slots\":%d,\"active\":%d,\"queued\":%d,\"completed\":%llu,"
+                               "\"tokens\":%llu}",
+                               sq_sched_failed(sv->sched) ? "failed" : "ok", ss.slots, ss.active, ss.queued,
+                               ss.jobs_done, ss.tokens);
+        (void)sq_http_respond(fd, sq_sched_failed(sv->sched) ? 503 : 200, "application/json", body, (size_t)n);
     } else if (v1 && sv->api_key && strcmp(hr.auth, want) != 0) {
         respond_error(fd, 401, hr.auth[0] ? "wrong API key" : "this server needs 'Authorization: Bearer <key>'", NULL);
     } else if (!strcmp(hr.path, "/v1/models") && get) {
@@ -262,8 +261,52 @@ static void handle(server *sv, int fd)
                  hr.path);
         respond_error(fd, 404, msg, NULL);
     }
-    sv->n_served++;
     sparq_free(buf);
+}
+
+typedef struct client {
+    server *sv;
+    int fd;
+} client;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    handle(c->sv, c->fd);
+    close(c->fd);
+    pthread_mutex_lock(&c->sv->mu);
+    c->sv->clients--;
+    c->sv->n_served++;
+    pthread_cond_broadcast(&c->sv->cv);
+    pthread_mutex_unlock(&c->sv->mu);
+    sparq_free(c);
+    return NULL;
+}
+
+/* Give a connection its thread, or answer 503 when there are too many. */
+static void dispatch(server *sv, int fd)
+{
+    pthread_mutex_lock(&sv->mu);
+    const bool room = sv->clients < sv->max_clients;
+    if (room) sv->clients++;
+    pthread_mutex_unlock(&sv->mu);
+    client *c = room ? sparq_malloc(sizeof *c) : NULL;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (c) *c = (client){sv, fd};
+    if (!c || pthread_create(&th, &at, client_main, c) != 0) {
+        respond_error(fd, 503, "the server is busy: too many connections; try again", NULL);
+        close(fd);
+        sparq_free(c);
+        if (room) {
+            pthread_mutex_lock(&sv->mu);
+            sv->clients--;
+            pthread_mutex_unlock(&sv->mu);
+        }
+    }
+    pthread_attr_destroy(&at);
 }
 
 static int listen_on(const char *host, const char *port, char *shown, size_t shown_len)
@@ -312,7 +355,7 @@ int cmd_serve(int argc, char **argv)
     const char *v;
     int id;
     const char *host = "127.0.0.1", *name = NULL, *api_key = getenv("SPARQ_API_KEY");
-    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0;
+    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64;
     double timeout = 60, req_timeout = 30;
     sq_device device = SQ_DEVICE_CPU;
     cli_args_init(&a, argc, argv, &spec);
@@ -323,6 +366,8 @@ int cmd_serve(int argc, char **argv)
         case O_PORT: ok = cli_parse_int(&spec, "port", v, 0, 65535, &port); break;
         case O_NAME: name = v; break;
         case O_MAXTOK: ok = cli_parse_int(&spec, "max-tokens", v, 1, 1 << 24, &max_tok); break;
+        case O_PARALLEL: ok = cli_parse_int(&spec, "parallel", v, 1, 64, &parallel); break;
+        case O_QUEUE: ok = cli_parse_int(&spec, "queue", v, 0, 4096, &queue); break;
         case O_CTX: ok = cli_parse_int(&spec, "ctx", v, 2, 1 << 24, &ctx); break;
         case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
         case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
@@ -346,44 +391,67 @@ int cmd_serve(int argc, char **argv)
         name = dname;
     }
 
-    const cli_model_args ma = {(int)ctx, (int)threads, 1, device, timeout};
+    const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout};
     server sv = {.name = name, .api_key = api_key, .default_max = (int)max_tok, .req_timeout = req_timeout};
     sq_transport *tr = NULL;
     sq_dist *model = NULL;
     const int started = cli_dist_start(&spec, dir, &ma, &tr, &model, &sv.tok);
     if (started >= 0) return started;
 
-    sq_sampler_params sp;
-    sq_sampler_params_default(&sp);
-    sparq_status st = sq_session_init(&sv.sess, model, sv.tok, &sp, true);
+    sparq_status st = SPARQ_OK;
+    if (parallel > sq_dist_options(model)->n_seq)
+        st = sparq_err(SPARQ_E_ARG, "%s: --parallel %lld, but the bundle was planned for %d users (sparq pack --users)",
+                       dir, parallel, sq_dist_options(model)->n_seq);
+    int32_t stops[SQ_MAX_EOS_IDS + 2];
+    int n_stops = 0;
+    const sq_model_config *cfg = sq_dist_cfg(model);
+    for (int i = 0; i < cfg->n_eos_token_ids && n_stops < SQ_MAX_EOS_IDS; i++) stops[n_stops++] = (int32_t)cfg->eos_token_ids[i];
+    if (sq_tokenizer_eos(sv.tok) >= 0) stops[n_stops++] = sq_tokenizer_eos(sv.tok);
+    if (sq_tokenizer_token_id(sv.tok, "<|im_end|>") >= 0) stops[n_stops++] = sq_tokenizer_token_id(sv.tok, "<|im_end|>");
+    if (st == SPARQ_OK) st = sq_sched_create(&sv.sched, model, sv.tok, stops, n_stops, (int)queue);
     char portstr[16], shown[300];
     snprintf(portstr, sizeof portstr, "%lld", port);
     const int lfd = st == SPARQ_OK ? listen_on(host, portstr, shown, sizeof shown) : -1;
     if (st == SPARQ_OK && lfd < 0) st = SPARQ_E_IO;
     int rc = 0;
     if (st == SPARQ_OK) {
+        sq_sched_stats ss;
+        sq_sched_get_stats(sv.sched, &ss);
+        sv.max_clients = ss.slots + (int)queue;
+        pthread_mutex_init(&sv.mu, NULL);
+        pthread_cond_init(&sv.cv, NULL);
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_stop; /* no SA_RESTART: poll returns EINTR */
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
-        fprintf(stderr, "sparq serve: %s on http://%s (OpenAI API under /v1; Ctrl-C stops)\n", name, shown);
-        while (!stop_requested && !sv.fatal) {
+        signal(SIGPIPE, SIG_IGN);
+        fprintf(stderr, "sparq serve: %s on http://%s (pid %d; %d slots; OpenAI API under /v1; Ctrl-C stops)\n", name,
+                shown, (int)getpid(), ss.slots);
+        while (!stop_requested && !sq_sched_failed(sv.sched)) {
             struct pollfd pfd = {lfd, POLLIN, 0};
-            if (poll(&pfd, 1, 1000) <= 0) continue;
+            if (poll(&pfd, 1, 500) <= 0) continue;
             const int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-            if (cfd < 0) continue;
-            handle(&sv, cfd);
-            close(cfd);
+            if (cfd >= 0) dispatch(&sv, cfd);
         }
         close(lfd);
-        if (sv.fatal) rc = cli_dist_fail(&spec, tr, SPARQ_E_STATE);
-        else fprintf(stderr, "sparq serve: stopped after %llu requests; decode %ld tokens in %.3f s\n", sv.n_served,
-                     sv.sess.n_decode, sv.sess.t_decode);
+        pthread_mutex_lock(&sv.mu); /* the running requests finish (or fail, if the model did) */
+        while (sv.clients > 0) pthread_cond_wait(&sv.cv, &sv.mu);
+        pthread_mutex_unlock(&sv.mu);
+        sq_sched_get_stats(sv.sched, &ss);
+        if (sq_sched_failed(sv.sched)) {
+            rc = cli_dist_fail(&spec, tr, sparq_err(SPARQ_E_STATE, "the model failed; the server stopped"));
+        } else {
+            fprintf(stderr, "sparq serve: stopped after %llu requests; %llu tokens in %llu decode rounds (%.3f s), "
+                            "prefill %.3f s\n",
+                    sv.n_served, ss.tokens, ss.rounds, ss.t_decode, ss.t_prefill);
+        }
+        pthread_mutex_destroy(&sv.mu);
+        pthread_cond_destroy(&sv.cv);
     } else {
         rc = cli_dist_fail(&spec, tr, st);
     }
-    sq_session_free(&sv.sess);
+    sq_sched_free(sv.sched);
     sq_dist_close(model);
     sq_tokenizer_free(sv.tok);
     sq_transport_close(tr);

@@ -2,7 +2,8 @@
 # tests/runtime/test_serve_cli.sh — `sparq serve` end to end on the fixture
 # model, driven by a Python standard-library client: /health, /v1/models;
 # greedy completions and chat equal `sparq run` (whole and streamed), stop
-# strings (also across stream chunks), seeds, usage chunks; error answers
+# strings (also across stream chunks), seeds, usage chunks; concurrent
+# requests each equal to their own `sparq run`; error answers
 # (bad JSON, unsupported fields, 404, 405, malformed HTTP, chunked bodies,
 # oversized bodies, a prompt longer than the context); a client that hangs up
 # mid-stream; --api-key; SIGTERM; usage errors and a busy port.
@@ -37,12 +38,25 @@ start_server() {
 # references from `sparq run`
 "$SPARQ" run "$M" -p "The file system" -n 24 --temp 0 2>/dev/null >"$T/run_greedy" || bad "sparq run (reference)"
 "$SPARQ" run "$M" --chat -p "Hello" -n 12 --temp 0 2>/dev/null >"$T/run_chat" || bad "sparq run --chat (reference)"
+# two interactive turns whose first reply ends on -n: its last token was never run through the
+# model, and the second turn must not take it for cached (session.c)
+printf 'Hello\nAnd then?\n' | "$SPARQ" run "$M" --chat -n 6 --temp 0 2>/dev/null >"$T/run_turns" || bad "sparq run --chat, 2 turns"
 
-start_server "$T/log" --ctx 256 && ok || bad "server starts"
+for i in 1 2 3; do
+  p=$(sed -n "${i}p" <<'PROMPTS'
+The SQLite library
+A journal file
+Memory allocation
+PROMPTS
+)
+  "$SPARQ" run "$M" -p "$p" -n 24 --temp 0 2>/dev/null >"$T/run_c$i" || bad "sparq run (reference $i)"
+  set -- "$@" "$p" "$T/run_c$i"
+done
+start_server "$T/log" --ctx 256 --parallel 3 && ok || bad "server starts"
 PORT=$LAST_PORT; SPID=$LAST_PID
 grep -q "tiny-qwen3moe on http://127.0.0.1:$PORT" "$T/log" && ok || bad "start-up line names model and address"
 
-python3 - "$PORT" "$T/run_greedy" "$T/run_chat" >"$T/py.out" 2>&1 <<'EOF'
+python3 - "$PORT" "$T/run_greedy" "$T/run_chat" "$T/run_turns" "$@" >"$T/py.out" 2>&1 <<'EOF'
 import http.client, json, socket, sys
 port = int(sys.argv[1])
 greedy = open(sys.argv[2], encoding="utf-8").read()
@@ -89,7 +103,8 @@ def raw_request(data):
     return out
 
 s, ct, raw = req("GET", "/health")
-check(s == 200 and json.loads(raw) == {"status": "ok"}, "/health")
+h = json.loads(raw)
+check(s == 200 and h["status"] == "ok" and h["slots"] == 3 and h["active"] == 0, "/health: %s" % h)
 s, m = post("/v1/models", {})
 check(s == 405, "POST /v1/models is 405")
 s, ct, raw = req("GET", "/v1/models")
@@ -110,7 +125,7 @@ ch = stream("/v1/completions", {"prompt": "The file system", "max_tokens": 24, "
 check("".join(x["choices"][0]["text"] for x in ch) == greedy, "streamed text equals the whole one")
 check(ch[-1]["choices"][0]["finish_reason"] == "length" and all(x["choices"][0]["finish_reason"] is None for x in ch[:-1]),
       "only the last chunk has a finish_reason")
-check(len(ch) > 5, "streamed in several chunks (%d)" % len(ch))
+check(len(ch) >= 2, "text chunks and a final chunk (%d)" % len(ch))  # how many depends on timing
 
 # stop strings: cut before the stop, finish_reason stop; the same when streamed (the stop spans chunks)
 words = greedy.split(" ")
@@ -144,6 +159,29 @@ body2 = {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant"
                       {"role": "user", "content": "And then?"}], "max_tokens": 8, "temperature": 0}
 s, r = post("/v1/chat/completions", body2)
 check(s == 200 and r["usage"]["prompt_tokens"] > 12, "second chat turn")
+
+# concurrent requests (3 slots): each equals its own sparq run, whatever runs beside it
+import threading
+refs = [(p, open(f, encoding="utf-8").read()[len(p):-1]) for p, f in zip(sys.argv[5::2], sys.argv[6::2])]
+results = {}
+def one(p):
+    results[p] = post("/v1/completions", {"prompt": p, "max_tokens": 24, "temperature": 0})[1]["choices"][0]["text"]
+threads = [threading.Thread(target=one, args=(p,)) for p, _ in refs for _ in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+for p, want in refs:
+    check(results.get(p) == want, "concurrent %r: %r vs sparq run %r" % (p, results.get(p), want))
+s, ct, raw = req("GET", "/health")
+h = json.loads(raw)
+check(h["active"] == 0 and h["queued"] == 0 and h["completed"] >= 6, "/health after the concurrent requests: %s" % h)
+
+# sparq run's second interactive turn equals the whole conversation sent at once
+turns = open(sys.argv[4], encoding="utf-8").read().split("\n")
+s, r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": turns[0]}, {"role": "user", "content": "And then?"}],
+            "max_tokens": 6, "temperature": 0})
+check(s == 200 and r["choices"][0]["message"]["content"] == turns[1],
+      "run's second turn %r vs the conversation at once %r" % (turns[1], r["choices"][0]["message"]["content"]))
 
 # errors: each a JSON error naming the problem
 def err(path, body, status, needle, param=None):

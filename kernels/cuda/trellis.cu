@@ -1,9 +1,12 @@
 /* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
  * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
- * README.md; trellis_cuda_gemm runs v10, the balanced kernel below with the
+ * README.md; trellis_cuda_gemm runs, for mul1 at 1..4 rows, the integer GEMM
+ * v24 / v22 (k_gemm_int2 / k_gemm_int below: no fp16 weight values, int32
+ * sums on the tensor core), otherwise v10, the balanced kernel below with the
  * lab options of trellis_decode.cuh and programmatic dependent launch;
- * trellis_cuda_moe_forward runs MoE lab v17, trellis_fused.cuh's block body
- * in two launches with one-wave grids).
+ * trellis_cuda_moe_forward runs MoE lab v20 for mul1 (the integer arithmetic)
+ * and v17 otherwise, trellis_fused.cuh's block body in two launches with
+ * one-wave grids).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -223,6 +226,463 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
     }
 }
 
+/* --- the integer mul1 GEMM (lab v20+; docs/cuda.md "Integer mul1 GEMM") ---------
+ * For mul1 the GEMM forms no fp16 weight value (the decode kernels still do):
+ * per batch row r and 128-block β of u = had128(x ⊙ suh), m = max|u_i|,
+ * s_β = m / 32639, q_i = clamp(rint(u_i · 32639 / m), ±32639) (s_β = NaN,
+ * q = 0 if a u_i is not finite; s_β = 0, q = 0 if m = 0); per weight b = byte
+ * sum of h = state·0x83DCD12D; t_n = Σ_β (A·s_β)·Σ_{i∈β} (b_{i,n} − 510)·q_i
+ * + D·Σ_i u_i with A = 1774·2^-18, D = −476·2^-18 (the codebook value is
+ * A·(b − 510) + D up to its fp16 rounding); y = had128(t) ⊙ svh. The inner
+ * sums are exact int32 on the tensor core (imma_u8s8): A operand = the bytes
+ * of h, B operand = q split as hi = (q + 128) >> 8, lo = q − 256·hi (both s8);
+ * 256·Σ b·hi + Σ b·lo − 510·Σ q per 64-input half block is the exact I
+ * (|I| < 2^31; the wrapping partial sums are harmless). */
+#define INT_QMAX 32639
+#define INT_A (1774.0f / 262144.0f)
+#define INT_D (-476.0f / 262144.0f)
+
+/* Integer lab options (template bit mask V of k_gemm_int): INT_PACK = the B
+ * words of a lane and k tile are stored as one packed word (4 s8 values) and
+ * replicated over the 4 k bytes with byte_perm in the main loop (4× less
+ * L1/L2 traffic, 4 PRMT per k tile) instead of four pre-replicated words;
+ * INT_FMA = state masks on the FMA pipe (lane_state_d's DEC_FMA); INT_LOOP2 =
+ * k_gemm_int2's loop (one k tile × 8 tile columns per step); INT_MINB3 = its
+ * register budget set for 3 blocks per SM; INT_EPI = no output launch: the
+ * warp that completes a 128-column block (int_group_done) transforms it. */
+enum { INT_PACK = 1, INT_FMA = 2, INT_LOOP2 = 4, INT_MINB3 = 8, INT_EPI = 16 };
+
+/* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
+ * words (lane (g, c): column g = batch row g/2, hi (g even) or lo; words =
+ * inputs 2c, 2c+1, 2c+8, 2c+9, each s8 replicated 4×), or with INT_PACK 32
+ * lanes × 1 word (the 4 bytes). */
+__host__ __device__ constexpr int int_bwords(int V) { return (V & INT_PACK) ? 1 : 4; }
+
+/* Input transform of the integer GEMM: grid (k/128, rows), 128 threads (the
+ * main loop neither loads the B words of rows ≥ `rows` nor uses what lanes of
+ * those rows compute, so they are not written). Writes the B words (bq), A·s_β (sa,
+ * [row][β]), 510·Σq per 64-input half block (ch, [row][2β + h]) and Σ_{i∈β} u_i
+ * (usb, [row][β]). */
+template <int V, bool PDL>
+__global__ void __launch_bounds__(128) k_input_int(const float *__restrict__ x, const __half *__restrict__ suh,
+                                                   uint32_t *__restrict__ bq, float *__restrict__ sa,
+                                                   int *__restrict__ ch, float *__restrict__ usb,
+                                                   int *__restrict__ pc, int k, int rows)
+{
+    __shared__ float sm[128];
+    __shared__ float red_m[4], red_s[4];
+    __shared__ int red_q[4], red_bad[4], red_kt[8];
+    if constexpr (PDL) griddep_launch();
+    const int i = threadIdx.x, beta = blockIdx.x, r = blockIdx.y, wid = i >> 5;
+    const int nb = k >> 7, ktiles = k >> 4;
+    float u = 0.0f;
+    if (r < rows) { /* uniform per block: had128_block synchronises */
+        u = x[(size_t)r * k + (size_t)beta * 128 + i] * __half2float(suh[(size_t)beta * 128 + i]);
+        u = had128_block(u, sm);
+    }
+    int bad = !isfinite(u);
+    float m = bad ? 0.0f : fabsf(u), su = u;
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
+        su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+        bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
+    }
+    if ((i & 31) == 0) {
+        red_m[wid] = m;
+        red_s[wid] = su;
+        red_bad[wid] = bad;
+    }
+    __syncthreads();
+    m = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
+    bad = red_bad[0] | red_bad[1] | red_bad[2] | red_bad[3];
+    float s;
+    int q = 0;
+    if (bad) {
+        s = __int_as_float(0x7FC00000);
+    } else if (m == 0.0f) {
+        s = 0.0f;
+    } else {
+        const float inv = (float)INT_QMAX / m;
+        s = m / (float)INT_QMAX;
+        q = __float2int_rn(u * inv);
+        q = max(-INT_QMAX, min(INT_QMAX, q));
+    }
+    int sq = q;
+#pragma unroll
+    for (int h = 8; h > 0; h >>= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, h);
+    if ((i & 15) == 0) red_kt[i >> 4] = sq; /* Σq of k tile 8β + i/16 */
+    sq += __shfl_xor_sync(0xFFFFFFFFu, sq, 16);
+    if ((i & 31) == 0) red_q[wid] = sq;
+    __syncthreads();
+    if (i == 0) {
+        sa[r * nb + beta] = INT_A * s;
+        usb[r * nb + beta] = (red_s[0] + red_s[1]) + (red_s[2] + red_s[3]);
+        ch[r * 2 * nb + 2 * beta] = 510 * (red_q[0] + red_q[1]);
+        ch[r * 2 * nb + 2 * beta + 1] = 510 * (red_q[2] + red_q[3]);
+        /* pc[row][β][j] = 510·Σq over k tiles 8β .. 8β + j − 1 (j = 0..8) */
+        int acc = 0;
+        for (int j = 0; j <= 8; j++) {
+            pc[(r * nb + beta) * 9 + j] = acc;
+            if (j < 8) acc += 510 * red_kt[j];
+        }
+    }
+    /* B words: input i of the block is position p of k tile 8β + i/16; lanes
+     * (g = 2·(r%4) + {0: hi, 1: lo}, c = (p%8)/2), word 2·(p/8) + p%2 */
+    const int hi = (q + 128) >> 8, lo = q - 256 * hi;
+    const int kt = beta * 8 + (i >> 4), p = i & 15, c = (p & 7) >> 1, word = 2 * (p >> 3) + (p & 1);
+    const int g = 2 * (r & 3), lane = 4 * g + c;
+    const size_t base = (size_t)((r >> 2) * ktiles + kt) * 32;
+    if constexpr ((V & INT_PACK) != 0) {
+        uint8_t *b8 = (uint8_t *)(bq + base);
+        b8[4 * lane + word] = (uint8_t)hi;
+        b8[4 * (lane + 4) + word] = (uint8_t)lo;
+    } else {
+        bq[(base + lane) * 4 + word] = 0x01010101u * (uint8_t)hi;
+        bq[(base + lane + 4) * 4 + word] = 0x01010101u * (uint8_t)lo;
+    }
+}
+
+/* y[r·n + j] = had128(t + D·Σu_r)[j] ⊙ svh[j], then t = 0; grid (n/128, rows). */
+template <bool PDL>
+__global__ void __launch_bounds__(128) k_output_int(float *__restrict__ t, const float *__restrict__ usb,
+                                                    const __half *__restrict__ svh, float *__restrict__ y, int n,
+                                                    int nb)
+{
+    __shared__ float sm[128];
+    __shared__ float red[4];
+    if constexpr (PDL) griddep_wait();
+    const int i = threadIdx.x, r = blockIdx.y;
+    const size_t j = (size_t)blockIdx.x * 128 + i;
+    float su = 0.0f;
+    for (int b = i; b < nb; b += 128) su += usb[r * nb + b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+    if ((i & 31) == 0) red[i >> 5] = su;
+    __syncthreads();
+    su = (red[0] + red[1]) + (red[2] + red[3]);
+    float v = t[r * (size_t)n + j] + INT_D * su;
+    t[r * (size_t)n + j] = 0.0f;
+    v = had128_block(v, sm);
+    y[r * (size_t)n + j] = v * __half2float(svh[j]);
+}
+
+/* INT_EPI: called by each warp after it has added its partial sums of `work`
+ * k tiles for the columns col0.. (part of 128-column block col0/128). The
+ * warp that completes the block (cnt reaches total) does k_output_int's work
+ * for it: y = had128(t + D·Σu) ⊙ svh for every row, t = 0, cnt = 0. Lane l
+ * holds columns l + 32e (e = 0..3): strides 1..16 by shuffles, 32 and 64 in
+ * registers. */
+__device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float *usb, const __half *svh, float *y,
+                                            int n, int nb, int rows, int col0, int work, int total, int lane)
+{
+    const int cb = col0 >> 7;
+    __syncwarp();
+    __threadfence();
+    unsigned old = 0;
+    if (lane == 0) old = atomicAdd(cnt + cb, (unsigned)work);
+    old = __shfl_sync(0xFFFFFFFFu, old, 0);
+    if (old + (unsigned)work != (unsigned)total) return;
+    __threadfence();
+    for (int r = 0; r < rows; r++) {
+        float su = 0.0f;
+        for (int b = lane; b < nb; b += 32) su += __ldcg(usb + r * nb + b);
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+        float *tr = t + (size_t)r * n + 128 * cb;
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            v[e] = __ldcg(tr + lane + 32 * e) + INT_D * su;
+            tr[lane + 32 * e] = 0.0f;
+        }
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = __shfl_xor_sync(0xFFFFFFFFu, v[e], h);
+                v[e] = (lane & h) ? p - v[e] : v[e] + p;
+            }
+        const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+        v[0] = a0 + a2;
+        v[2] = a0 - a2;
+        v[1] = a1 + a3;
+        v[3] = a1 - a3;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = 128 * cb + lane + 32 * e;
+            y[(size_t)r * n + j] = v[e] * 0.08838834764831845f * __half2float(svh[j]);
+        }
+    }
+    if (lane == 0) cnt[cb] = 0;
+}
+
+/* The main loop of the integer GEMM, on v10's balanced grid (equal shares of
+ * (column pair, step of 4 k tiles) items per resident warp, next step's words
+ * loaded ahead, PDL): per k tile and tile column a lane cuts 8 states, 8 IMAD
+ * for h, 2 IMMA per row group of 4 batch rows (RG = 1..4); per step (one
+ * 64-input half block) the int32 sums become fp32: f += A·s_β · I. */
+template <int K, int RG, int V>
+__global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
+    k_gemm_int(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
+               const int *__restrict__ ch, float *__restrict__ t, int k, int n, int rows, int total_warps,
+               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
+               unsigned *__restrict__ cnt)
+{
+    constexpr int NW = 2, U = 4, TW = 8 * K, NWD = lane_nwords<K, DEC_2W>(), BW = int_bwords(V);
+    constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    griddep_launch();
+    const int lane = threadIdx.x & 31;
+    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW, spg = ktiles / U, nb = k >> 7;
+    const long long total = (long long)ngroups * spg;
+    long long q = total * warp / total_warps;
+    const long long q1 = total * (warp + 1) / total_warps;
+    const lane_ring lr = lane_ring_make(K, lane);
+    const size_t row_stride = (size_t)ntiles * TW;
+    const int g = lane >> 2, c = lane & 3;
+    bool bok[RG];
+#pragma unroll
+    for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
+    bool waited = false;
+    while (q < q1) {
+        const int grp = (int)(q / spg);
+        const long long qend = min(q1, (long long)(grp + 1) * spg), q_start = q;
+        const uint32_t *p = trellis + (size_t)grp * NW * TW;
+        float f[RG][NW][2];
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++)
+#pragma unroll
+            for (int j = 0; j < NW; j++) f[rg][j][0] = f[rg][j][1] = 0.0f;
+        uint32_t w[U][NW][NWD];
+        words_load<K, NW, U, NWD>(p + (size_t)(q - (long long)grp * spg) * U * row_stride, row_stride, lr, w);
+        if (!waited) {
+            griddep_wait();
+            waited = true;
+        }
+        for (; q < qend; q++) {
+            const int kt = (int)(q - (long long)grp * spg) * U;
+            uint32_t wn[U][NW][NWD];
+            const int ktn = q + 1 < qend ? kt + U : kt;
+            words_load<K, NW, U, NWD>(p + (size_t)ktn * row_stride, row_stride, lr, wn);
+            uint32_t braw[RG][U][BW];
+            float s[RG];
+            int cq[RG];
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++) {
+                const uint32_t *pb = bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * BW;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if constexpr (BW == 4) {
+                        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                        if (bok[rg]) v = __ldg((const uint4 *)(pb + (size_t)u * 32 * BW));
+                        braw[rg][u][0] = v.x;
+                        braw[rg][u][1] = v.y;
+                        braw[rg][u][2] = v.z;
+                        braw[rg][u][3] = v.w;
+                    } else {
+                        braw[rg][u][0] = bok[rg] ? __ldg(pb + (size_t)u * 32) : 0u;
+                    }
+                }
+                s[rg] = __ldg(sa + (4 * rg + c) * nb + (kt >> 3));
+                cq[rg] = __ldg(ch + (4 * rg + c) * 2 * nb + (kt >> 2));
+            }
+            uint32_t acc[RG][NW][2][4];
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++)
+#pragma unroll
+                for (int j = 0; j < NW; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[rg][j][0][e] = acc[rg][j][1][e] = 0u;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                uint32_t b[RG][4];
+#pragma unroll
+                for (int rg = 0; rg < RG; rg++) {
+                    if constexpr (BW == 4) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) b[rg][e] = braw[rg][u][e];
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) b[rg][e] = __byte_perm(braw[rg][u][0], 0u, 0x1111u * e);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < NW; j++) {
+                    uint32_t x[8];
+                    lane_hash_w<K, D, NWD>(w[u][j], lr.r, one, x);
+#pragma unroll
+                    for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j][0], acc[rg][j][1]);
+                }
+            }
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++)
+#pragma unroll
+                for (int j = 0; j < NW; j++) {
+                    const uint32_t h0 = acc[rg][j][0][0] + acc[rg][j][1][0], l0 = acc[rg][j][0][1] + acc[rg][j][1][1];
+                    const uint32_t h1 = acc[rg][j][0][2] + acc[rg][j][1][2], l1 = acc[rg][j][0][3] + acc[rg][j][1][3];
+                    const int i0 = (int)((h0 << 8) + l0 - (uint32_t)cq[rg]);
+                    const int i1 = (int)((h1 << 8) + l1 - (uint32_t)cq[rg]);
+                    f[rg][j][0] = fmaf(s[rg], (float)i0, f[rg][j][0]);
+                    f[rg][j][1] = fmaf(s[rg], (float)i1, f[rg][j][1]);
+                }
+            words_copy<NW, U, NWD>(w, wn);
+        }
+        /* lane (g, c) holds batch row 4·rg + c, outputs 16j + g and 16j + g + 8 */
+        const int col0 = 16 * grp * NW;
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++) {
+            const int row = 4 * rg + c;
+            if (row >= rows) continue;
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
+                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
+            }
+        }
+        if constexpr ((V & INT_EPI) != 0)
+            int_group_done(t, cnt, usb, svh, y, n, nb, rows, col0, (int)(qend - q_start) * U, 4 * ktiles, lane);
+    }
+}
+
+/* v24+: the integer loop with one k tile × NW tile columns per step (NW = 8
+ * for 1..4 batch rows, 4 for 5..8, 2 above), so a lane's ring words of a step
+ * are at immediate offsets from one pointer per word (advanced by one k-tile
+ * row per step) and one B load serves NW tiles. Work items are (group of NW
+ * tile columns, k tile); the int32 sums become fp32 at each 128-block end
+ * and at the end of a warp's range, subtracting 510·Σq of exactly the k
+ * tiles summed (pc: per-block prefix sums from k_input_int). V: INT_FMA. */
+template <int K, int RG, int V>
+__host__ __device__ constexpr int int2_nw()
+{
+    return RG == 1 ? 8 : RG == 2 ? 4 : 2;
+}
+
+template <int K, int RG, int V, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
+                const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
+                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
+                unsigned *__restrict__ cnt)
+{
+    constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
+    constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    griddep_launch();
+    const int lane = threadIdx.x & 31;
+    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW, nb = k >> 7;
+    const long long total = (long long)ngroups * ktiles;
+    long long q = total * warp / total_warps;
+    const long long q1 = total * (warp + 1) / total_warps;
+    const lane_ring lr = lane_ring_make(K, lane);
+    const size_t row_stride = (size_t)ntiles * TW;
+    const int g = lane >> 2, c = lane & 3;
+    bool bok[RG];
+#pragma unroll
+    for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
+    bool waited = false;
+    while (q < q1) {
+        const int grp = (int)(q / ktiles);
+        const int kt0 = (int)(q - (long long)grp * ktiles);
+        const int kt1 = (int)(min(q1, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
+        q += kt1 - kt0;
+        const uint32_t *p0 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o0;
+        const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
+        const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
+        float f[RG][NW][2];
+        uint32_t acc[RG][NW][4];
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++)
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                f[rg][j][0] = f[rg][j][1] = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+            }
+        uint32_t w[NW][NWD];
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            w[j][0] = __ldg(p0 + j * TW);
+            w[j][1] = __ldg(p1 + j * TW);
+            if constexpr (NWD == 3) w[j][2] = __ldg(p2 + j * TW);
+        }
+        if (!waited) {
+            griddep_wait();
+            waited = true;
+        }
+        int seg = kt0; /* first k tile of the sums in acc */
+        for (int kt = kt0; kt < kt1; kt++) {
+            /* the next k tile's words (the last step reloads its own: no branch) */
+            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
+            p0 += adv;
+            p1 += adv;
+            if constexpr (NWD == 3) p2 += adv;
+            uint32_t wn[NW][NWD];
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                wn[j][0] = __ldg(p0 + j * TW);
+                wn[j][1] = __ldg(p1 + j * TW);
+                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
+            }
+            uint32_t b[RG][4];
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++) {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
+                b[rg][0] = v.x;
+                b[rg][1] = v.y;
+                b[rg][2] = v.z;
+                b[rg][3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                uint32_t x[8];
+                lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
+#pragma unroll
+                for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NW; j++)
+#pragma unroll
+                for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
+            if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
+                /* k tiles seg..kt of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
+                const int be = kt >> 3;
+#pragma unroll
+                for (int rg = 0; rg < RG; rg++) {
+                    const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
+                    const uint32_t cq =
+                        (uint32_t)__ldg(pcr + (kt + 1 - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
+                    const float sc = __ldg(sa + (4 * rg + c) * nb + be);
+#pragma unroll
+                    for (int j = 0; j < NW; j++) {
+                        const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
+                        const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
+                        f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
+                        f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+                    }
+                }
+                seg = kt + 1;
+            }
+        }
+        const int col0 = 16 * grp * NW;
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++) {
+            const int row = 4 * rg + c;
+            if (row >= rows) continue;
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
+                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
+            }
+        }
+        if constexpr ((V & INT_EPI) != 0)
+            int_group_done(t, cnt, usb, svh, y, n, nb, rows, col0, kt1 - kt0, ktiles * (8 / NW), lane);
+    }
+}
+
 /* --- dispatch ----------------------------------------------------------------------
  * Kernels are templates on K (1..8) and the codebook; with_k_cb turns the
  * run-time pair into compile-time constants once for every kernel family. */
@@ -363,7 +823,9 @@ static decode_fn decode_pick(int K, int cb, int version = 0)
     });
 }
 
-/* MoE lab versions (kernels/cuda/lab/README.md): 5 = round 1 (v3's body),
+/* MoE lab versions (kernels/cuda/lab/README.md): 20 = 17 with the integer
+ * mul1 arithmetic (fused_body_int: 16-bit signed activations (|q| ≤ 32639), IMMA on the bytes of
+ * h; mul1 only, every K); 5 = round 1 (v3's body),
  * 13 = v9's decode, 14 = 13 + programmatic dependent launch of the down
  * launch, 15 = v11's decode + PDL, 16 = 5 + PDL, 17 / 18 = 14 with the
  * chunk fitted to one / two waves of resident blocks (moe_chunk_fit), 19 =
@@ -379,6 +841,7 @@ static int moe_version_opts(int version)
     case 17:
     case 18: return DEC_2W | DEC_IMMA | DEC_PDL;
     case 19: return DEC_PDL;
+    case 20: return DEC_2W | DEC_INT | DEC_FMA | DEC_PDL;
     default: return -1;
     }
 }
@@ -386,12 +849,19 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
+/* mul1 layers: v20 (v17 with the integer GEMM arithmetic, every K) */
+#define MOE_MUL1_VERSION 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
 
 template <int KK, int CC, int D>
 static void moe_pick_d(moe_gu_fn *gu, moe_down_fn *down)
 {
-    if constexpr (D == MOE_DEFAULT_D || (CC == CB_MUL1 && KK >= 2 && KK <= 4)) {
+    if constexpr ((D & DEC_INT) != 0) { /* mul1 only, every K */
+        if constexpr (CC == CB_MUL1) {
+            *gu = k_moe_gate_up<KK, CC, 4, D>;
+            *down = k_moe_down<KK, CC, 4, D>;
+        }
+    } else if constexpr (D == MOE_DEFAULT_D || (CC == CB_MUL1 && KK >= 2 && KK <= 4)) {
         *gu = k_moe_gate_up<KK, CC, 4, D>;
         *down = k_moe_down<KK, CC, 4, D>;
     }
@@ -412,10 +882,102 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
             moe_pick_d<KK, CC, DEC_2W | DEC_IMMA | DEC_FMA | DEC_PDL>(gu, down);
             break;
         case DEC_PDL: moe_pick_d<KK, CC, DEC_PDL>(gu, down); break;
+        case DEC_2W | DEC_INT | DEC_FMA | DEC_PDL:
+            moe_pick_d<KK, CC, DEC_2W | DEC_INT | DEC_FMA | DEC_PDL>(gu, down);
+            break;
         default: break;
         }
         return 0;
     });
+}
+
+/* --- integer mul1 GEMM (lab v20+): kernel choice --------------------------------- */
+
+typedef void (*int_fn)(const uint32_t *, const uint32_t *, const float *, const int *, float *, int, int, int, int,
+                       uint32_t, const __half *, float *, const float *, unsigned *);
+typedef void (*int_in_fn)(const float *, const __half *, uint32_t *, float *, int *, float *, int *, int, int);
+
+/* Integer lab options of version 20.. (-1: not an integer version). */
+static int int_version_opts(int version)
+{
+    switch (version) {
+    case 20: return 0;
+    case 21: return INT_PACK;
+    case 22: return INT_FMA;
+    case 23: return INT_PACK | INT_FMA;
+    case 24: return INT_LOOP2 | INT_FMA;
+    case 25: return INT_LOOP2;
+    case 26: return INT_LOOP2 | INT_FMA | INT_MINB3;
+    case 27: return INT_LOOP2 | INT_FMA | INT_EPI;
+    case 28: return INT_FMA | INT_EPI;
+    default: return -1;
+    }
+}
+
+/* The versions trellis_cuda_gemm may run (24, 22) exist for every K at 1..4
+ * rows; every version exists for K = 2..4 and 1..16 rows. */
+static bool int_allk(int v) { return v == (INT_LOOP2 | INT_FMA) || v == INT_FMA; }
+
+template <int KK, int V>
+static int_fn int_pick_rg(int rg)
+{
+    switch (rg) {
+    case 1: return k_gemm_int<KK, 1, V>;
+    case 2: return k_gemm_int<KK, 2, V>;
+    case 3: return k_gemm_int<KK, 3, V>;
+    default: return k_gemm_int<KK, 4, V>;
+    }
+}
+
+template <int KK, int V>
+static int_fn int2_pick_rg(int rg)
+{
+    constexpr int MB = (V & INT_MINB3) ? 3 : 2, VV = V & (INT_FMA | INT_EPI);
+    switch (rg) {
+    case 1: return k_gemm_int2<KK, 1, VV, MB>;
+    case 2: return k_gemm_int2<KK, 2, VV, MB>;
+    case 3: return k_gemm_int2<KK, 3, VV, (MB > 2 ? 2 : 1)>;
+    default: return k_gemm_int2<KK, 4, VV, 1>;
+    }
+}
+
+template <int KK>
+static int_fn int_pick_k(int v, int rg)
+{
+    if constexpr (KK < 2 || KK > 4) {
+        if (rg != 1) return NULL;
+        if (v == (INT_LOOP2 | INT_FMA)) return k_gemm_int2<KK, 1, INT_FMA, 2>;
+        if (v == INT_FMA) return k_gemm_int<KK, 1, INT_FMA>;
+    } else {
+        switch (v) {
+        case INT_LOOP2 | INT_FMA | INT_EPI: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI>(rg);
+        case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
+        case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
+        case INT_LOOP2: return int2_pick_rg<KK, INT_LOOP2>(rg);
+        case INT_LOOP2 | INT_FMA | INT_MINB3: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3>(rg);
+        case 0: return int_pick_rg<KK, 0>(rg);
+        case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
+        case INT_FMA: return int_pick_rg<KK, INT_FMA>(rg);
+        case INT_PACK | INT_FMA: return int_pick_rg<KK, INT_PACK | INT_FMA>(rg);
+        default: return NULL;
+        }
+    }
+    return NULL;
+}
+
+static int_fn int_pick(int K, int v, int rg)
+{
+    switch (K) {
+    case 1: return int_pick_k<1>(v, rg);
+    case 2: return int_pick_k<2>(v, rg);
+    case 3: return int_pick_k<3>(v, rg);
+    case 4: return int_pick_k<4>(v, rg);
+    case 5: return int_pick_k<5>(v, rg);
+    case 6: return int_pick_k<6>(v, rg);
+    case 7: return int_pick_k<7>(v, rg);
+    case 8: return int_pick_k<8>(v, rg);
+    default: return NULL;
+    }
 }
 
 /* --- handles ---------------------------------------------------------------------- */
@@ -434,6 +996,13 @@ struct trellis_cuda_ws {
     __half *u; /* 16 × max_k */
     float *t;  /* 16 × max_n, zero between calls */
     unsigned *counters; /* one per 256 outputs (v3), zero between calls */
+    /* the integer mul1 GEMM's input (k_input_int): B words (4 row groups ×
+     * max_k/16 k tiles × 32 lanes × 4), A·s_β and Σu per row and 128-block,
+     * 510·Σq per row and 64-input half block */
+    uint32_t *bq;
+    float *sa, *usb;
+    int *ch, *pc; /* pc: 9 prefix sums of 510·Σq per row and 128-block */
+    unsigned *cnt; /* INT_EPI: k tiles done per 128-column block, zero between calls */
 };
 
 static int sm_count(void)
@@ -560,6 +1129,16 @@ sparq_status trellis_cuda_ws_create(int max_k, int max_n, trellis_cuda_ws **out)
     const size_t cbytes = (size_t)(max_n + FUSED_COLS - 1) / FUSED_COLS * sizeof(unsigned);
     if (e == cudaSuccess) e = cudaMalloc((void **)&ws->counters, cbytes);
     if (e == cudaSuccess) e = cudaMemset(ws->counters, 0, cbytes);
+    const size_t nbk = (size_t)(max_k + 127) / 128;
+    const size_t bqb = (size_t)TRELLIS_GEMM_MAX_ROWS / 4 * (max_k / 16) * 32 * 16; /* 4 row groups of B words */
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->bq, bqb);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->sa, TRELLIS_GEMM_MAX_ROWS * nbk * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->usb, TRELLIS_GEMM_MAX_ROWS * nbk * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->ch, TRELLIS_GEMM_MAX_ROWS * 2 * nbk * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->pc, TRELLIS_GEMM_MAX_ROWS * 9 * nbk * sizeof(int));
+    const size_t nbn = (size_t)(max_n + 127) / 128 * sizeof(unsigned);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->cnt, nbn);
+    if (e == cudaSuccess) e = cudaMemset(ws->cnt, 0, nbn);
     if (e != cudaSuccess) {
         trellis_cuda_ws_free(ws);
         return cuda_status(e, "workspace allocation");
@@ -574,6 +1153,12 @@ void trellis_cuda_ws_free(trellis_cuda_ws *ws)
     cudaFree(ws->u);
     cudaFree(ws->t);
     cudaFree(ws->counters);
+    cudaFree(ws->bq);
+    cudaFree(ws->sa);
+    cudaFree(ws->usb);
+    cudaFree(ws->ch);
+    cudaFree(ws->pc);
+    cudaFree(ws->cnt);
     free(ws);
 }
 
@@ -753,10 +1338,69 @@ sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *
     return gemm_bal_launch(lin, fn, minb >= 5 ? 128 : 256, x, rows, y, ws, stream, parts);
 }
 
+/* --- integer mul1 GEMM (lab v20+) ---------------------------------------------------- */
+
+/* The three launches of the integer GEMM (PDL-overlapped like v10): input
+ * transform to q, main loop on the balanced grid, output transform. */
+static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                 trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
+{
+    FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
+    const int v = int_version_opts(version), rg = (rows + 3) / 4;
+    RETURN_IF(lin->cb != CB_MUL1, SPARQ_E_UNSUPPORTED, "%s: the integer CUDA gemm (version %d) is for mul1 only",
+              lin->name, version);
+    int_fn fn = v < 0 ? NULL : int_pick(lin->K, v, rg);
+    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no integer CUDA gemm version %d for K=%d at %d rows", lin->name, version,
+              lin->K, rows);
+    const int tpb = 256, wpb = tpb / 32, nb = lin->k / 128;
+    int per_sm = 0;
+    CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
+                   lin->name);
+    if (per_sm < 1) per_sm = 1;
+    const int nw2 = rg == 1 ? 8 : rg == 2 ? 4 : 2; /* int2_nw */
+    const long long items = (v & INT_LOOP2) ? (long long)(lin->n / 16 / nw2) * (lin->k / 16)
+                                            : (long long)(lin->n / 32) * (lin->k / 64);
+    long long warps = (long long)per_sm * sm_count() * wpb;
+    if (warps > items) warps = items;
+    const int blocks = (int)((warps + wpb - 1) / wpb);
+    warps = (long long)blocks * wpb;
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (parts & TRELLIS_CUDA_PART_INPUT) {
+        int_in_fn in = (v & INT_PACK) ? k_input_int<INT_PACK, true> : k_input_int<0, true>;
+        in<<<dim3(nb, rows), 128, 0, s>>>(x, lin->suh, ws->bq, ws->sa, ws->ch, ws->usb, ws->pc, lin->k, rows);
+        CUDA_RETURN_IF(cudaGetLastError(), "%s: integer input transform launch", lin->name);
+    }
+    if (parts & TRELLIS_CUDA_PART_MAIN) {
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(tpb);
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, (const uint32_t *)lin->trellis, (const uint32_t *)ws->bq,
+                                          (const float *)ws->sa, (const int *)((v & INT_LOOP2) ? ws->pc : ws->ch),
+                                          ws->t, lin->k, lin->n, rows, (int)warps, 1u, (const __half *)lin->svh,
+                                          y, (const float *)ws->usb, ws->cnt),
+                       "%s: integer gemm launch (%d blocks, PDL)", lin->name, blocks);
+    }
+    if ((parts & TRELLIS_CUDA_PART_OUTPUT) && !(v & INT_EPI)) {
+        cfg.gridDim = dim3(lin->n / 128, rows);
+        cfg.blockDim = dim3(128);
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_output_int<true>, ws->t, (const float *)ws->usb,
+                                          (const __half *)lin->svh, y, lin->n, nb),
+                       "%s: integer output transform launch (PDL)", lin->name);
+    }
+    return SPARQ_OK;
+}
+
 sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                     trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
 {
     if (version == 9 || version == 11) return gemm_fused_run(lin, x, rows, y, ws, stream, 0, version);
+    if (version >= 20) return gemm_int_run(lin, x, rows, y, ws, stream, version, parts);
     FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
     bal_fn fn = lab_pick(lin->K, lin->cb, version);
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no CUDA gemm lab version %d for K=%d codebook %d", lin->name, version,
@@ -764,16 +1408,37 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
     return gemm_bal_launch(lin, fn, 256, x, rows, y, ws, stream, parts, (lab_version_opts(version) & DEC_PDL) != 0);
 }
 
-/* trellis_cuda_gemm runs lab version v10 (kernels/cuda/lab/README.md; run 9
- * in docs/benchmarks-cuda.md): three launches overlapped by programmatic
- * dependent launch, a balanced main grid and v8's decode. It was the fastest
- * version on 17 of the 18 benchmark rows (v3 was 0.56 µs faster on 2304×5120
- * K=2) and faster than the previous default (v3 / v4) on the same 17. */
+/* trellis_cuda_gemm runs trellis_cuda_gemm_version's choice: the integer
+ * GEMM (v24 / v22, run 17 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
+ * else lab version v10 (run 9): three launches overlapped by programmatic
+ * dependent launch, a balanced main grid and v8's decode. */
+/* The default's choice (kernels/cuda/lab/README.md, runs 15–17): mul1 at
+ * 1..4 rows runs the integer GEMM, v24 (one k tile × 8 tile columns per
+ * step) where there are at least INT_V24_ITEMS of its work items per
+ * resident warp (the two large benchmark shapes), else v22 (4 k tiles × 2
+ * tile columns: 4× more items, better spread on small linears); 5..16 rows
+ * and the other codebooks run v10 (the integer loop's IMMA count grows with
+ * each group of 4 rows: 5 rows already cost more than v10). */
+#define INT_V24_ITEMS 8
+int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows)
+{
+    if (!lin || lin->cb != CB_MUL1 || rows > 4) return 10;
+    const long long items = (long long)(lin->n / 128) * (lin->k / 16);
+    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 24 : 22;
+}
+
+int trellis_cuda_gemm_lab_allk(int version)
+{
+    const int v = int_version_opts(version);
+    return v >= 0 && int_allk(v);
+}
+
 sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                trellis_cuda_ws *ws, void *stream)
 {
     RETURN_IF(!lin, SPARQ_E_ARG, "cuda gemm: no linear");
-    return trellis_cuda_gemm_labv(lin, x, rows, y, ws, stream, 10, TRELLIS_CUDA_PART_ALL);
+    return trellis_cuda_gemm_labv(lin, x, rows, y, ws, stream, trellis_cuda_gemm_version(lin, rows),
+                                  TRELLIS_CUDA_PART_ALL);
 }
 
 sparq_status trellis_cuda_gemm_prefill(trellis_cuda_linear *lin, const float *x, int rows, float *y, void *stream)
@@ -827,7 +1492,7 @@ struct trellis_cuda_moe {
     unsigned *c_gu, *c_down;
     /* moe_chunk_fit's answers by [version − 17][launch: 0 gate/up, 1 down]
      * [tokens] (0 = not asked yet): the occupancy query runs once */
-    int chunk_fit[3][2][TRELLIS_GEMM_MAX_ROWS + 1];
+    int chunk_fit[4][2][TRELLIS_GEMM_MAX_ROWS + 1]; /* [3]: version 20 */
 };
 
 /* k tiles per block for n_jobs fused GEMVs of shape (k, n): about 4 blocks of
@@ -980,9 +1645,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     cudaStream_t s = (cudaStream_t)stream;
     const int pairs = tokens * m->top_k;
     int c1 = fused_chunk(m->hidden, m->inter, 2 * pairs), c2 = fused_chunk(m->inter, m->hidden, pairs);
-    if (version >= 17) { /* 17, 19: one wave; 18: two */
-        const int waves = version == 18 ? 2 : 1;
-        int *f = m->chunk_fit[version - 17][0] + tokens, *fd = m->chunk_fit[version - 17][1] + tokens;
+    if (version >= 17) { /* 17, 19, 20: one wave; 18: two */
+        const int waves = version == 18 ? 2 : 1, fi = version == 20 ? 3 : version - 17;
+        int *f = m->chunk_fit[fi][0] + tokens, *fd = m->chunk_fit[fi][1] + tokens;
         if (!*f) {
             *f = moe_chunk_fit((const void *)gu, m->hidden, m->inter, 2 * pairs, waves);
             *fd = moe_chunk_fit((const void *)dn, m->inter, m->hidden, pairs, waves);
@@ -1019,16 +1684,18 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_DEFAULT_VERSION = v17
- * (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's decode, the
- * down launch overlapped by PDL, k tiles per block fitted to one wave of
- * resident blocks; 1.38× one v10 GEMV of the same weights on DeepSeek's
- * shapes (round 1's v5 in the same run: 1.47×), 1.80× on Qwen3's (v5:
- * 1.92×); run 13 in docs/benchmarks-cuda.md. */
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v20 for
+ * mul1 layers (v17 with the integer GEMM arithmetic; run 19: 85.8 / 27.8 µs
+ * on DeepSeek / Qwen3 shapes, v17 102.0 / 30.9) and MOE_DEFAULT_VERSION = v17
+ * for the others (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
+ * decode, the down launch overlapped by PDL, k tiles per block fitted to one
+ * wave of resident blocks (run 13). */
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream)
 {
-    return trellis_cuda_moe_forward_lab(m, x, tokens, ids, weights, out, stream, MOE_DEFAULT_VERSION);
+    RETURN_IF(!m, SPARQ_E_ARG, "cuda moe forward: no layer");
+    return trellis_cuda_moe_forward_lab(m, x, tokens, ids, weights, out, stream,
+                                        m->cb == CB_MUL1 ? MOE_MUL1_VERSION : MOE_DEFAULT_VERSION);
 }
 
 } /* extern "C" */

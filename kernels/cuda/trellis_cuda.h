@@ -55,8 +55,9 @@ void trellis_cuda_linear_free(trellis_cuda_linear *lin);
 void trellis_cuda_linear_shape(const trellis_cuda_linear *lin, int *k, int *n, int *K);
 
 /* Scratch for trellis_cuda_gemm: 16·max_k fp16 and 16·max_n fp32 (kept zero
- * between calls). One workspace serves any linear up to that size, one
- * stream at a time. */
+ * between calls), and for the integer mul1 GEMM 128·max_k bytes of quantised
+ * activations with per-block scales and sums. One workspace serves any
+ * linear up to that size, one stream at a time. */
 typedef struct trellis_cuda_ws trellis_cuda_ws;
 sparq_status trellis_cuda_ws_create(int max_k, int max_n, trellis_cuda_ws **out);
 void trellis_cuda_ws_free(trellis_cuda_ws *ws);
@@ -66,10 +67,13 @@ void trellis_cuda_ws_free(trellis_cuda_ws *ws);
 sparq_status trellis_cuda_decode_inner(const trellis_cuda_linear *lin, uint16_t *q, void *stream);
 
 /* y = x·W for rows = 1..TRELLIS_GEMM_MAX_ROWS (x: rows×k fp32, y: rows×n fp32,
- * device, row-major). The input transform is rounded to fp16 for the tensor
- * cores; accumulation is fp32, summed across k-splits with atomics, so the
- * last bits can differ from run to run. Normalised MSE against the CPU
- * trellis_linear_gemm is ~1e-7 (tests/gpu/test_trellis_cuda.c bounds it). */
+ * device, row-major). mul1 at 1..4 rows: the integer arithmetic of the CPU's
+ * trellis_linear_gemm (16-bit signed activations (|q| ≤ 32639) per 128-block, exact int32 sums of
+ * the codebook byte sums; docs/cuda.md); otherwise the input transform is
+ * rounded to fp16 for the tensor cores. Accumulation is fp32, summed across
+ * k-splits with atomics, so the last bits can differ from run to run.
+ * Normalised MSE against the CPU trellis_linear_gemm is ≤ ~1e-7
+ * (tests/gpu/test_trellis_cuda.c bounds it). */
 sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                trellis_cuda_ws *ws, void *stream);
 
@@ -97,7 +101,8 @@ void trellis_cuda_moe_free(trellis_cuda_moe *moe);
  * out tokens×hidden fp32 (out holds the residual or zeros), ids int32 and
  * weights fp32 tokens×top_k (the router's output, read on the device: no
  * host round trip). Two launches, graph-capturable; fp32 atomics, so the
- * last bits vary from run to run. One call at a time per layer handle. */
+ * last bits vary from run to run. mul1 layers use the integer GEMM
+ * arithmetic (as trellis_cuda_gemm). One call at a time per layer handle. */
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream);
 

@@ -57,6 +57,26 @@ sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *
 sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                     trellis_cuda_ws *ws, void *stream, int version, unsigned parts);
 
+/* Lab versions v20..v28 (labv's version argument): the integer mul1 GEMM
+ * (kernels/cuda/lab/README.md, docs/cuda.md): activations as 16-bit
+ * integers per 128-block, exact int32 sums on the tensor core
+ * (mma.m16n8k32 u8·s8) with the bytes of h = state·0x83DCD12D as one
+ * operand; no fp16 weight value is formed. 20 = four pre-replicated B words
+ * per lane and k tile, 21 = one packed word replicated in the loop
+ * (byte_perm), 22 = 20 + state masks on the FMA pipe, 23 = 21 + 22,
+ * 24 = one k tile × 8 tile columns per step + FMA masks, 25 = 24 without
+ * FMA masks, 26 = 24 compiled for 3 blocks/SM, 27 = 24 and 28 = 22 with the
+ * output transform done by the warp that completes each 128-column block
+ * (two launches, not three; lost). mul1 only (SPARQ_E_UNSUPPORTED for the
+ * other codebooks); every version exists for K = 2..4 and 1..16 rows, those
+ * with trellis_cuda_gemm_lab_allk() (24, 22: what trellis_cuda_gemm runs for
+ * mul1 at 1..4 rows) for every K at 1..4 rows. */
+
+/* The lab version trellis_cuda_gemm runs for this linear and row count. */
+int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
+/* 1 if integer lab version `version` exists for every K (at 1..4 rows). */
+int trellis_cuda_gemm_lab_allk(int version);
+
 /* trellis_cuda_decode_inner with the tile decode of lab version 6..12 (0 =
  * the real one), so the test can check each version's decode bit for bit. */
 /* trellis_cuda_moe_forward with MoE lab version `version`
@@ -65,10 +85,11 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * 14 = 13 + the down launch overlapped with gate/up by programmatic
  * dependent launch, 15 = v11's decode (+ state masks on the FMA pipe) +
  * PDL, 16 = 5 + PDL, 17 / 18 = 14 with the k tiles per block fitted
- * to one / two waves of resident blocks (17 is the default), 19 = 16
- * with 17's k tiles per block. The default version exists for every K and
- * codebook, the others for mul1 at K = 2..4 only (SPARQ_E_UNSUPPORTED
- * otherwise). */
+ * to one / two waves of resident blocks (17 is the default for 3inst and
+ * mcg), 19 = 16 with 17's k tiles per block, 20 = 17 with the integer mul1
+ * GEMM arithmetic (the default for mul1; mul1 only, every K). v17 exists
+ * for every K and codebook, the others for mul1 at K = 2..4 only
+ * (SPARQ_E_UNSUPPORTED otherwise). */
 sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
                                           const float *weights, float *out, void *stream, int version);
 

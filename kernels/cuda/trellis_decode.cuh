@@ -49,8 +49,11 @@ enum { CB_3INST = 0, CB_MCG = 1, CB_MUL1 = 2 };
  *            main kernel loads its first trellis words while the input
  *            transform still runs, the output transform is resident early;
  *  DEC_NW4:  the balanced loop takes 4 tile columns × 2 k tiles per step
- *            (one A fragment per 4 tiles) instead of 2 × 4. */
-enum { DEC_2W = 1, DEC_IMMA = 2, DEC_PF = 4, DEC_FMA = 8, DEC_PDL = 16, DEC_NW4 = 32 };
+ *            (one A fragment per 4 tiles) instead of 2 × 4;
+ *  DEC_INT:  (fused block body, mul1, one row: MoE lab v20) the integer
+ *            GEMM arithmetic of trellis.cu's k_gemm_int instead of fp16
+ *            values (fused_body_int in trellis_fused.cuh). */
+enum { DEC_2W = 1, DEC_IMMA = 2, DEC_PF = 4, DEC_FMA = 8, DEC_PDL = 16, DEC_NW4 = 32, DEC_INT = 64 };
 
 /* Programmatic dependent launch (sm_90+, GB10 included; a no-op in a kernel
  * launched without the attribute, and compiled out for older targets, where
@@ -193,6 +196,52 @@ __device__ __forceinline__ void imma_bytesum4(uint32_t x0, uint32_t x1, uint32_t
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(x0), "r"(x2), "r"(x1), "r"(x3), "r"(b0), "r"(b1), "r"(cadd));
+}
+
+/* --- the integer mul1 GEMM (lab v20+, docs/cuda.md "integer mul1 GEMM") -----
+ * No weight value is formed: each weight's A operand is the four bytes of
+ * h = state·0x83DCD12D, and the activations are 16-bit signed integers q (|q| ≤ 32639) split into
+ * two s8 halves (hi, lo) replicated over the four k bytes of each weight, so
+ * one mma.m16n8k32 u8·s8 → s32 gives Σ_i b_i·hi_i and Σ_i b_i·lo_i (b = byte
+ * sum of h) for 8 inputs × 16 outputs × 4 batch rows at once. */
+
+/* d += A·B, m16n8k32, A u8 (row), B s8 (col), exact int32 (wrapping) sums. */
+__device__ __forceinline__ void imma_u8s8(uint32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* h = state·0x83DCD12D of a lane's 8 stream positions (order as
+ * lane_decode_w's: 8t+0..7 = (input, output) (2c, g), (2c+1, g), (2c+8, g),
+ * (2c+9, g), then the same inputs at output g+8). D: lane_state_d options. */
+template <int K, int D, int NWD>
+__device__ __forceinline__ void lane_hash_w(const uint32_t (&w)[NWD], unsigned r, uint32_t one, uint32_t (&x)[8])
+{
+    const uint32_t a = __funnelshift_l(w[1], w[0], r);
+    const uint32_t b = NWD == 2 ? w[1] << r : __funnelshift_l(w[NWD - 1], w[1], r);
+    const uint32_t c = NWD == 2 ? 0u : w[NWD - 1] << r;
+    x[0] = lane_state_d<K, 0, D>(a, b, c, one) * 0x83DCD12Du;
+    x[1] = lane_state_d<K, 1, D>(a, b, c, one) * 0x83DCD12Du;
+    x[2] = lane_state_d<K, 2, D>(a, b, c, one) * 0x83DCD12Du;
+    x[3] = lane_state_d<K, 3, D>(a, b, c, one) * 0x83DCD12Du;
+    x[4] = lane_state_d<K, 4, D>(a, b, c, one) * 0x83DCD12Du;
+    x[5] = lane_state_d<K, 5, D>(a, b, c, one) * 0x83DCD12Du;
+    x[6] = lane_state_d<K, 6, D>(a, b, c, one) * 0x83DCD12Du;
+    x[7] = lane_state_d<K, 7, D>(a, b, c, one) * 0x83DCD12Du;
+}
+
+/* One 16×16 tile: acc0 += inputs 0..7 (A slots c ↔ input 2c, c+4 ↔ 2c+1),
+ * acc1 += inputs 8..15; b[0..3] = the lane's B words for inputs 2c, 2c+1,
+ * 2c+8, 2c+9 of its column (batch row c/2 of the group, hi or lo). */
+__device__ __forceinline__ void tile_imma(const uint32_t (&x)[8], const uint32_t (&b)[4], uint32_t (&acc0)[4],
+                                          uint32_t (&acc1)[4])
+{
+    imma_u8s8(acc0, x[0], x[4], x[1], x[5], b[0], b[1]);
+    imma_u8s8(acc1, x[2], x[6], x[3], x[7], b[2], b[3]);
 }
 
 /* Decode a lane's 8 values from its ring words w (lane_nwords<K, D>() of

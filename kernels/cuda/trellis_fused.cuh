@@ -56,6 +56,17 @@ __host__ __device__ inline size_t fused_smem_bytes(int chunk, int rows)
  * (scatter-add of a routed expert) instead of stored. */
 enum { FUSED_IN_SWIGLU = 1, FUSED_OUT_ADD = 2 };
 
+template <int MODE>
+__device__ __forceinline__ void fused_finish(float *__restrict__ t, unsigned *__restrict__ counters,
+                                             const __half *__restrict__ svh, float *__restrict__ y, float yscale,
+                                             int n, int rows, int bc, int splits, int &s_last);
+template <int K, int U, int MODE, int D>
+__device__ __forceinline__ void fused_body_int(const uint32_t *__restrict__ trellis, const float *__restrict__ x,
+                                               const float *__restrict__ x2, const __half *__restrict__ suh,
+                                               const __half *__restrict__ svh, float *__restrict__ t,
+                                               unsigned *__restrict__ counters, float *__restrict__ y, float yscale,
+                                               int k, int n, int chunk);
+
 template <int K, int CB, int U, int MODE, int D = 0>
 __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis, const float *__restrict__ x,
                                            const float *__restrict__ x2, const __half *__restrict__ suh,
@@ -63,6 +74,11 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
                                            unsigned *__restrict__ counters, float *__restrict__ y, float yscale,
                                            int k, int n, int rows, int chunk)
 {
+    if constexpr ((D & DEC_INT) != 0) { /* mul1, one row (MoE lab v20) */
+        (void)rows;
+        fused_body_int<K, U, MODE, D>(trellis, x, x2, suh, svh, t, counters, y, yscale, k, n, chunk);
+        return;
+    }
     constexpr int NW = 2, TW = 8 * K, NWD = lane_nwords<K, D>();
     extern __shared__ uint32_t u_s[]; /* rows × (chunk·8 + 4) half2 */
     __shared__ int s_last;
@@ -135,6 +151,18 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
         /* 3. partial sums */
         acc_flush<NW>(t, n, 16 * grp * NW, lane, lo_ok, hi_ok, acc);
     }
+    fused_finish<MODE>(t, counters, svh, y, yscale, n, rows, bc, splits, s_last);
+}
+
+/* Steps 3–4 of fused_body (and fused_body_int) after the partial sums are in
+ * t: count this block done on its column block's counter; the last block
+ * applies had128 ⊙ svh to t, writes (or adds) y, and zeroes t and the counter. */
+template <int MODE>
+__device__ __forceinline__ void fused_finish(float *__restrict__ t, unsigned *__restrict__ counters,
+                                             const __half *__restrict__ svh, float *__restrict__ y, float yscale,
+                                             int n, int rows, int bc, int splits, int &s_last)
+{
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s_last = atomicAdd(counters + bc, 1u) == (unsigned)(splits - 1);
@@ -165,6 +193,161 @@ __device__ __forceinline__ void fused_body(const uint32_t *__restrict__ trellis,
         }
     }
     if (threadIdx.x == 0) counters[bc] = 0;
+}
+
+/* The integer mul1 arithmetic (trellis.cu, "integer mul1 GEMM") in the
+ * fused block body, for one row (the MoE launches): step 1 quantises each
+ * 128-input block of this block's k range to q (hi/lo s8 halves packed as
+ * the B words of lanes 0..7: column 0 = hi, 1 = lo, 4 inputs a word) in
+ * shared memory with A·s_β, 510·Σq per half block and Σu; step 2 runs
+ * k_gemm_int's tile (8 hashes, 2 IMMA) on v3's loop, converting the int32
+ * sums once per 4 k tiles; each block adds D·Σu of its k range to its
+ * partial sums. chunk ≤ 512 (MOE_INT_MAXB blocks of 128 inputs). */
+#define MOE_INT_MAXB 64
+template <int K, int U, int MODE, int D>
+__device__ __forceinline__ void fused_body_int(const uint32_t *__restrict__ trellis, const float *__restrict__ x,
+                                               const float *__restrict__ x2, const __half *__restrict__ suh,
+                                               const __half *__restrict__ svh, float *__restrict__ t,
+                                               unsigned *__restrict__ counters, float *__restrict__ y, float yscale,
+                                               int k, int n, int chunk)
+{
+    constexpr int NW = 2, TW = 8 * K, NWD = lane_nwords<K, DEC_2W>(), DD = DEC_2W | (D & DEC_FMA);
+    extern __shared__ uint32_t u_s[]; /* chunk × 8 packed B words */
+    __shared__ float s_sc[MOE_INT_MAXB], s_us[MOE_INT_MAXB];
+    __shared__ int s_ch[2 * MOE_INT_MAXB];
+    __shared__ float s_usum;
+    __shared__ int s_last;
+    (void)x2;
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW;
+    const int nbc = (n + FUSED_COLS - 1) / FUSED_COLS;
+    const int bc = blockIdx.x % nbc, split = blockIdx.x / nbc;
+    const int splits = (ktiles + chunk - 1) / chunk;
+    const int kt0 = split * chunk, kt1 = min(kt0 + chunk, ktiles);
+    const int grp = bc * FUSED_WARPS + wib;
+    const bool active = grp < ngroups;
+    const lane_ring lr = lane_ring_make(K, lane);
+    const uint32_t one = blockDim.x / 256; /* 1, unknown to the compiler (DEC_FMA) */
+    const size_t row_stride = (size_t)ntiles * TW;
+    const uint32_t *p = trellis + (size_t)kt0 * row_stride + (size_t)(active ? grp : 0) * NW * TW;
+    uint32_t wn[U][NW][NWD];
+    auto load_step = [&](int kt) {
+        words_load<K, NW, U, NWD>(p + (size_t)(kt - kt0) * row_stride, row_stride, lr, wn);
+    };
+    if (active) load_step(kt0);
+    if constexpr ((D & DEC_PDL) != 0) griddep_wait();
+
+    /* 1. quantised input of this block's k range */
+    const int nhb = (kt1 - kt0) / 8;
+    uint8_t *b8 = reinterpret_cast<uint8_t *>(u_s);
+    for (int hb = wib; hb < nhb; hb += FUSED_WARPS) {
+        const size_t base = (size_t)kt0 * 16 + (size_t)hb * 128;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float in = x[base + lane + 32 * j];
+            if constexpr (MODE & FUSED_IN_SWIGLU) in = in / (1.0f + __expf(-in)) * x2[base + lane + 32 * j];
+            v[j] = in * __half2float(suh[base + lane + 32 * j]);
+        }
+        had128_warp(v, lane);
+        int bad = 0;
+        float m = 0.0f, su = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            bad |= !isfinite(v[j]);
+            m = fmaxf(m, isfinite(v[j]) ? fabsf(v[j]) : 0.0f);
+            su += v[j];
+        }
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) {
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
+            su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+            bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
+        }
+        float sc = 0.0f;
+        int q[4] = {0, 0, 0, 0};
+        if (bad) {
+            sc = __int_as_float(0x7FC00000);
+        } else if (m != 0.0f) {
+            const float inv = 32639.0f / m;
+            sc = m / 32639.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) q[j] = max(-32639, min(32639, __float2int_rn(v[j] * inv)));
+        }
+        int sq0 = q[0] + q[1], sq1 = q[2] + q[3];
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) {
+            sq0 += __shfl_xor_sync(0xFFFFFFFFu, sq0, h);
+            sq1 += __shfl_xor_sync(0xFFFFFFFFu, sq1, h);
+        }
+        if (lane == 0) {
+            s_sc[hb] = (1774.0f / 262144.0f) * sc;
+            s_us[hb] = su;
+            s_ch[2 * hb] = 510 * sq0;
+            s_ch[2 * hb + 1] = 510 * sq1;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = lane + 32 * j, pp = i & 15, c = (pp & 7) >> 1, word = 2 * (pp >> 3) + (pp & 1);
+            const int ktl = hb * 8 + (i >> 4), hi = (q[j] + 128) >> 8, lo = q[j] - 256 * hi;
+            b8[(ktl * 8 + c) * 4 + word] = (uint8_t)hi;
+            b8[(ktl * 8 + 4 + c) * 4 + word] = (uint8_t)lo;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float su = 0.0f;
+        for (int hb = 0; hb < nhb; hb++) su += s_us[hb];
+        s_usum = su;
+    }
+    __syncthreads();
+
+    /* 2. main loop: lane (g, c) sums outputs g, g+8 of its tiles for batch
+     * column c (only c = 0, the one row, is kept) */
+    const int g = lane >> 2, c = lane & 3;
+    if (active) {
+        float f[NW][2] = {};
+        for (int kt = kt0; kt < kt1; kt += U) {
+            uint32_t w[U][NW][NWD];
+            words_copy<NW, U, NWD>(w, wn);
+            if (kt + U < kt1) load_step(kt + U);
+            uint32_t acc[NW][2][4] = {};
+#pragma unroll
+            for (int s = 0; s < U; s++) {
+                const uint32_t packed = lane < 8 ? u_s[(kt - kt0 + s) * 8 + lane] : 0u;
+                uint32_t b[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) b[e] = __byte_perm(packed, 0u, 0x1111u * e);
+#pragma unroll
+                for (int j = 0; j < NW; j++) {
+                    uint32_t xh[8];
+                    lane_hash_w<K, DD, NWD>(w[s][j], lr.r, one, xh);
+                    tile_imma(xh, b, acc[j][0], acc[j][1]);
+                }
+            }
+            const int hb = (kt - kt0) >> 3;
+            const float sc = s_sc[hb];
+            const uint32_t cq = (uint32_t)s_ch[2 * hb + (((kt - kt0) >> 2) & 1)];
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                const int i0 = (int)(((acc[j][0][0] + acc[j][1][0]) << 8) + acc[j][0][1] + acc[j][1][1] - cq);
+                const int i1 = (int)(((acc[j][0][2] + acc[j][1][2]) << 8) + acc[j][0][3] + acc[j][1][3] - cq);
+                f[j][0] = fmaf(sc, (float)i0, f[j][0]);
+                f[j][1] = fmaf(sc, (float)i1, f[j][1]);
+            }
+        }
+        /* 3. partial sums (+ D·Σu of this k range, once per output) */
+        if (c == 0) {
+            const float du = (-476.0f / 262144.0f) * s_usum;
+            const int col0 = 16 * grp * NW;
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                atomicAdd(t + col0 + 16 * j + g, f[j][0] + du);
+                atomicAdd(t + col0 + 16 * j + g + 8, f[j][1] + du);
+            }
+        }
+    }
+    fused_finish<MODE>(t, counters, svh, y, yscale, n, 1, bc, splits, s_last);
 }
 
 /* D: lab options of the decode (trellis_decode.cuh); 0 = v3, DEC_2W |

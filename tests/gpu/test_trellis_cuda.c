@@ -11,8 +11,17 @@
  *    2: two-word loads, tensor-core byte sums, FMA masks, programmatic
  *    dependent launch) and the default entry point the same; each lab
  *    version's tile decode is also checked bit for bit like the real one;
+ *  - the integer mul1 GEMM (lab v20+: activations quantised to 16-bit signed integers (|q| ≤ 32639)
+ *    per 128-block, exact int32 sums of byte sums on the tensor core, no fp16
+ *    weight values) against a double-precision model of that arithmetic
+ *    (tight: max error ≤ 1e-5 of max|y|, both sides use the same q), against
+ *    trellis_linear_gemm (the same arithmetic on the CPU: the same bound),
+ *    and against decode-then-matmul with the fp16 codebook values (loose:
+ *    normalised MSE ≤ 1e-6; the difference is the per-weight fp16 rounding
+ *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
+ *    activations); every version for K = 2..4, the default's for every K;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
- *    and every MoE lab version, v5 and v13..v19);
+ *    and every MoE lab version, v5, v13..v19 and v20, the integer mul1 one);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -175,9 +184,170 @@ static double nmse(const float *a, const float *b, size_t n)
 
 #define NMSE_MAX 1e-5
 
+/* --- the integer mul1 GEMM's arithmetic in double (kernels/cuda/trellis.cu,
+ * "integer mul1 GEMM"; docs/cuda.md) ---------------------------------------- */
+
+#define INT_QMAX 32639
+#define INT_A (1774.0 / 262144.0)
+#define INT_D (-476.0 / 262144.0)
+
+static void had128_d(double *v)
+{
+    for (int h = 1; h < 128; h <<= 1)
+        for (int i = 0; i < 128; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const double a = v[j], c = v[j + h];
+                v[j] = a + c;
+                v[j + h] = a - c;
+            }
+    for (int j = 0; j < 128; j++) v[j] /= sqrt(128.0);
+}
+
+/* Byte sums b (0..1020) of every weight of a mul1 linear (k×n), from the CPU
+ * decode: the fp16 value is round(A·(1024 + b) + B), whose rounding error
+ * (≤ 2^-10 for |value| < 4) is far below A/2, so b is recovered exactly. */
+static int16_t *int_bytesums(const trellis_linear *lin)
+{
+    const size_t kn = (size_t)lin->k * lin->n;
+    float *v = malloc(kn * sizeof(float));
+    int16_t *b = malloc(kn * sizeof(int16_t));
+    CHECK(trellis_linear_decode_inner(lin, v, NULL) == SPARQ_OK);
+    const double bias = sparq_f16_to_f32(0xC931);
+    size_t bad = 0;
+    for (size_t i = 0; i < kn; i++) {
+        const long bb = lrint((v[i] - bias) / INT_A) - 1024;
+        b[i] = (int16_t)bb;
+        if (bb < 0 || bb > 1020 || fabs(v[i] - (INT_A * (1024 + bb) + bias)) > INT_A / 4) bad++;
+    }
+    CHECK_MSG(bad == 0, "%zu of %zu mul1 values do not invert to a byte sum", bad, kn);
+    free(v);
+    return b;
+}
+
+/* y (rows×n, double) = the integer GEMM's arithmetic: q per 128-block of
+ * u = had128(x ⊙ suh) (float, as the GPU), exact integer sums, the rest in
+ * double. */
+static void int_ref_gemm(const trellis_linear *lin, const int16_t *bs, const float *x, int rows, double *y)
+{
+    const int k = lin->k, n = lin->n, nb = k / 128;
+    float *u = malloc((size_t)k * sizeof(float));
+    int *q = malloc((size_t)k * sizeof(int));
+    double *sc = malloc((size_t)nb * sizeof(double)), *t = malloc((size_t)n * sizeof(double));
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < k; i++) u[i] = x[(size_t)r * k + i] * sparq_f16_to_f32(lin->suh[i]);
+        trellis_had128(u, (size_t)nb);
+        double usum = 0;
+        for (int be = 0; be < nb; be++) {
+            float m = 0;
+            int bad = 0;
+            for (int i = 128 * be; i < 128 * be + 128; i++) {
+                usum += u[i];
+                bad |= !isfinite(u[i]);
+                if (fabsf(u[i]) > m) m = fabsf(u[i]);
+            }
+            float s = 0;
+            const float inv = m > 0 ? (float)INT_QMAX / m : 0;
+            if (bad) s = NAN;
+            else if (m > 0) s = m / (float)INT_QMAX;
+            for (int i = 128 * be; i < 128 * be + 128; i++) {
+                long qq = bad || m == 0 ? 0 : lrintf(u[i] * inv);
+                q[i] = (int)(qq > INT_QMAX ? INT_QMAX : qq < -INT_QMAX ? -INT_QMAX : qq);
+            }
+            sc[be] = (double)((float)INT_A * s);
+        }
+        for (int j = 0; j < n; j++) t[j] = INT_D * usum;
+        for (int be = 0; be < nb; be++)
+            for (int j = 0; j < n; j++) {
+                long long I = 0;
+                for (int i = 128 * be; i < 128 * be + 128; i++) I += (long long)(bs[(size_t)i * n + j] - 510) * q[i];
+                t[j] += sc[be] * (double)I;
+            }
+        for (int b = 0; b < n / 128; b++) had128_d(t + 128 * b);
+        for (int j = 0; j < n; j++) y[(size_t)r * n + j] = t[j] * sparq_f16_to_f32(lin->svh[j]);
+    }
+    free(u);
+    free(q);
+    free(sc);
+    free(t);
+}
+
+/* y (rows×n, double) = x·W with W = diag(suh)·H·Q·H·diag(svh) and Q the fp16
+ * codebook values (decode, then matmul), all in double. */
+static void dense_ref_gemm(const trellis_linear *lin, const float *x, int rows, double *y)
+{
+    const int k = lin->k, n = lin->n;
+    float *qv = malloc((size_t)k * n * sizeof(float));
+    double *u = malloc((size_t)k * sizeof(double)), *t = malloc((size_t)n * sizeof(double));
+    CHECK(trellis_linear_decode_inner(lin, qv, NULL) == SPARQ_OK);
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < k; i++) u[i] = (double)x[(size_t)r * k + i] * sparq_f16_to_f32(lin->suh[i]);
+        for (int b = 0; b < k / 128; b++) had128_d(u + 128 * b);
+        for (int j = 0; j < n; j++) t[j] = 0;
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < n; j++) t[j] += u[i] * qv[(size_t)i * n + j];
+        for (int b = 0; b < n / 128; b++) had128_d(t + 128 * b);
+        for (int j = 0; j < n; j++) y[(size_t)r * n + j] = t[j] * sparq_f16_to_f32(lin->svh[j]);
+    }
+    free(qv);
+    free(u);
+    free(t);
+}
+
+static double worst_int_rel = 0, worst_int_dense = 0;
+
+/* The integer GEMM's result y against both references (see the top) and
+ * against the CPU's trellis_linear_gemm `cpu`, which computes the same
+ * arithmetic (only the float order of the Hadamard and of the sums over
+ * blocks differs): max error ≤ 1e-5 of max|cpu|. */
+static double worst_int_cpu = 0;
+static void check_int_refs(const trellis_linear *lin, const float *x, int rows, const float *y, const float *cpu,
+                           const char *what)
+{
+    {
+        double mc = 0, me = 0;
+        for (size_t i = 0; i < (size_t)rows * lin->n; i++) {
+            if (fabs(cpu[i]) > mc) mc = fabs(cpu[i]);
+            const double d = fabs((double)y[i] - cpu[i]);
+            if (d > me || d != d) me = d;
+        }
+        const double rel = me / (mc > 0 ? mc : 1);
+        if (rel > worst_int_cpu || rel != rel) worst_int_cpu = rel;
+        CHECK_MSG(rel <= 1e-5, "%s: integer GEMM vs the CPU's: max error %.3g of max|y|", what, rel);
+    }
+    const size_t rn = (size_t)rows * lin->n;
+    double *ri = malloc(rn * sizeof(double)), *rd = malloc(rn * sizeof(double));
+    int16_t *bs = int_bytesums(lin);
+    int_ref_gemm(lin, bs, x, rows, ri);
+    dense_ref_gemm(lin, x, rows, rd);
+    double maxr = 0, maxe = 0, e = 0, r2 = 0;
+    for (size_t i = 0; i < rn; i++) {
+        if (fabs(ri[i]) > maxr) maxr = fabs(ri[i]);
+        const double d = fabs(y[i] - ri[i]);
+        if (d > maxe || d != d) maxe = d;
+        e += (y[i] - rd[i]) * (y[i] - rd[i]);
+        r2 += rd[i] * rd[i];
+    }
+    const double rel = maxe / (maxr > 0 ? maxr : 1), dn = e / (r2 > 0 ? r2 : 1);
+    if (rel > worst_int_rel || rel != rel) worst_int_rel = rel;
+    if (dn > worst_int_dense || dn != dn) worst_int_dense = dn;
+    CHECK_MSG(rel <= 1e-5, "%s: integer GEMM vs its double model: max error %.3g of max|y|", what, rel);
+    CHECK_MSG(dn <= 1e-6, "%s: integer GEMM vs decode-then-matmul: normalised MSE %.3g", what, dn);
+    free(bs);
+    free(ri);
+    free(rd);
+}
+
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12, V20 = 20, V28 = 28 };
+
+/* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
+ * default entry point for mul1 once it is promoted). */
+static int mode_is_int(const trellis_linear *lin, const trellis_cuda_linear *dl, int rows, int mode)
+{
+    return lin->cb == TRELLIS_CB_MUL1 &&
+           (mode >= V20 || (mode == DEFAULT && trellis_cuda_gemm_version(dl, rows) >= V20));
+}
 
 /* One GEMM check: fresh x, GPU (poisoned output) vs CPU. mode V2 takes
  * nw/unroll/chunk (0 = its defaults), V3 takes chunk, V4 takes nw as its
@@ -215,6 +385,11 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
     if (e > worst_nmse || e != e) worst_nmse = e;
     CHECK_MSG(e <= NMSE_MAX, "%dx%d K=%d %s rows=%d nw=%d unroll=%d chunk=%d mode %d: normalised MSE %.3g", k, n,
               h->lin.K, trellis_cb_name(h->lin.cb), rows, nw, unroll, chunk, mode, e);
+    if (mode_is_int(&h->lin, dl, rows, mode)) {
+        char what[128];
+        snprintf(what, sizeof what, "%dx%d K=%d rows=%d mode %d", k, n, h->lin.K, rows, mode);
+        check_int_refs(&h->lin, x, rows, y, ref, what);
+    }
     trellis_cuda_free(dx);
     trellis_cuda_free(dy);
     free(x);
@@ -249,6 +424,26 @@ static void test_gemm_all_k(void)
                 for (int v = V6; v <= V12; v++) {
                     check_gemm(&h, dl, ws, 1, 0, 0, 0, v);
                     check_gemm(&h, dl, ws, 16, 0, 0, 0, v);
+                }
+                /* the integer mul1 versions: every K for the one the default runs,
+                 * K = 2..4 for the others; refused for the other codebooks */
+                for (int v = V20; v <= V28; v++) {
+                    if (cb != TRELLIS_CB_MUL1) {
+                        void *d = NULL;
+                        CHECK(trellis_cuda_alloc(&d, (size_t)16 * 1024 * 4) == SPARQ_OK);
+                        CHECK(trellis_cuda_gemm_labv(dl, d, 1, d, ws, NULL, v, TRELLIS_CUDA_PART_ALL) ==
+                              SPARQ_E_UNSUPPORTED);
+                        trellis_cuda_free(d);
+                        continue;
+                    }
+                    if (K < 2 || K > 4) {
+                        if (!trellis_cuda_gemm_lab_allk(v)) continue;
+                        check_gemm(&h, dl, ws, 1, 0, 0, 0, v);
+                        check_gemm(&h, dl, ws, 3, 0, 0, 0, v);
+                        continue;
+                    }
+                    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, v);
+                    check_gemm(&h, dl, ws, 6, 0, 0, 0, v); /* two row groups, the second half empty */
                 }
                 trellis_cuda_linear_free(dl);
                 trellis_rand_lin_free(&h);
@@ -295,6 +490,7 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 16, 0, 0, 16, V3);
         check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
         for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
+        for (int v = V20; v <= V28; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
     }
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
@@ -302,10 +498,24 @@ static void test_gemm_lab_variants(void)
      * one workspace: t must be back to zero after each call */
     host_lin_make(&h, 2048, 2048, 3, TRELLIS_CB_MUL1);
     CHECK(trellis_cuda_linear_upload(&h.lin, "default-large", &dl) == SPARQ_OK);
+    CHECK(trellis_cuda_gemm_version(dl, 1) == 22);
     for (int i = 0; i < 3; i++) {
         check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
         check_gemm(&h, dl, ws, 4 + 6 * i, 0, 0, 0, DEFAULT);
     }
+    trellis_cuda_linear_free(dl);
+    trellis_rand_lin_free(&h);
+    trellis_cuda_ws_free(ws);
+    /* a large mul1 linear: the default runs v24 (k tile × 8 columns) at
+     * 1..4 rows, v10 above; a small one v22 */
+    CHECK(trellis_cuda_ws_create(4096, 14336, &ws) == SPARQ_OK);
+    host_lin_make(&h, 4096, 14336, 3, TRELLIS_CB_MUL1);
+    CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x14336", &dl) == SPARQ_OK);
+    CHECK(trellis_cuda_gemm_version(dl, 1) == 24);
+    CHECK(trellis_cuda_gemm_version(dl, 5) == 10);
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+    check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
@@ -376,8 +586,10 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 5, 13, 14, 15, 16, 17, 18, 19};
-    const int nver = cb == TRELLIS_CB_MUL1 && K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0]) : 1;
+    static const int versions[] = {0, 20, 5, 13, 14, 15, 16, 17, 18, 19};
+    const int nver = cb != TRELLIS_CB_MUL1                ? 1
+                     : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
+                                        : 2; /* the default and v20 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
@@ -424,6 +636,7 @@ static void test_moe(void)
     /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
     check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
     check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
+    check_moe(512, 256, 4, 2, 2, 6, TRELLIS_CB_MUL1); /* mul1 at K = 6: the default (v20) */
     /* mismatched expert shapes are refused, naming the tensor */
     host_lin a, b;
     host_lin_make(&a, 256, 128, 2, TRELLIS_CB_MUL1);
@@ -481,5 +694,8 @@ int main(void)
     RUN(test_moe);
     RUN(test_errors);
     fprintf(stderr, "  worst normalised MSE %.3g (bound %g)\n", worst_nmse, NMSE_MAX);
+    fprintf(stderr, "  integer GEMM: worst max error vs its double model %.3g and vs the CPU %.3g of max|y| (bound "
+                    "1e-5), worst normalised MSE vs decode-then-matmul %.3g (bound 1e-6)\n",
+            worst_int_rel, worst_int_cpu, worst_int_dense);
     return t_summary();
 }

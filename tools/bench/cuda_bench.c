@@ -16,6 +16,8 @@
  * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
  * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
  * default), no MoE; --moe: only the MoE section (every MoE lab version);
+ * --int: lab round 3, the integer mul1 GEMM (v20..v23) against v10 (whole op and
+ * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
  * --profile: a few launches of every version for ncu, no timing. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -30,6 +32,13 @@
 #include "kernels/cpu/trellis.h"
 #include "kernels/cuda/trellis_cuda.h"
 #include "kernels/cuda/trellis_cuda_lab.h"
+
+/* --int's columns: the integer versions timed (5), and the two of the rows sweep */
+#define INTV_LIST 22, 24, 25, 27, 28
+#define INTV_NAMES "v22", "v24", "v25", "v27", "v28"
+#define INTV_MNAMES "v22-m", "v24-m", "v25-m", "v27-m", "v28-m"
+#define INTV_SWEEP "v22/v24"
+#define INTV_SWEEP_LIST 22, 24
 
 #define G 20
 #define REPS 25
@@ -183,7 +192,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
-    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19};
+    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -326,6 +335,8 @@ int main(int argc, char **argv)
     const int lab = argc > 1 && strcmp(argv[1], "--lab") == 0;
     /* --moe: only the fused MoE layer section */
     const int moe_only = argc > 1 && strcmp(argv[1], "--moe") == 0;
+    /* --int: lab round 3 (integer mul1 GEMM, v20..v23) */
+    const int intm = argc > 1 && strcmp(argv[1], "--int") == 0;
     if (trellis_cuda_device_count() == 0) {
         printf("skipped: no GPU\n");
         return 77;
@@ -362,6 +373,7 @@ int main(int argc, char **argv)
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
             for (int v = 6; v <= 12; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
+            for (int v = 20; v <= 28; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
         }
         SK(trellis_cuda_sync(NULL));
         printf("profile mode done\n");
@@ -377,7 +389,11 @@ int main(int argc, char **argv)
         printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
                "over > 256 MB\n",
                G, REPS);
-        if (lab) {
+        if (intm) {
+            printf("%-12s %2s | %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s | %7s %7s | %7s %8s %8s %8s\n",
+                   "in x out", "K", "v10", INTV_NAMES, "v10-m", INTV_MNAMES, "cublas", "default", "best", "spd-best",
+                   "spd-dflt", "membound");
+        } else if (lab) {
             printf("%-12s %2s %7s %7s %7s | %7s %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %7s %7s %8s %8s\n",
                    "in x out", "K", "v3", "v4", "v4-main", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v6-main",
                    "v7-main", "v8-main", "v10-main", "v12-main", "cublas", "best", "speedup", "membound");
@@ -442,6 +458,47 @@ int main(int argc, char **argv)
             for (int c = 0; c < nc; c++) SK(trellis_cuda_linear_upload(&hl, "bench", &lins[c]));
             op o = {.call = call_ours, .s = s, .lins = lins, .rows = 1, .parts = TRELLIS_CUDA_PART_ALL,
                     .x = x, .y = y, .ws = ws, .version = 3};
+            if (intm) {
+                static const int vs[] = {10, INTV_LIST};
+                double tw_[6], tm_[6], best = INFINITY;
+                int bestv = 0;
+                for (int vi = 0; vi < 6; vi++) {
+                    o.version = vs[vi];
+                    o.parts = TRELLIS_CUDA_PART_ALL;
+                    tw_[vi] = time_op(&o, nc);
+                    if (tw_[vi] < best) best = tw_[vi], bestv = vs[vi];
+                    o.parts = TRELLIS_CUDA_PART_MAIN;
+                    tm_[vi] = time_op(&o, nc);
+                }
+                o.version = 1;
+                o.parts = TRELLIS_CUDA_PART_ALL;
+                const double t_def = time_op(&o, nc);
+                printf("%5dx%-6d %2d | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7.2f "
+                       "%7.2f | %5.2f v%-2d %7.2fx %7.2fx %8.2f\n",
+                       k, n, K, tw_[0], tw_[1], tw_[2], tw_[3], tw_[4], tw_[5], tm_[0], tm_[1], tm_[2], tm_[3], tm_[4],
+                       tm_[5],
+                       t_cublas, t_def, best, bestv, t_cublas / best, t_cublas / t_def, tbytes / bw * 1e6);
+                fflush(stdout);
+                if (si == 0 && K == 3) {
+                    printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v10/" INTV_SWEEP "/default µs:");
+                    static const int rl[] = {1, 2, 4, 5, 8, 16};
+                    for (int r = 0; r < 6; r++) {
+                        o.rows = rl[r];
+                        double t[4];
+                        static const int sv[] = {10, INTV_SWEEP_LIST, 1};
+                        for (int q = 0; q < 4; q++) {
+                            o.version = sv[q];
+                            t[q] = time_op(&o, nc);
+                        }
+                        printf(" %d:%.2f/%.2f/%.2f/%.2f", rl[r], t[0], t[1], t[2], t[3]);
+                    }
+                    o.rows = 1;
+                    printf("\n");
+                    fflush(stdout);
+                }
+                copies_free(lins, nc, tw, suh, svh);
+                continue;
+            }
             if (lab) {
                 double t_whole[13], t_mainv[13];
                 static const int vs[] = {1, 3, 4, 6, 7, 8, 9, 10, 11, 12};
@@ -557,6 +614,17 @@ int main(int argc, char **argv)
         CK(cudaFree(x));
         CK(cudaFree(y));
     }
+    if (intm) {
+        printf("\nv10 = round 2's fp16 path; v20 = integer mul1 GEMM (16-bit signed activations (|q| ≤ 32639), "
+               "int32 sums of h bytes on the tensor core), v21 = v20 with packed B words, v22 = v20 + FMA-pipe "
+               "masks, v23 = v21 + v22, v24 = one k tile x 8 tile columns per step + FMA masks, v25 = v24 without "
+               "FMA masks, v26 = v24 compiled for 3 blocks/SM, v27 = v24 and v28 = v22 with the output transform "
+               "in the main kernel (by the warp that completes each 128-column block); -m: main kernel alone "
+               "(v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "default), cold; membound = trellis bytes / copy bandwidth\n");
+        cublasDestroy(h);
+        return 0;
+    }
     if (lab) {
         printf("\nv3 = one fused launch, v4 = three launches with a balanced grid (-main: its middle launch alone), "
                "v6 = v4 + two ring words per lane + loads one step ahead, v7 = v6 + mul1 byte sums on the tensor "
@@ -576,7 +644,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic (the default for mul1)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

@@ -6,7 +6,8 @@
 #   tools/bench/cuda_lab_run.sh OUTDIR [BINDIR]
 # SKIP_BENCH=1: test only; NO_NCU=1: no profiler; NCU_LAB=1: only the lab
 # round's counters (ncu_lab.txt); BENCH_ARGS: e.g. --lab (the lab round's columns).
-# BENCH_ARGS=--moe: only the fused MoE section (every MoE lab version).
+# BENCH_ARGS=--moe: only the fused MoE section (every MoE lab version);
+# BENCH_ARGS=--int: lab round 3, the integer mul1 GEMM (v20..v28) against v10.
 # Logs: OUTDIR/{env,build,test,bench}.log, OUTDIR/sass_{gemm,fused,v7}_k3.txt, OUTDIR/ncu*.txt.
 set -u
 out=$1

@@ -8,7 +8,9 @@
 # For each function whose mangled name matches REGEX: finds the smallest
 # backward-branch loop that contains HMMA instructions, counts its
 # instructions, takes tiles = HMMA / 2 (two m16n8k16 per tile) and prints
-# instructions per tile and the opcode histogram per tile. Needs cuobjdump
+# instructions per tile and the opcode histogram per tile; a loop without
+# HMMA (the integer GEMM, v20+) counts IMMA instead (two m16n8k32 per tile
+# and row group: use it on the RG = 1 instances). Needs cuobjdump
 # on PATH (the CUDA toolkit; or the nvidia-cuda-cuobjdump wheel).
 import collections
 import re
@@ -33,11 +35,23 @@ for f in funcs[1:]:
                 t=int(mm.group(1),16)
                 if t < a and t in addr:
                     body = ins[addr[t]:i+1]
-                    h = sum(1 for x in body if x[1].startswith('HMMA'))
+                    h = sum(1 for x in body if x[1].startswith(('HMMA', 'IMMA')))
                     if h and (best is None or len(body)<len(best[2])): best=(t,a,body)
     if not best: print(name,'no loop'); continue
     body=best[2]; h=sum(1 for x in body if x[1].startswith('HMMA'))
+    if not h: h=sum(1 for x in body if x[1].startswith('IMMA'))
     c=collections.Counter(x[1].split('.')[0] for x in body)
     tiles=h/2
     print(f"{name[:70]}: loop {len(body)} instrs, {tiles:.0f} tiles, {len(body)/tiles:.1f}/tile")
     print('   ', ' '.join(f"{k}:{v/tiles:.1f}" for k,v in c.most_common()))
+    # v24+ (k_gemm_int2): a forward branch after the last mma skips the int32 ->
+    # fp32 conversion, which runs once per 8 loop trips (one 128-input block)
+    last = max(j for j,x in enumerate(body) if x[1].startswith(('HMMA','IMMA')))
+    fwd = [j for j,x in enumerate(body) if x[1].startswith('BRA') and j > last and re.search(r'0x([0-9a-f]+)', x[2])]
+    if fwd and name.find('k_gemm_int2') >= 0:
+        j = fwd[0]; t = int(re.search(r'0x([0-9a-f]+)', body[j][2]).group(1), 16)
+        k = [q for q,x in enumerate(body) if x[0] == t]
+        if k and k[0] > j:
+            conv = k[0] - (j + 1); per = len(body) - conv
+            print(f"    per trip {per} ({per/tiles:.1f}/tile) + conversion {conv} every 8 trips: "
+                  f"{(per + conv/8)/tiles:.1f}/tile executed")

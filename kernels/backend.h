@@ -131,6 +131,8 @@ typedef struct sq_backend {
     void (*free)(sq_exec *ex, void *p);
     /* host[0..bytes) = mem[0..bytes) (backend memory → host); waits. */
     sparq_status (*to_host)(sq_exec *ex, void *host, const void *mem, size_t bytes);
+    /* mem[0..bytes) = host[0..bytes) (host → backend memory); waits. */
+    sparq_status (*to_device)(sq_exec *ex, void *mem, const void *host, size_t bytes);
     /* Wait for queued work; returns the first error any op met. */
     sparq_status (*sync)(sq_exec *ex);
 

@@ -309,6 +309,27 @@ static sparq_status row_positions(sq_dist *d, int rows, const int *seqs)
     return SPARQ_OK;
 }
 
+/* Hidden states cross ranks in host memory (the message buffer). On the CPU
+ * a stage works in that buffer directly; on a device (a GPU rank, staging
+ * through the host as GB10's NCCL does anyway) it works in the model's own
+ * buffer and copies in and out. */
+static float *stage_buffer(sq_dist *d, float *msg_hidden)
+{
+    return sq_model_exec(d->m)->be->device ? sq_model_hidden_buffer(d->m) : msg_hidden;
+}
+
+static sparq_status stage_in(sq_dist *d, float *work, const float *msg_hidden, int rows)
+{
+    sq_exec *ex = sq_model_exec(d->m);
+    return ex->be->to_device(ex, work, msg_hidden, (size_t)rows * (size_t)d->d * sizeof(float));
+}
+
+static sparq_status stage_out(sq_dist *d, float *msg_hidden, const float *work, int rows)
+{
+    sq_exec *ex = sq_model_exec(d->m);
+    return ex->be->to_host(ex, msg_hidden, work, (size_t)rows * (size_t)d->d * sizeof(float));
+}
+
 sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_logits_mode mode,
                             float *logits)
 {
@@ -343,8 +364,11 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
         ids[rows + r] = d->pos[r];
     }
     float *hidden = (float *)(void *)(buf + sizeof h + (size_t)rows * 2 * sizeof(int32_t));
-    FORWARD_IF(sq_model_embed(d->m, tokens, rows, hidden));
-    FORWARD_IF(sq_model_forward_rows(d->m, hidden, rows, seqs, d->pos));
+    /* on a device the stage runs in the model's buffer and the result is staged through the host */
+    float *work = stage_buffer(d, hidden);
+    FORWARD_IF(sq_model_embed(d->m, tokens, rows, work));
+    FORWARD_IF(sq_model_forward_rows(d->m, work, rows, seqs, d->pos));
+    if (work != hidden) FORWARD_IF(stage_out(d, hidden, work, rows));
     FORWARD_IF(send_on(d, buf, step_bytes(d, rows)));
     pending_step *p = &d->q[(d->q_head + d->q_n) % QCAP];
     *p = (pending_step){.id = h.id, .rows = rows, .mode = mode, .logits = logits};
@@ -542,14 +566,17 @@ sparq_status sq_dist_serve(sq_dist *d)
                 d->pos[r] = msg.ids[msg.rows + r];
             }
             float *hidden = (float *)(void *)(buf + (msg.hidden - buf));
-            st = sq_model_forward_rows(d->m, hidden, msg.rows, d->seqs, d->pos);
+            float *work = stage_buffer(d, hidden);
+            if (work != hidden) st = stage_in(d, work, hidden, msg.rows);
+            if (st == SPARQ_OK) st = sq_model_forward_rows(d->m, work, msg.rows, d->seqs, d->pos);
+            if (st == SPARQ_OK && work != hidden && !last) st = stage_out(d, hidden, work, msg.rows);
             if (st != SPARQ_OK) return sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
             d->steps++;
             if (delay_ms > 0 && delay_ms < 100000) {
                 struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
             }
-            if (last) FORWARD_IF(send_result(d, &msg, hidden));
+            if (last) FORWARD_IF(send_result(d, &msg, work));
             else FORWARD_IF(send_on(d, buf, got));
             break;
         }

@@ -1,6 +1,7 @@
 /* runtime/transport.h — how the processes of a multi-box run talk.
  *
- * A run on N boxes is N processes (ranks), one per box, started by mpirun.
+ * A run on N boxes is N processes (ranks), one per box, started by mpirun
+ * (or, for tests, N threads of one process: sq_transport_threads).
  * runtime/dist.h moves hidden states between them through this interface
  * and nothing else, so the wire is swappable: MPI point-to-point here (CPU
  * boxes, or GPU boxes staging through host memory), NCCL later for GPU
@@ -68,6 +69,13 @@ struct sq_transport {
 
 /* One process alone (size 1): every operation is trivial. */
 sparq_status sq_transport_local(sq_transport **out);
+
+/* `size` ranks inside this process, one thread each (runtime/transport_threads.c):
+ * out[r] is rank r's transport, to be used by one thread and closed by it.
+ * Sends complete at once (the message is copied); find_silent always says
+ * -1 and abort() aborts the process. For tests and benchmarks of the
+ * pipeline where there is no MPI (the GPU machine). */
+sparq_status sq_transport_threads(int size, sq_transport **out);
 
 /* MPI_COMM_WORLD (MPI_Init_thread on the first call). SPARQ_E_UNSUPPORTED
  * when sparq was built without MPI. */

@@ -487,6 +487,11 @@ static sparq_status cpu_to_host(sq_exec *ex, void *host, const void *mem, size_t
     return SPARQ_OK;
 }
 
+static sparq_status cpu_to_device(sq_exec *ex, void *mem, const void *host, size_t bytes)
+{
+    return cpu_to_host(ex, mem, host, bytes);
+}
+
 static sparq_status cpu_sync(sq_exec *ex)
 {
     (void)ex;
@@ -539,6 +544,7 @@ static const sq_backend cpu_backend = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_to_host,
+    .to_device = cpu_to_device,
     .sync = cpu_sync,
     .prepare = cpu_prepare,
     .prepare_linear = cpu_prepare_linear,

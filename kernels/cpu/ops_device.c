@@ -72,7 +72,7 @@ static create_fn load_module(char *why, size_t why_len)
         if (w > 0 && (size_t)w < why_len - wl) wl += (size_t)w;
         dlclose(h);
     }
-    if (!why[0]) snprintf(why, why_len, "libsparq_cuda.so not found beside %s (or set SPARQ_CUDA_MODULE)", exe);
+    if (!why[0]) snprintf(why, why_len, "libsparq_cuda.so not found beside %.900s (or set SPARQ_CUDA_MODULE)", exe);
     return NULL;
 }
 #endif

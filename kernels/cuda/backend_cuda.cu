@@ -945,6 +945,13 @@ static sparq_status cuda_to_host(sq_exec *ex, void *host, const void *mem, size_
     return take_err(st);
 }
 
+static sparq_status cuda_to_device(sq_exec *ex, void *mem, const void *host, size_t bytes)
+{
+    cuda_state *st = state_of(ex);
+    if (bytes) check(st, cudaMemcpy(mem, host, bytes, cudaMemcpyHostToDevice), "upload");
+    return take_err(st);
+}
+
 static sparq_status cuda_prepare(sq_exec *ex, const void *host, size_t bytes)
 {
     void *d;
@@ -1029,6 +1036,7 @@ static const sq_backend cuda_backend = {
     .alloc = cuda_alloc,
     .free = cuda_free_mem,
     .to_host = cuda_to_host,
+    .to_device = cuda_to_device,
     .sync = cuda_sync,
     .prepare = cuda_prepare,
     .prepare_linear = cuda_prepare_linear,
@@ -1043,9 +1051,7 @@ extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }
 
 extern "C" sparq_status sq_cuda_to_device(sq_exec *ex, void *dev, const void *host, size_t bytes)
 {
-    cuda_state *st = state_of(ex);
-    if (bytes) check(st, cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "upload");
-    return take_err(st);
+    return cuda_to_device(ex, dev, host, bytes);
 }
 
 extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)

@@ -20,7 +20,7 @@ pack)
     b=${2:?build dir}
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
-             tests/gpu/test_trellis_cuda; do
+             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
     # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)
@@ -92,6 +92,26 @@ run)
             $bin/$t
             echo "rc=$?"
         done
+        echo "== test_dist_threads_cuda (GPU ranks as threads, hidden states staged through the host)"
+        $bin/test_dist_threads_cuda cuda
+        echo "rc=$?"
+        echo "== sparq serve --device cuda: greedy completion = sparq run --device cuda"
+        p="The file system"
+        $bin/sparq run tests/data/tiny-qwen3moe -p "$p" -n 32 --temp 0 --device cuda > /tmp/cw/run.txt 2>/dev/null
+        $bin/sparq serve tests/data/tiny-qwen3moe --port 0 --device cuda 2> /tmp/cw/serve.log &
+        sp=$!
+        for i in $(seq 100); do grep -q "on http" /tmp/cw/serve.log && break; sleep 0.2; done
+        port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' /tmp/cw/serve.log)
+        python3 - "$port" "$p" > /tmp/cw/serve.txt <<'PY'
+import json, sys, urllib.request
+body = json.dumps({"prompt": sys.argv[2], "max_tokens": 32, "temperature": 0}).encode()
+r = urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[1], data=body), timeout=120)
+print(sys.argv[2] + json.load(r)["choices"][0]["text"])
+PY
+        kill -INT $sp; wait $sp; echo "serve rc=$?"
+        cat /tmp/cw/serve.log
+        cmp /tmp/cw/run.txt /tmp/cw/serve.txt && echo "serve --device cuda: identical to run --device cuda"
+        head -c 300 /tmp/cw/serve.txt; echo
         if command -v compute-sanitizer > /dev/null; then # works on Firecracker machines, not on gVisor
             echo "== compute-sanitizer memcheck test_backend_cuda"
             timeout 180 compute-sanitizer --tool memcheck $bin/test_backend_cuda 2>&1 | tail -n 5

@@ -184,7 +184,9 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
                 all = na, len += u.len;
                 all[len] = 0;
             } else {
-                alive = false;
+                sparq_free(u.text);
+                st = sparq_err(SPARQ_E_NOMEM, "out of memory for a %zu-byte completion", len + u.len);
+                break;
             }
         }
         sparq_free(u.text);
@@ -194,14 +196,17 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
         }
         if (u.end != SQ_JOB_RUNNING) break;
     }
-    if (alive && st == SPARQ_OK && u.end == SQ_JOB_ERROR) {
+    if (alive && st != SPARQ_OK) { /* out of memory while collecting the text */
+        sq_job_cancel(job);
+        if (!rq.stream) respond_error(fd, 500, sparq_errmsg(), NULL);
+    } else if (alive && u.end == SQ_JOB_ERROR) {
         char *err = sq_oai_error(500, u.error, NULL);
         if (rq.stream && err) (void)sq_http_sse_event(fd, err);
         else respond_json(fd, 500, err), err = NULL;
         sparq_free(err);
-    } else if (alive && st == SPARQ_OK && !rq.stream) {
+    } else if (alive && !rq.stream) {
         respond_json(fd, 200, sq_oai_response(kind, &meta, all ? all : "", len, finish_of(u.end), u.n_prompt, u.n_new));
-    } else if (alive && st == SPARQ_OK) {
+    } else if (alive) {
         char *last = sq_oai_chunk(kind, &meta, "", 0, first, finish_of(u.end), false, 0, 0);
         char *usage = rq.include_usage ? sq_oai_chunk(kind, &meta, "", 0, false, finish_of(u.end), true, u.n_prompt, u.n_new)
                                        : NULL;
@@ -440,7 +445,9 @@ int cmd_serve(int argc, char **argv)
         pthread_mutex_unlock(&sv.mu);
         sq_sched_get_stats(sv.sched, &ss);
         if (sq_sched_failed(sv.sched)) {
-            rc = cli_dist_fail(&spec, tr, sparq_err(SPARQ_E_STATE, "the model failed; the server stopped"));
+            char why[256];
+            sq_sched_fail_message(sv.sched, why, sizeof why);
+            rc = cli_dist_fail(&spec, tr, sparq_err(SPARQ_E_STATE, "the model failed (%s); the server stopped", why));
         } else {
             fprintf(stderr, "sparq serve: stopped after %llu requests; %llu tokens in %llu decode rounds (%.3f s), "
                             "prefill %.3f s\n",

@@ -397,6 +397,13 @@ bool sq_sched_failed(sq_sched *s)
     return f;
 }
 
+void sq_sched_fail_message(sq_sched *s, char *buf, size_t n)
+{
+    pthread_mutex_lock(&s->mu);
+    snprintf(buf, n, "%s", s->fail_msg);
+    pthread_mutex_unlock(&s->mu);
+}
+
 sparq_status sq_sched_submit(sq_sched *s, const sq_job_params *p, sq_job **out)
 {
     *out = NULL;

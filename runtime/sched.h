@@ -53,6 +53,8 @@ void sq_sched_free(sq_sched *s);
 /* Whether the model failed (every job then ends with SQ_JOB_ERROR, and
  * further submissions are refused). */
 bool sq_sched_failed(sq_sched *s);
+/* Why it failed ("" if it did not). */
+void sq_sched_fail_message(sq_sched *s, char *buf, size_t n);
 
 /* Queue a job. SPARQ_E_RANGE: the prompt does not fit the context (or is
  * empty); SPARQ_E_FIT: the queue is full; SPARQ_E_STATE: the engine failed

@@ -8,6 +8,8 @@
  * token of several) is embedded and run through rank 0's layers, its hidden
  * states [rows, d] go to rank 1, ..., the last rank applies the head and
  * sends the logits back to rank 0. Other ranks sit in sq_dist_serve().
+ * Hidden states cross ranks in host memory; a GPU rank (--device cuda) copies
+ * them out of and into its device buffer around each transfer.
  *
  * Micro-batching: sq_dist_submit() returns as soon as rank 0 has done its
  * own stage and handed the hidden states on, so the leader can start the

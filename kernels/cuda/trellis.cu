@@ -4,9 +4,10 @@
  * v24 / v22 (k_gemm_int2 / k_gemm_int below: no fp16 weight values, int32
  * sums on the tensor core), otherwise v10, the balanced kernel below with the
  * lab options of trellis_decode.cuh and programmatic dependent launch;
- * trellis_cuda_moe_forward runs MoE lab v20 for mul1 (the integer arithmetic)
- * and v17 otherwise, trellis_fused.cuh's block body in two launches with
- * one-wave grids).
+ * trellis_cuda_moe_forward runs MoE lab v23 for mul1 (five PDL-chained
+ * launches: v24's balanced integer loop over all routed experts at once, see
+ * k_moe_in_gu) and v17 otherwise, trellis_fused.cuh's block body in two
+ * launches with one-wave grids).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -263,23 +264,21 @@ __host__ __device__ constexpr int int_bwords(int V) { return (V & INT_PACK) ? 1 
  * those rows compute, so they are not written). Writes the B words (bq), A·s_β (sa,
  * [row][β]), 510·Σq per 64-input half block (ch, [row][2β + h]) and Σ_{i∈β} u_i
  * (usb, [row][β]). */
-template <int V, bool PDL>
-__global__ void __launch_bounds__(128) k_input_int(const float *__restrict__ x, const __half *__restrict__ suh,
-                                                   uint32_t *__restrict__ bq, float *__restrict__ sa,
-                                                   int *__restrict__ ch, float *__restrict__ usb,
-                                                   int *__restrict__ pc, int k, int rows)
+/* The body of k_input_int for 128-input block beta of row r (128 threads,
+ * thread i holds input i of the block, u = x ⊙ suh before the Hadamard;
+ * valid: r < rows, uniform per block). Also the MoE v21+ input stages. */
+template <int V>
+__device__ __forceinline__ void int_input_block(float u, bool valid, int beta, int r, int k,
+                                                uint32_t *__restrict__ bq, float *__restrict__ sa,
+                                                int *__restrict__ ch, float *__restrict__ usb, int *__restrict__ pc)
 {
     __shared__ float sm[128];
     __shared__ float red_m[4], red_s[4];
     __shared__ int red_q[4], red_bad[4], red_kt[8];
-    if constexpr (PDL) griddep_launch();
-    const int i = threadIdx.x, beta = blockIdx.x, r = blockIdx.y, wid = i >> 5;
+    const int i = threadIdx.x, wid = i >> 5;
     const int nb = k >> 7, ktiles = k >> 4;
-    float u = 0.0f;
-    if (r < rows) { /* uniform per block: had128_block synchronises */
-        u = x[(size_t)r * k + (size_t)beta * 128 + i] * __half2float(suh[(size_t)beta * 128 + i]);
-        u = had128_block(u, sm);
-    }
+    if (valid) u = had128_block(u, sm); /* uniform per block: had128_block synchronises */
+    else u = 0.0f;
     int bad = !isfinite(u);
     float m = bad ? 0.0f : fabsf(u), su = u;
 #pragma unroll
@@ -341,6 +340,19 @@ __global__ void __launch_bounds__(128) k_input_int(const float *__restrict__ x, 
         bq[(base + lane) * 4 + word] = 0x01010101u * (uint8_t)hi;
         bq[(base + lane + 4) * 4 + word] = 0x01010101u * (uint8_t)lo;
     }
+}
+
+template <int V, bool PDL>
+__global__ void __launch_bounds__(128) k_input_int(const float *__restrict__ x, const __half *__restrict__ suh,
+                                                   uint32_t *__restrict__ bq, float *__restrict__ sa,
+                                                   int *__restrict__ ch, float *__restrict__ usb,
+                                                   int *__restrict__ pc, int k, int rows)
+{
+    if constexpr (PDL) griddep_launch();
+    const int i = threadIdx.x, beta = blockIdx.x, r = blockIdx.y;
+    float u = 0.0f;
+    if (r < rows) u = x[(size_t)r * k + (size_t)beta * 128 + i] * __half2float(suh[(size_t)beta * 128 + i]);
+    int_input_block<V>(u, r < rows, beta, r, k, bq, sa, ch, usb, pc);
 }
 
 /* y[r·n + j] = had128(t + D·Σu_r)[j] ⊙ svh[j], then t = 0; grid (n/128, rows). */
@@ -415,6 +427,24 @@ __device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float
         }
     }
     if (lane == 0) cnt[cb] = 0;
+}
+
+/* Partial sums of the integer loops into t: lane (g, c) holds batch row
+ * 4·rg + c, outputs col0 + 16j + g and col0 + 16j + g + 8. */
+template <int RG, int NW>
+__device__ __forceinline__ void int_flush(float *__restrict__ t, int n, int rows, int col0, int g, int c,
+                                          const float (&f)[RG][NW][2])
+{
+#pragma unroll
+    for (int rg = 0; rg < RG; rg++) {
+        const int row = 4 * rg + c;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
+            atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
+        }
+    }
 }
 
 /* The main loop of the integer GEMM, on v10's balanced grid (equal shares of
@@ -528,18 +558,8 @@ __global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
                 }
             words_copy<NW, U, NWD>(w, wn);
         }
-        /* lane (g, c) holds batch row 4·rg + c, outputs 16j + g and 16j + g + 8 */
         const int col0 = 16 * grp * NW;
-#pragma unroll
-        for (int rg = 0; rg < RG; rg++) {
-            const int row = 4 * rg + c;
-            if (row >= rows) continue;
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
-                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
-            }
-        }
+        int_flush<RG, NW>(t, n, rows, col0, g, c, f);
         if constexpr ((V & INT_EPI) != 0)
             int_group_done(t, cnt, usb, svh, y, n, nb, rows, col0, (int)(qend - q_start) * U, 4 * ktiles, lane);
     }
@@ -558,6 +578,107 @@ __host__ __device__ constexpr int int2_nw()
     return RG == 1 ? 8 : RG == 2 ? 4 : 2;
 }
 
+/* One warp's segment of k_gemm_int2 (and of the MoE v21+ launches): k tiles
+ * kt0..kt1-1 of tile column group grp of the linear at `trellis` (k × n),
+ * partial sums added into t. The first segment of a warp waits for the
+ * previous launch (PDL) once its first words are in flight. */
+template <int K, int RG, int V>
+__device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                                             const float *__restrict__ sa, const int *__restrict__ pc,
+                                             float *__restrict__ t, int k, int n, int rows, int grp, int kt0,
+                                             int kt1, const lane_ring &lr, uint32_t one, const bool (&bok)[RG],
+                                             bool &waited)
+{
+    constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
+    constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    const int lane = threadIdx.x & 31;
+    const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
+    const size_t row_stride = (size_t)ntiles * TW;
+    const int g = lane >> 2, c = lane & 3;
+    const uint32_t *p0 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o0;
+    const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
+    const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
+    float f[RG][NW][2];
+    uint32_t acc[RG][NW][4];
+#pragma unroll
+    for (int rg = 0; rg < RG; rg++)
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            f[rg][j][0] = f[rg][j][1] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+        }
+    uint32_t w[NW][NWD];
+#pragma unroll
+    for (int j = 0; j < NW; j++) {
+        w[j][0] = __ldg(p0 + j * TW);
+        w[j][1] = __ldg(p1 + j * TW);
+        if constexpr (NWD == 3) w[j][2] = __ldg(p2 + j * TW);
+    }
+    if (!waited) {
+        griddep_wait();
+        waited = true;
+    }
+    int seg = kt0; /* first k tile of the sums in acc */
+    for (int kt = kt0; kt < kt1; kt++) {
+        /* the next k tile's words (the last step reloads its own: no branch) */
+        const size_t adv = kt + 1 < kt1 ? row_stride : 0;
+        p0 += adv;
+        p1 += adv;
+        if constexpr (NWD == 3) p2 += adv;
+        uint32_t wn[NW][NWD];
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            wn[j][0] = __ldg(p0 + j * TW);
+            wn[j][1] = __ldg(p1 + j * TW);
+            if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
+        }
+        uint32_t b[RG][4];
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
+            b[rg][0] = v.x;
+            b[rg][1] = v.y;
+            b[rg][2] = v.z;
+            b[rg][3] = v.w;
+        }
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            uint32_t x[8];
+            lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+#pragma unroll
+            for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
+        if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
+            /* k tiles seg..kt of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
+            const int be = kt >> 3;
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++) {
+                const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
+                const uint32_t cq =
+                    (uint32_t)__ldg(pcr + (kt + 1 - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
+                const float sc = __ldg(sa + (4 * rg + c) * nb + be);
+#pragma unroll
+                for (int j = 0; j < NW; j++) {
+                    const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
+                    const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
+                    f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
+                    f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+                }
+            }
+            seg = kt + 1;
+        }
+    }
+    int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
+}
+
 template <int K, int RG, int V, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
@@ -565,18 +686,16 @@ __global__ void __launch_bounds__(256, MINB)
                 uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
                 unsigned *__restrict__ cnt)
 {
-    constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
-    constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    constexpr int NW = int2_nw<K, RG, V>();
     griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW, nb = k >> 7;
+    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW;
     const long long total = (long long)ngroups * ktiles;
     long long q = total * warp / total_warps;
     const long long q1 = total * (warp + 1) / total_warps;
     const lane_ring lr = lane_ring_make(K, lane);
-    const size_t row_stride = (size_t)ntiles * TW;
-    const int g = lane >> 2, c = lane & 3;
+    const int g = lane >> 2;
     bool bok[RG];
 #pragma unroll
     for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
@@ -586,101 +705,194 @@ __global__ void __launch_bounds__(256, MINB)
         const int kt0 = (int)(q - (long long)grp * ktiles);
         const int kt1 = (int)(min(q1, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
         q += kt1 - kt0;
-        const uint32_t *p0 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o0;
-        const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
-        const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
-        float f[RG][NW][2];
-        uint32_t acc[RG][NW][4];
-#pragma unroll
-        for (int rg = 0; rg < RG; rg++)
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                f[rg][j][0] = f[rg][j][1] = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
-            }
-        uint32_t w[NW][NWD];
-#pragma unroll
-        for (int j = 0; j < NW; j++) {
-            w[j][0] = __ldg(p0 + j * TW);
-            w[j][1] = __ldg(p1 + j * TW);
-            if constexpr (NWD == 3) w[j][2] = __ldg(p2 + j * TW);
-        }
-        if (!waited) {
-            griddep_wait();
-            waited = true;
-        }
-        int seg = kt0; /* first k tile of the sums in acc */
-        for (int kt = kt0; kt < kt1; kt++) {
-            /* the next k tile's words (the last step reloads its own: no branch) */
-            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
-            p0 += adv;
-            p1 += adv;
-            if constexpr (NWD == 3) p2 += adv;
-            uint32_t wn[NW][NWD];
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                wn[j][0] = __ldg(p0 + j * TW);
-                wn[j][1] = __ldg(p1 + j * TW);
-                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
-            }
-            uint32_t b[RG][4];
-#pragma unroll
-            for (int rg = 0; rg < RG; rg++) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-                b[rg][0] = v.x;
-                b[rg][1] = v.y;
-                b[rg][2] = v.z;
-                b[rg][3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                uint32_t x[8];
-                lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
-#pragma unroll
-                for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++)
-#pragma unroll
-                for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
-            if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
-                /* k tiles seg..kt of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
-                const int be = kt >> 3;
-#pragma unroll
-                for (int rg = 0; rg < RG; rg++) {
-                    const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
-                    const uint32_t cq =
-                        (uint32_t)__ldg(pcr + (kt + 1 - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
-                    const float sc = __ldg(sa + (4 * rg + c) * nb + be);
-#pragma unroll
-                    for (int j = 0; j < NW; j++) {
-                        const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
-                        const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
-                        f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
-                        f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
-                    }
-                }
-                seg = kt + 1;
-            }
-        }
-        const int col0 = 16 * grp * NW;
-#pragma unroll
-        for (int rg = 0; rg < RG; rg++) {
-            const int row = 4 * rg + c;
-            if (row >= rows) continue;
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
-                atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
-            }
-        }
+        int2_segment<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited);
         if constexpr ((V & INT_EPI) != 0)
-            int_group_done(t, cnt, usb, svh, y, n, nb, rows, col0, kt1 - kt0, ktiles * (8 / NW), lane);
+            int_group_done(t, cnt, usb, svh, y, n, (k >> 7), rows, 16 * grp * NW, kt1 - kt0, ktiles * (8 / NW), lane);
     }
+}
+
+/* --- fused MoE decode layer, MoE lab v21+ (mul1): v24's balanced integer loop ---------
+ * Five launches, chained by programmatic dependent launch (PDL) from the second on:
+ *   k_moe_in_gu    grid (hidden/128, 2·pairs): job 2·pair + {0 gate, 1 up}:
+ *                  quantised had128(x[token] ⊙ suh) as k_input_int (B words, A·s_β, prefix sums)
+ *   k_moe_int2<GU> one balanced grid of exactly the resident warps over the work
+ *                  items (job, group of 8 tile columns, k tile) of ALL jobs, equal
+ *                  ranges per warp (a range may cross jobs): int2_segment per
+ *                  (job, group) piece, partial sums into t_gu[job]
+ *   k_moe_mid      grid (inter/128, pairs): output transform of gate and up
+ *                  (had128(t + D·Σu) ⊙ svh, t = 0), SwiGLU, and the down input
+ *                  transform of the same 128 values (x ⊙ suh_down, had128, quantise)
+ *   k_moe_int2<!GU> the same balanced grid over the down jobs, into t_down[pair]
+ *   k_moe_out      grid (hidden/128, tokens): out[token] += Σ_j w_j · had128(t_down +
+ *                  D·Σu) ⊙ svh_down over the token's pairs, t_down = 0 (no atomics)
+ * The first launch is plain (it rewrites scratch the previous call read). */
+template <int V>
+__global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, const int *__restrict__ ids,
+                                                   const float *__restrict__ x, uint32_t *__restrict__ bq,
+                                                   float *__restrict__ sa, int *__restrict__ ch,
+                                                   float *__restrict__ usb, int *__restrict__ pc, int hidden,
+                                                   int top_k)
+{
+    griddep_launch();
+    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], beta = blockIdx.x;
+    const int i = threadIdx.x, nb = hidden >> 7, ktiles = hidden >> 4;
+    const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
+    const float u = x[(size_t)token * hidden + beta * 128 + i] * __half2float(suh[beta * 128 + i]);
+    int_input_block<V>(u, true, beta, 0, hidden, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb,
+                       ch + (size_t)job * 2 * nb, usb + (size_t)job * nb, pc + (size_t)job * nb * 9);
+}
+
+template <int K, int V, int MINB, bool GU>
+__global__ void __launch_bounds__(256, MINB)
+    k_moe_int2(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
+               const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+               int jobs, int total_warps, uint32_t one)
+{
+    constexpr int NW = int2_nw<K, 1, V>();
+    griddep_launch();
+    const int lane = threadIdx.x & 31;
+    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int ktiles = k >> 4, ngroups = (n >> 4) / NW, nb = k >> 7;
+    const long long per_job = (long long)ngroups * ktiles, total = per_job * jobs;
+    long long q = total * warp / total_warps;
+    const long long q1 = total * (warp + 1) / total_warps;
+    const lane_ring lr = lane_ring_make(K, lane);
+    const bool bok[1] = {lane < 8}; /* one row: B lanes g = 0 (hi), 1 (lo) */
+    bool waited = false;
+    while (q < q1) {
+        const int job = (int)(q / per_job);
+        const long long qj = q - (long long)job * per_job;
+        const int grp = (int)(qj / ktiles);
+        const int kt0 = (int)(qj - (long long)grp * ktiles);
+        const int kt1 =
+            (int)(min(q1 - (long long)job * per_job, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
+        q += kt1 - kt0;
+        const int e = __ldg(ids + (GU ? job >> 1 : job));
+        const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
+        int2_segment<K, 1, V>(tr, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb, pc + (size_t)job * nb * 9,
+                              t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited);
+    }
+}
+
+/* Σ over the nb entries s[0..nb) by a 128-thread block (red: 4 floats). */
+__device__ __forceinline__ float block_sum128(const float *__restrict__ s, int nb, float *red)
+{
+    const int i = threadIdx.x;
+    float su = 0.0f;
+    for (int b = i; b < nb; b += 128) su += s[b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+    __syncthreads(); /* red may still be read from the previous call */
+    if ((i & 31) == 0) red[i >> 5] = su;
+    __syncthreads();
+    return (red[0] + red[1]) + (red[2] + red[3]);
+}
+
+/* PRE (v23+): every load that does not depend on the previous launch (the
+ * expert id, its svh / suh values) is issued before griddep_wait, and both
+ * jobs' t and Σu loads before either reduction; v21, v22: one job after the
+ * other, loads after the wait. */
+template <int V, bool PRE>
+__global__ void __launch_bounds__(128)
+    k_moe_mid(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids, float *__restrict__ t_gu,
+              const float *__restrict__ usb_gu, uint32_t *__restrict__ bq, float *__restrict__ sa,
+              int *__restrict__ ch, float *__restrict__ usb, int *__restrict__ pc, int hidden, int inter)
+{
+    __shared__ float sm[128];
+    __shared__ float red[4];
+    griddep_launch();
+    const int pair = blockIdx.y, beta = blockIdx.x, i = threadIdx.x, e = ids[pair];
+    const int nbh = hidden >> 7, nbi = inter >> 7, kti = inter >> 4;
+    const size_t j = (size_t)beta * 128 + i;
+    float v[2];
+    float sd;
+    if constexpr (PRE) {
+        const float sg = __half2float(gate.svh[e][j]), su_ = __half2float(up.svh[e][j]);
+        sd = __half2float(down.suh[e][j]);
+        griddep_wait();
+        float a[2], us[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            a[w] = t_gu[(size_t)(2 * pair + w) * inter + j];
+            for (int b = i; b < nbh; b += 128) us[w] += usb_gu[(size_t)(2 * pair + w) * nbh + b];
+        }
+#pragma unroll
+        for (int w = 0; w < 2; w++) t_gu[(size_t)(2 * pair + w) * inter + j] = 0.0f;
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) {
+            us[0] += __shfl_xor_sync(0xFFFFFFFFu, us[0], h);
+            us[1] += __shfl_xor_sync(0xFFFFFFFFu, us[1], h);
+        }
+        __shared__ float red2[2][4];
+        if ((i & 31) == 0) {
+            red2[0][i >> 5] = us[0];
+            red2[1][i >> 5] = us[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            const float su = (red2[w][0] + red2[w][1]) + (red2[w][2] + red2[w][3]);
+            v[w] = had128_block(a[w] + INT_D * su, sm) * (w ? su_ : sg);
+        }
+    } else {
+        griddep_wait();
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            const int job = 2 * pair + w;
+            const float su = block_sum128(usb_gu + (size_t)job * nbh, nbh, red);
+            float a = t_gu[(size_t)job * inter + j] + INT_D * su;
+            t_gu[(size_t)job * inter + j] = 0.0f;
+            a = had128_block(a, sm);
+            v[w] = a * __half2float((w ? up.svh[e] : gate.svh[e])[j]);
+        }
+        sd = __half2float(down.suh[e][j]);
+    }
+    const float z = v[0] / (1.0f + __expf(-v[0])) * v[1];
+    int_input_block<V>(z * sd, true, beta, 0, inter, bq + (size_t)pair * kti * 128, sa + (size_t)pair * nbi,
+                       ch + (size_t)pair * 2 * nbi, usb + (size_t)pair * nbi, pc + (size_t)pair * nbi * 9);
+}
+
+/* v21, v22: grid (hidden/128, tokens), the token's pairs one after the other
+ * (a chain of dependent loads per pair: it cost ~10 µs at top-8, run 21). */
+__global__ void __launch_bounds__(128) k_moe_out(moe_proj down, const int *__restrict__ ids,
+                                                 const float *__restrict__ weights, float *__restrict__ t_d,
+                                                 const float *__restrict__ usb_d, float *__restrict__ out, int hidden,
+                                                 int inter, int top_k)
+{
+    __shared__ float sm[128];
+    __shared__ float red[4];
+    griddep_wait();
+    const int token = blockIdx.y, i = threadIdx.x, nbi = inter >> 7;
+    const size_t j = (size_t)blockIdx.x * 128 + i;
+    float acc = 0.0f;
+    for (int jj = 0; jj < top_k; jj++) {
+        const int pair = token * top_k + jj, e = ids[pair];
+        const float su = block_sum128(usb_d + (size_t)pair * nbi, nbi, red);
+        float a = t_d[(size_t)pair * hidden + j] + INT_D * su;
+        t_d[(size_t)pair * hidden + j] = 0.0f;
+        a = had128_block(a, sm);
+        acc = fmaf(weights[pair], a * __half2float(down.svh[e][j]), acc);
+    }
+    out[(size_t)token * hidden + j] += acc;
+}
+
+/* v23+: grid (hidden/128, pairs), one pair per block, added into out with
+ * atomics; the expert's svh and the routing weight are loaded before the wait. */
+__global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *__restrict__ ids,
+                                                     const float *__restrict__ weights, float *__restrict__ t_d,
+                                                     const float *__restrict__ usb_d, float *__restrict__ out,
+                                                     int hidden, int inter, int top_k)
+{
+    __shared__ float sm[128];
+    __shared__ float red[4];
+    const int pair = blockIdx.y, token = pair / top_k, i = threadIdx.x, nbi = inter >> 7, e = ids[pair];
+    const size_t j = (size_t)blockIdx.x * 128 + i;
+    const float sv = weights[pair] * __half2float(down.svh[e][j]);
+    griddep_wait();
+    const float a = t_d[(size_t)pair * hidden + j];
+    const float su = block_sum128(usb_d + (size_t)pair * nbi, nbi, red);
+    t_d[(size_t)pair * hidden + j] = 0.0f;
+    atomicAdd(out + (size_t)token * hidden + j, had128_block(a + INT_D * su, sm) * sv);
 }
 
 /* --- dispatch ----------------------------------------------------------------------
@@ -849,8 +1061,11 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v20 (v17 with the integer GEMM arithmetic, every K) */
-#define MOE_MUL1_VERSION 20
+/* mul1 layers: v23 (five PDL-chained launches, v24's balanced integer loop; every K) */
+#define MOE_MUL1_VERSION 23
+/* ... or v20 (v17 with the integer arithmetic) where v23's scratch is absent
+ * (hidden or inter not a multiple of 128) */
+#define MOE_MUL1_FALLBACK 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
 
 template <int KK, int CC, int D>
@@ -886,6 +1101,40 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
             moe_pick_d<KK, CC, DEC_2W | DEC_INT | DEC_FMA | DEC_PDL>(gu, down);
             break;
         default: break;
+        }
+        return 0;
+    });
+}
+
+/* MoE lab v21+ (mul1 only): the balanced integer launches' main kernel for
+ * gate/up (GU) and down. 21 = INT_FMA (every K), 22 = no FMA masks (K =
+ * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
+ * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4);
+ * NULL for another version. */
+typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
+                           int, int, int, int, uint32_t);
+static bool moe_int_version(int version)
+{
+    return (version >= 21 && version <= 24) || (version >= 231 && version <= 233);
+}
+
+static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
+{
+    *gu = NULL;
+    *down = NULL;
+    with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
+        constexpr int KK = decltype(k)::value;
+        if (version == 21 || version == 23) {
+            *gu = k_moe_int2<KK, INT_FMA, 2, true>;
+            *down = k_moe_int2<KK, INT_FMA, 2, false>;
+        } else if constexpr (KK >= 2 && KK <= 4) {
+            if (version == 22) {
+                *gu = k_moe_int2<KK, 0, 2, true>;
+                *down = k_moe_int2<KK, 0, 2, false>;
+            } else if (version == 24) {
+                *gu = k_moe_int2<KK, INT_FMA, 1, true>;
+                *down = k_moe_int2<KK, INT_FMA, 1, false>;
+            }
         }
         return 0;
     });
@@ -1017,6 +1266,20 @@ static int sm_count(void)
             cached = 132;
     }
     return cached;
+}
+
+/* A launch configuration on stream s with programmatic dependent launch
+ * allowed (attr: one attribute that must outlive the launch); the caller
+ * sets the grid, block and shared memory. */
+static cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *attr, cudaStream_t s)
+{
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
 }
 
 extern "C" {
@@ -1287,12 +1550,7 @@ static sparq_status gemm_bal_launch(const trellis_cuda_linear *lin, bal_fn fn, i
         /* main and output may start before their predecessor ends (they wait
          * with griddepcontrol.wait before reading its results) */
         cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cudaLaunchConfig_t cfg = pdl_config(attr, s);
         if (parts & TRELLIS_CUDA_PART_INPUT) {
             k_input<true><<<dim3(lin->k / 128, rows), 128, 0, s>>>(x, lin->suh, ws->u, lin->k);
             CUDA_RETURN_IF(cudaGetLastError(), "%s: input transform launch", lin->name);
@@ -1366,12 +1624,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     warps = (long long)blocks * wpb;
     cudaStream_t s = (cudaStream_t)stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg = pdl_config(attr, s);
     if (parts & TRELLIS_CUDA_PART_INPUT) {
         int_in_fn in = (v & INT_PACK) ? k_input_int<INT_PACK, true> : k_input_int<0, true>;
         in<<<dim3(nb, rows), 128, 0, s>>>(x, lin->suh, ws->bq, ws->sa, ws->ch, ws->usb, ws->pc, lin->k, rows);
@@ -1493,7 +1746,30 @@ struct trellis_cuda_moe {
     /* moe_chunk_fit's answers by [version − 17][launch: 0 gate/up, 1 down]
      * [tokens] (0 = not asked yet): the occupancy query runs once */
     int chunk_fit[4][2][TRELLIS_GEMM_MAX_ROWS + 1]; /* [3]: version 20 */
+    /* MoE lab v21+ (mul1 with hidden, inter multiples of 128; else NULL):
+     * k_input_int's outputs per gate/up job (2·pairs, k = hidden) and per
+     * down job (pairs, k = inter), one allocation */
+    void *iscr;
+    uint32_t *bq_gu, *bq_d;
+    float *sa_gu, *sa_d, *usb_gu, *usb_d;
+    int *ch_gu, *ch_d, *pc_gu, *pc_d;
+    int int_warps[4][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
+
+/* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
+ * count its bytes when base is NULL). */
+static size_t moe_int_carve(char *base, size_t off, int jobs, int k, uint32_t **bq, float **sa, int **ch,
+                            float **usb, int **pc)
+{
+    const size_t nb = (size_t)k / 128, kt = (size_t)k / 16;
+    const size_t sz[5] = {kt * 128 * 4, nb * 4, 2 * nb * 4, nb * 4, 9 * nb * 4};
+    void **dst[5] = {(void **)bq, (void **)sa, (void **)ch, (void **)usb, (void **)pc};
+    for (int i = 0; i < 5; i++) {
+        if (base) *dst[i] = base + off;
+        off += ((sz[i] * (size_t)jobs + 255) / 256) * 256;
+    }
+    return off;
+}
 
 /* k tiles per block for n_jobs fused GEMVs of shape (k, n): about 4 blocks of
  * 8 warps per SM in all, a multiple of 8, at most FUSED_MAX_CHUNK. */
@@ -1555,6 +1831,7 @@ void trellis_cuda_moe_free(trellis_cuda_moe *m)
     cudaFree(m->t_down);
     cudaFree(m->c_gu);
     cudaFree(m->c_down);
+    cudaFree(m->iscr);
     free(m);
 }
 
@@ -1618,6 +1895,18 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     if (err == cudaSuccess) err = cudaMemset(m->t_down, 0, pairs * hidden * 4);
     if (err == cudaSuccess) err = cudaMemset(m->c_gu, 0, pairs * 2 * nbc_gu * 4);
     if (err == cudaSuccess) err = cudaMemset(m->c_down, 0, pairs * nbc_d * 4);
+    if (err == cudaSuccess && m->cb == CB_MUL1 && hidden % 128 == 0 && inter % 128 == 0) {
+        const size_t gu_end = moe_int_carve(NULL, 0, 2 * (int)pairs, hidden, NULL, NULL, NULL, NULL, NULL);
+        const size_t bytes = moe_int_carve(NULL, gu_end, (int)pairs, inter, NULL, NULL, NULL, NULL, NULL);
+        err = cudaMalloc(&m->iscr, bytes);
+        if (err == cudaSuccess) err = cudaMemset(m->iscr, 0, bytes);
+        if (err == cudaSuccess) {
+            moe_int_carve((char *)m->iscr, 0, 2 * (int)pairs, hidden, &m->bq_gu, &m->sa_gu, &m->ch_gu, &m->usb_gu,
+                          &m->pc_gu);
+            moe_int_carve((char *)m->iscr, gu_end, (int)pairs, inter, &m->bq_d, &m->sa_d, &m->ch_d, &m->usb_d,
+                          &m->pc_d);
+        }
+    }
     if (err != cudaSuccess) {
         trellis_cuda_moe_free(m);
         return cuda_status(err, "moe workspace allocation");
@@ -1630,12 +1919,84 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     return SPARQ_OK;
 }
 
+/* MoE lab v21+: the five launches (see k_moe_in_gu), grids of the two main
+ * kernels = exactly the resident warps (occupancy query once per layer). */
+static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
+                                const float *weights, float *out, void *stream, int version)
+{
+    /* benchmark-only stage subsets of v23 (timing where the time goes; they
+     * leave the scratch dirty unless x = 0): 231 = launches 1–2 (input +
+     * gate/up), 232 = launches 3–5 (SwiGLU + down + output), 233 = the two
+     * main kernels alone */
+    const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
+    if (version > 100) version = 23;
+    moe_int_fn fg, fd;
+    moe_int_pick(m->K, version, &fg, &fd);
+    RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
+              "cuda moe: no MoE lab version %d for K=%d codebook %d, %dx%d (mul1, multiples of 128)", version, m->K,
+              m->cb, m->hidden, m->inter);
+    const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
+    const int nw = int2_nw<1, 1, 0>();
+    const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
+    int *wc = m->int_warps[version - 21];
+    for (int l = 0; l < 2; l++)
+        if (!wc[l]) {
+            int per_sm = 0;
+            CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)(l ? fd : fg), 256, 0),
+                           "moe: occupancy query");
+            wc[l] = (per_sm < 1 ? 1 : per_sm) * sm_count() * 8;
+        }
+    int warps[2], blocks[2];
+    for (int l = 0; l < 2; l++) {
+        long long w = wc[l] < items[l] ? wc[l] : items[l];
+        blocks[l] = (int)((w + 7) / 8);
+        warps[l] = blocks[l] * 8;
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    if (stages & 1u) {
+        k_moe_in_gu<0><<<dim3(H / 128, 2 * pairs), 128, 0, s>>>(m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu,
+                                                                 m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k);
+        CUDA_RETURN_IF(cudaGetLastError(), "moe input launch (%d pairs)", pairs);
+    }
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = pdl_config(attr, s);
+    cfg.gridDim = dim3(blocks[0]);
+    cfg.blockDim = dim3(256);
+    if (stages & 2u)
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
+                                          (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
+                                          warps[0], 1u),
+                       "moe gate/up launch (%d blocks, PDL)", blocks[0]);
+    cfg.gridDim = dim3(I / 128, pairs);
+    cfg.blockDim = dim3(128);
+    if (stages & 4u)
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, version >= 23 ? k_moe_mid<0, true> : k_moe_mid<0, false>,
+                                          m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
+                                          m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
+                       "moe SwiGLU launch (PDL)");
+    cfg.gridDim = dim3(blocks[1]);
+    cfg.blockDim = dim3(256);
+    if (stages & 8u)
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
+                                          (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
+                                          warps[1], 1u),
+                       "moe down launch (%d blocks, PDL)", blocks[1]);
+    cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
+    cfg.blockDim = dim3(128);
+    if (stages & 16u)
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, version >= 23 ? k_moe_out_par : k_moe_out, m->proj[2], ids,
+                                          weights, m->t_down, (const float *)m->usb_d, out, H, I, m->top_k),
+                       "moe output launch (PDL)");
+    return SPARQ_OK;
+}
+
 sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
                                           const float *weights, float *out, void *stream, int version)
 {
     RETURN_IF(!m || !x || !ids || !weights || !out, SPARQ_E_ARG, "cuda moe forward: missing argument");
     RETURN_IF(tokens < 1 || tokens > m->max_tokens, SPARQ_E_ARG, "cuda moe forward: %d tokens, created for 1..%d",
               tokens, m->max_tokens);
+    if (moe_int_version(version)) return moe_int_run(m, x, tokens, ids, weights, out, stream, version);
     moe_gu_fn gu;
     moe_down_fn dn;
     moe_pick(m->K, m->cb, version, &gu, &dn);
@@ -1684,18 +2045,19 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v20 for
- * mul1 layers (v17 with the integer GEMM arithmetic; run 19: 85.8 / 27.8 µs
- * on DeepSeek / Qwen3 shapes, v17 102.0 / 30.9) and MOE_DEFAULT_VERSION = v17
- * for the others (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v23 for
+ * mul1 layers (run 22: 62.8 / 20.0 µs on DeepSeek / Qwen3 shapes, 1.17× /
+ * 1.43× one GEMV of the same weights; v20 85.8 / 27.9), v20 for mul1 layers
+ * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
+ * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one
  * wave of resident blocks (run 13). */
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream)
 {
     RETURN_IF(!m, SPARQ_E_ARG, "cuda moe forward: no layer");
-    return trellis_cuda_moe_forward_lab(m, x, tokens, ids, weights, out, stream,
-                                        m->cb == CB_MUL1 ? MOE_MUL1_VERSION : MOE_DEFAULT_VERSION);
+    const int version = m->cb != CB_MUL1 ? MOE_DEFAULT_VERSION : m->iscr ? MOE_MUL1_VERSION : MOE_MUL1_FALLBACK;
+    return trellis_cuda_moe_forward_lab(m, x, tokens, ids, weights, out, stream, version);
 }
 
 } /* extern "C" */

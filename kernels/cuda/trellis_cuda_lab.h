@@ -87,9 +87,18 @@ int trellis_cuda_gemm_lab_allk(int version);
  * PDL, 16 = 5 + PDL, 17 / 18 = 14 with the k tiles per block fitted
  * to one / two waves of resident blocks (17 is the default for 3inst and
  * mcg), 19 = 16 with 17's k tiles per block, 20 = 17 with the integer mul1
- * GEMM arithmetic (the default for mul1; mul1 only, every K). v17 exists
- * for every K and codebook, the others for mul1 at K = 2..4 only
- * (SPARQ_E_UNSUPPORTED otherwise). */
+ * GEMM arithmetic (mul1 only, every K); the balanced integer launches
+ * (mul1 only, hidden and inter multiples of 128): 21 = five PDL-chained
+ * launches (input transform of all gate/up jobs; v24's integer loop on a grid
+ * of exactly the resident warps with equal work over all routed experts;
+ * gate/up output + SwiGLU + down input in one launch; the same loop for down;
+ * output + weighted sum), 22 = 21 without FMA masks, 23 = 21 with the middle
+ * launch's loads before its wait and the output launch parallel over pairs
+ * (the default for mul1; 21 and 23 for every K), 24 = 23 compiled for one
+ * block per SM; benchmark only (x = 0, they leave the scratch dirty
+ * otherwise): 231 / 232 / 233 = 23's launches 1–2 / 3–5 / its two main
+ * kernels alone. v17 exists for every K and codebook, the others for mul1 at
+ * K = 2..4 only (SPARQ_E_UNSUPPORTED otherwise). */
 sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
                                           const float *weights, float *out, void *stream, int version);
 

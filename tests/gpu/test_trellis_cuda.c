@@ -21,7 +21,8 @@
  *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
  *    activations); every version for K = 2..4, the default's for every K;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
- *    and every MoE lab version, v5, v13..v19 and v20, the integer mul1 one);
+ *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
+ *    v21..v24 (the balanced integer launches);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -586,15 +587,20 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 5, 13, 14, 15, 16, 17, 18, 19};
+    static const int versions[] = {0, 20, 21, 23, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 2; /* the default and v20 (mul1: every K) */
+                                        : 4; /* the default, v20, v21 and v23 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
         sparq_status st = version == 0 ? trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL)
                                        : trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, version);
+        if (version >= 21 && !int_ok) { /* v21+ need multiples of 128 and say so */
+            CHECK(st == SPARQ_E_UNSUPPORTED);
+            continue;
+        }
         CHECK_MSG(st == SPARQ_OK, "moe forward (version %d): %s", version, sparq_errmsg());
         CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
         CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);

@@ -12,13 +12,15 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick | --lab | --moe | --profile]   (prints a table;
+ * Usage: cuda_bench [--quick | --lab | --moe | --moe-profile | --profile]   (prints a table;
  * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
  * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
  * default), no MoE; --moe: only the MoE section (every MoE lab version);
  * --int: lab round 3, the integer mul1 GEMM (v20..v23) against v10 (whole op and
  * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
- * --profile: a few launches of every version for ncu, no timing. */
+ * --profile: a few launches of every version for ncu, no timing;
+ * --moe-profile: one plain call of MoE v20, v21, v23 per MoE shape (for ncu's
+ * per-kernel times), no timing. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -159,6 +161,8 @@ static void free_linear(trellis_linear *l)
     free((void *)l->svh);
 }
 
+static int g_moe_profile; /* --moe-profile */
+
 /* Fused MoE layer at batch 1 vs one GEMV over the same number of weights. */
 static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, int inter, int top_k, int E)
 {
@@ -192,10 +196,21 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
-    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20};
+    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
+    if (g_moe_profile) { /* --moe-profile: one plain call of v20, v21, v23 each (for ncu), no timing */
+        static const int pv[] = {20, 21, 23};
+        o.ncopies = 1;
+        for (int v = 0; v < 3; v++) {
+            o.version = pv[v];
+            call_moe(&o, 0);
+        }
+        CK(cudaStreamSynchronize(s));
+        printf("%s: one call each of MoE v20, v21, v23\n", name);
+        goto done;
+    }
     for (int v = 0; v < NMV; v++) {
         o.version = mver[v];
         t_ver[v] = time_op(&o, nsets);
@@ -231,6 +246,8 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     free(gl);
     trellis_cuda_ws_free(ws);
     CK(cudaFree(gy));
+    free_linear(&hb);
+done:
     trellis_cuda_moe_free(moe);
     for (int i = 0; i < 3 * E; i++) trellis_cuda_linear_free(l[i]);
     free(l);
@@ -241,7 +258,6 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaFree(out));
     free_linear(&hg);
     free_linear(&hd);
-    free_linear(&hb);
 }
 
 /* lab v1: decode Q to fp16 every call, then the cuBLAS GEMV on it */
@@ -334,7 +350,8 @@ int main(int argc, char **argv)
     /* --lab: only the columns of the current lab round (v3, v4, v6..v9, cuBLAS) */
     const int lab = argc > 1 && strcmp(argv[1], "--lab") == 0;
     /* --moe: only the fused MoE layer section */
-    const int moe_only = argc > 1 && strcmp(argv[1], "--moe") == 0;
+    g_moe_profile = argc > 1 && strcmp(argv[1], "--moe-profile") == 0;
+    const int moe_only = g_moe_profile || (argc > 1 && strcmp(argv[1], "--moe") == 0);
     /* --int: lab round 3 (integer mul1 GEMM, v20..v23) */
     const int intm = argc > 1 && strcmp(argv[1], "--int") == 0;
     if (trellis_cuda_device_count() == 0) {
@@ -644,7 +661,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic (the default for mul1)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM; v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

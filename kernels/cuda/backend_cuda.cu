@@ -59,6 +59,7 @@ typedef struct cuda_state {
     int recent_i;
     trellis_cuda_ws *tws;
     int tws_k, tws_n;
+    trellis_cuda_moe *moe_first; /* the first fused MoE layer: the others share its scratch */
     int *h_ids, *h_rows, *h_cnt; /* MoE grouping on the host (pinned) */
     float *h_w, *h_lw;
     size_t h_cap, cnt_cap;
@@ -896,8 +897,15 @@ static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int ma
     sparq_free(h);
     if (s != SPARQ_OK) return SPARQ_OK; /* e.g. experts of mixed K: the grouped path serves them */
     s = add_ent(st, ml->gate, moe, ENT_MOE);
-    if (s != SPARQ_OK) trellis_cuda_moe_free(moe);
-    return s;
+    if (s != SPARQ_OK) {
+        trellis_cuda_moe_free(moe);
+        return s;
+    }
+    /* layers run one after another on this exec's stream: one set of scratch for all
+     * (a layer of other shapes keeps its own) */
+    if (!st->moe_first) st->moe_first = moe;
+    else (void)trellis_cuda_moe_share(moe, st->moe_first);
+    return SPARQ_OK;
 }
 
 /* --- memory ----------------------------------------------------------------------------- */

@@ -1735,8 +1735,18 @@ sparq_status trellis_cuda_gemm_prefill(trellis_cuda_linear *lin, const float *x,
 
 /* --- fused MoE decode layer ------------------------------------------------------------ */
 
+/* The transient device buffers of an MoE layer (gu, t_gu, t_down, the
+ * counters and the v21+ scratch): per forward only, so the layers of one
+ * model, which run one after another on one stream, can share them
+ * (trellis_cuda_moe_share); freed with the last handle that uses them. */
+typedef struct moe_bufs {
+    int refs;
+    void *gu, *t_gu, *t_down, *c_gu, *c_down, *iscr;
+} moe_bufs;
+
 struct trellis_cuda_moe {
     int n_experts, hidden, inter, K, cb, max_tokens, top_k;
+    moe_bufs *bufs;     /* what gu .. pc_d below point into */
     moe_proj proj[3];   /* gate, up, down: device pointer tables */
     void *tables;       /* one device allocation behind the nine tables */
     float *gu;          /* pairs × 2 × inter */
@@ -1822,17 +1832,58 @@ static int moe_chunk_fit(const void *fn, int k, int n, int n_jobs, int max_waves
     return best;
 }
 
+static void moe_bufs_release(moe_bufs *b)
+{
+    if (!b || --b->refs > 0) return;
+    cudaFree(b->gu);
+    cudaFree(b->t_gu);
+    cudaFree(b->t_down);
+    cudaFree(b->c_gu);
+    cudaFree(b->c_down);
+    cudaFree(b->iscr);
+    free(b);
+}
+
 void trellis_cuda_moe_free(trellis_cuda_moe *m)
 {
     if (!m) return;
     cudaFree(m->tables);
-    cudaFree(m->gu);
-    cudaFree(m->t_gu);
-    cudaFree(m->t_down);
-    cudaFree(m->c_gu);
-    cudaFree(m->c_down);
-    cudaFree(m->iscr);
+    moe_bufs_release(m->bufs);
     free(m);
+}
+
+/* m's buffer pointers from b (the v21+ scratch carved as create does). */
+static void moe_point_at(trellis_cuda_moe *m, moe_bufs *b, size_t gu_end)
+{
+    m->bufs = b;
+    m->gu = (float *)b->gu;
+    m->t_gu = (float *)b->t_gu;
+    m->t_down = (float *)b->t_down;
+    m->c_gu = (unsigned *)b->c_gu;
+    m->c_down = (unsigned *)b->c_down;
+    m->iscr = b->iscr;
+    if (b->iscr) {
+        const int pairs = m->max_tokens * m->top_k;
+        moe_int_carve((char *)b->iscr, 0, 2 * pairs, m->hidden, &m->bq_gu, &m->sa_gu, &m->ch_gu, &m->usb_gu,
+                      &m->pc_gu);
+        moe_int_carve((char *)b->iscr, gu_end, pairs, m->inter, &m->bq_d, &m->sa_d, &m->ch_d, &m->usb_d, &m->pc_d);
+    }
+}
+
+sparq_status trellis_cuda_moe_share(trellis_cuda_moe *m, trellis_cuda_moe *donor)
+{
+    RETURN_IF(!m || !donor, SPARQ_E_ARG, "cuda moe share: missing layer");
+    if (m->bufs == donor->bufs) return SPARQ_OK;
+    RETURN_IF(m->hidden != donor->hidden || m->inter != donor->inter || m->max_tokens != donor->max_tokens ||
+                  m->top_k != donor->top_k || (m->bufs->iscr != NULL) != (donor->bufs->iscr != NULL),
+              SPARQ_E_SHAPE, "cuda moe share: layers of %dx%d, %d tokens, top-%d and %dx%d, %d tokens, top-%d",
+              m->hidden, m->inter, m->max_tokens, m->top_k, donor->hidden, donor->inter, donor->max_tokens,
+              donor->top_k);
+    moe_bufs_release(m->bufs);
+    donor->bufs->refs++;
+    const size_t gu_end = moe_int_carve(NULL, 0, 2 * m->max_tokens * m->top_k, m->hidden, NULL, NULL, NULL, NULL, NULL);
+    moe_point_at(m, donor->bufs, gu_end);
+    return SPARQ_OK;
 }
 
 sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_cuda_linear *const *up,
@@ -1886,31 +1937,33 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     cudaError_t err = cudaMalloc(&m->tables, 9 * E * sizeof(void *));
     if (err == cudaSuccess) err = cudaMemcpy(m->tables, host, 9 * E * sizeof(void *), cudaMemcpyHostToDevice);
     free(host);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&m->gu, pairs * 2 * inter * 4);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&m->t_gu, pairs * 2 * inter * 4);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&m->t_down, pairs * hidden * 4);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&m->c_gu, pairs * 2 * nbc_gu * 4);
-    if (err == cudaSuccess) err = cudaMalloc((void **)&m->c_down, pairs * nbc_d * 4);
-    if (err == cudaSuccess) err = cudaMemset(m->t_gu, 0, pairs * 2 * inter * 4);
-    if (err == cudaSuccess) err = cudaMemset(m->t_down, 0, pairs * hidden * 4);
-    if (err == cudaSuccess) err = cudaMemset(m->c_gu, 0, pairs * 2 * nbc_gu * 4);
-    if (err == cudaSuccess) err = cudaMemset(m->c_down, 0, pairs * nbc_d * 4);
+    moe_bufs *b = (moe_bufs *)calloc(1, sizeof *b);
+    if (!b) {
+        trellis_cuda_moe_free(m);
+        return sparq_err(SPARQ_E_NOMEM, "cuda moe: no host memory");
+    }
+    b->refs = 1;
+    m->bufs = b;
+    if (err == cudaSuccess) err = cudaMalloc(&b->gu, pairs * 2 * inter * 4);
+    if (err == cudaSuccess) err = cudaMalloc(&b->t_gu, pairs * 2 * inter * 4);
+    if (err == cudaSuccess) err = cudaMalloc(&b->t_down, pairs * hidden * 4);
+    if (err == cudaSuccess) err = cudaMalloc(&b->c_gu, pairs * 2 * nbc_gu * 4);
+    if (err == cudaSuccess) err = cudaMalloc(&b->c_down, pairs * nbc_d * 4);
+    if (err == cudaSuccess) err = cudaMemset(b->t_gu, 0, pairs * 2 * inter * 4);
+    if (err == cudaSuccess) err = cudaMemset(b->t_down, 0, pairs * hidden * 4);
+    if (err == cudaSuccess) err = cudaMemset(b->c_gu, 0, pairs * 2 * nbc_gu * 4);
+    if (err == cudaSuccess) err = cudaMemset(b->c_down, 0, pairs * nbc_d * 4);
+    const size_t gu_end = moe_int_carve(NULL, 0, 2 * (int)pairs, hidden, NULL, NULL, NULL, NULL, NULL);
     if (err == cudaSuccess && m->cb == CB_MUL1 && hidden % 128 == 0 && inter % 128 == 0) {
-        const size_t gu_end = moe_int_carve(NULL, 0, 2 * (int)pairs, hidden, NULL, NULL, NULL, NULL, NULL);
         const size_t bytes = moe_int_carve(NULL, gu_end, (int)pairs, inter, NULL, NULL, NULL, NULL, NULL);
-        err = cudaMalloc(&m->iscr, bytes);
-        if (err == cudaSuccess) err = cudaMemset(m->iscr, 0, bytes);
-        if (err == cudaSuccess) {
-            moe_int_carve((char *)m->iscr, 0, 2 * (int)pairs, hidden, &m->bq_gu, &m->sa_gu, &m->ch_gu, &m->usb_gu,
-                          &m->pc_gu);
-            moe_int_carve((char *)m->iscr, gu_end, (int)pairs, inter, &m->bq_d, &m->sa_d, &m->ch_d, &m->usb_d,
-                          &m->pc_d);
-        }
+        err = cudaMalloc(&b->iscr, bytes);
+        if (err == cudaSuccess) err = cudaMemset(b->iscr, 0, bytes);
     }
     if (err != cudaSuccess) {
         trellis_cuda_moe_free(m);
         return cuda_status(err, "moe workspace allocation");
     }
+    moe_point_at(m, b, gu_end);
     void **t = (void **)m->tables;
     for (int j = 0; j < 3; j++)
         m->proj[j] = moe_proj{(const uint32_t *const *)(t + (3 * j + 0) * E),

@@ -95,14 +95,24 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
                                      trellis_cuda_linear *const *down, int n_experts, int max_tokens, int top_k,
                                      trellis_cuda_moe **out);
 void trellis_cuda_moe_free(trellis_cuda_moe *moe);
+/* Let `moe` use donor's per-forward scratch instead of its own (which is
+ * freed): the MoE layers of one model run one after another on one stream,
+ * so one set of buffers serves them all (~39 MB at DeepSeek V4.1 shapes and
+ * 16 tokens, instead of that much per layer). Same shapes, tokens and top-k
+ * required (SPARQ_E_SHAPE otherwise); the handles may then be freed in any
+ * order. Two layers that share must not run at the same time. */
+sparq_status trellis_cuda_moe_share(trellis_cuda_moe *moe, trellis_cuda_moe *donor);
 
 /* out[t] += Σ_j weights[t·top_k + j] · down_e(silu(gate_e(x[t])) ⊙ up_e(x[t])),
  * e = ids[t·top_k + j], for t < tokens. All pointers are device memory: x and
  * out tokens×hidden fp32 (out holds the residual or zeros), ids int32 and
  * weights fp32 tokens×top_k (the router's output, read on the device: no
- * host round trip). Two launches, graph-capturable; fp32 atomics, so the
- * last bits vary from run to run. mul1 layers use the integer GEMM
- * arithmetic (as trellis_cuda_gemm). One call at a time per layer handle. */
+ * host round trip). Graph-capturable (nothing is allocated per call): two
+ * launches, or for mul1 layers whose widths are multiples of 128 five
+ * PDL-chained ones (MoE lab v23, docs/cuda.md); fp32 atomics, so the last
+ * bits vary from run to run. mul1 layers use the integer GEMM arithmetic (as
+ * trellis_cuda_gemm). One call at a time per layer handle (and per set of
+ * shared scratch). */
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream);
 

@@ -611,7 +611,28 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
                   inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
     }
     CHECK(trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, 99) == SPARQ_E_UNSUPPORTED);
+    /* a second layer sharing the first one's scratch (as the backend's layers do): both
+     * still right when run in turn, twice each, and freeable in any order */
+    trellis_cuda_moe *moe2 = NULL;
+    CHECK(trellis_cuda_moe_create(dl, dl + E, dl + 2 * E, E, tokens, top_k, &moe2) == SPARQ_OK);
+    CHECK(trellis_cuda_moe_share(moe2, moe) == SPARQ_OK);
+    for (int run = 0; run < 4; run++) {
+        CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        CHECK(trellis_cuda_moe_forward(run & 1 ? moe2 : moe, dx, tokens, dids, dw, dout, NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        for (size_t i = 0; i < (size_t)tokens * hidden; i++) out[i] -= res[i];
+        const double e = nmse(out, ref, (size_t)tokens * hidden);
+        CHECK_MSG(e <= NMSE_MAX, "moe sharing scratch, run %d: normalised MSE %.3g", run, e);
+    }
     trellis_cuda_moe_free(moe);
+    if (tokens > 1) { /* other token counts: refused */
+        trellis_cuda_moe *moe3 = NULL;
+        CHECK(trellis_cuda_moe_create(dl, dl + E, dl + 2 * E, E, tokens - 1, top_k, &moe3) == SPARQ_OK);
+        CHECK(trellis_cuda_moe_share(moe3, moe2) == SPARQ_E_SHAPE);
+        trellis_cuda_moe_free(moe3);
+    }
+    trellis_cuda_moe_free(moe2);
     for (int i = 0; i < 3 * E; i++) {
         trellis_cuda_linear_free(dl[i]);
         trellis_rand_lin_free(&hl[i]);

@@ -1216,17 +1216,7 @@ static int_fn int_pick_k(int v, int rg)
 
 static int_fn int_pick(int K, int v, int rg)
 {
-    switch (K) {
-    case 1: return int_pick_k<1>(v, rg);
-    case 2: return int_pick_k<2>(v, rg);
-    case 3: return int_pick_k<3>(v, rg);
-    case 4: return int_pick_k<4>(v, rg);
-    case 5: return int_pick_k<5>(v, rg);
-    case 6: return int_pick_k<6>(v, rg);
-    case 7: return int_pick_k<7>(v, rg);
-    case 8: return int_pick_k<8>(v, rg);
-    default: return NULL;
-    }
+    return with_k_cb(K, CB_MUL1, [&](auto k, auto) { return int_pick_k<decltype(k)::value>(v, rg); });
 }
 
 /* --- handles ---------------------------------------------------------------------- */

@@ -253,19 +253,9 @@ template <int K, int CB, int D, int NWD>
 __device__ __forceinline__ void lane_decode_w(const uint32_t (&w)[NWD], unsigned r, uint32_t sel0, uint32_t sel1,
                                               uint32_t one, uint32_t out[4])
 {
-    const uint32_t a = __funnelshift_l(w[1], w[0], r);
-    const uint32_t b = NWD == 2 ? w[1] << r : __funnelshift_l(w[NWD - 1], w[1], r);
-    const uint32_t c = NWD == 2 ? 0u : w[NWD - 1] << r;
     if constexpr (CB == CB_MUL1 && (D & DEC_IMMA)) {
         uint32_t x[8];
-        x[0] = lane_state_d<K, 0, D>(a, b, c, one) * 0x83DCD12Du;
-        x[1] = lane_state_d<K, 1, D>(a, b, c, one) * 0x83DCD12Du;
-        x[2] = lane_state_d<K, 2, D>(a, b, c, one) * 0x83DCD12Du;
-        x[3] = lane_state_d<K, 3, D>(a, b, c, one) * 0x83DCD12Du;
-        x[4] = lane_state_d<K, 4, D>(a, b, c, one) * 0x83DCD12Du;
-        x[5] = lane_state_d<K, 5, D>(a, b, c, one) * 0x83DCD12Du;
-        x[6] = lane_state_d<K, 6, D>(a, b, c, one) * 0x83DCD12Du;
-        x[7] = lane_state_d<K, 7, D>(a, b, c, one) * 0x83DCD12Du;
+        lane_hash_w<K, D, NWD>(w, r, one, x);
         uint32_t d[4], e[4];
         imma_bytesum4(x[0], x[1], x[2], x[3], sel0, sel1, 0x6400u, d);
         imma_bytesum4(x[4], x[5], x[6], x[7], sel0, sel1, 0x6400u, e);
@@ -276,6 +266,9 @@ __device__ __forceinline__ void lane_decode_w(const uint32_t (&w)[NWD], unsigned
     } else {
         (void)sel0;
         (void)sel1;
+        const uint32_t a = __funnelshift_l(w[1], w[0], r);
+        const uint32_t b = NWD == 2 ? w[1] << r : __funnelshift_l(w[NWD - 1], w[1], r);
+        const uint32_t c = NWD == 2 ? 0u : w[NWD - 1] << r;
         out[0] = cb_pair<CB>(lane_state_d<K, 0, D>(a, b, c, one), lane_state_d<K, 1, D>(a, b, c, one));
         out[1] = cb_pair<CB>(lane_state_d<K, 2, D>(a, b, c, one), lane_state_d<K, 3, D>(a, b, c, one));
         out[2] = cb_pair<CB>(lane_state_d<K, 4, D>(a, b, c, one), lane_state_d<K, 5, D>(a, b, c, one));

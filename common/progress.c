@@ -14,6 +14,16 @@ double sparq_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+struct timespec sparq_deadline_after(double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const double end = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + seconds;
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    return ts;
+}
+
 bool sparq_progress_enabled(void)
 {
     static int enabled = -1;

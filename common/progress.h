@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 typedef enum sparq_progress_unit {
     SPARQ_PROGRESS_ITEMS = 0, /* "123/456 items, 12.3 items/s" */
@@ -52,5 +53,9 @@ void sparq_format_bytes(char *buf, int cap, double bytes);
 
 /* Monotonic clock in seconds. */
 double sparq_now(void);
+
+/* The wall-clock (CLOCK_REALTIME) time `seconds` from now, the absolute
+ * deadline pthread_cond_timedwait takes. */
+struct timespec sparq_deadline_after(double seconds);
 
 #endif

@@ -10,7 +10,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/alloc.h"
 #include "common/progress.h"
@@ -463,11 +462,7 @@ sparq_status sq_job_next(sq_job *j, double timeout_s, sq_job_update *u)
 {
     memset(u, 0, sizeof *u);
     sq_sched *s = j->s;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    const double t = until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
-    until.tv_sec = (time_t)t;
-    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+    const struct timespec until = sparq_deadline_after(timeout_s);
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     while (j->safe == j->taken && j->end == SQ_JOB_RUNNING && rc != ETIMEDOUT)

@@ -12,7 +12,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/alloc.h"
 #include "common/progress.h"
@@ -97,11 +96,7 @@ static sparq_status th_recv(sq_transport *t, int src, int tag, void *buf, size_t
     RETURN_IF(src < 0 || src >= h->size || tag < 0 || tag >= N_TAGS, SPARQ_E_ARG, "threads transport: rank %d tag %d",
               src, tag);
     const double t0 = sparq_now();
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    const double end = until.tv_sec + until.tv_nsec * 1e-9 + (timeout_s < 0 ? 1e9 : timeout_s);
-    until.tv_sec = (time_t)end;
-    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    const struct timespec until = sparq_deadline_after(timeout_s < 0 ? 1e9 : timeout_s);
     pthread_mutex_lock(&h->mu);
     tmsg *m;
     int rc = 0;

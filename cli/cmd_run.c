@@ -126,7 +126,7 @@ static sparq_status chat_turn(run_state *s, sq_chat_msg *msgs, int n_msgs, int n
     FORWARD_IF(sq_chat_apply(s->tok, msgs, n_msgs, true, &text));
     int32_t *ids = NULL;
     int n = 0;
-    sparq_status st = sq_session_encode(&s->sess, text, false, &ids, &n);
+    sparq_status st = sq_prompt_encode(s->tok, text, false, &ids, &n);
     sparq_free(text);
     if (st == SPARQ_OK) st = generate(s, ids, n, n_new);
     sparq_free(ids);
@@ -279,7 +279,7 @@ int cmd_run(int argc, char **argv)
         } else {
             int32_t *ids = NULL;
             int n = 0;
-            st = sq_session_encode(&s.sess, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
+            st = sq_prompt_encode(s.tok, prompt, sq_tokenizer_add_bos(s.tok), &ids, &n);
             if (st == SPARQ_OK && n == 0) st = sparq_err(SPARQ_E_ARG, "the prompt is empty");
             if (st == SPARQ_OK && parallel > 1) {
                 st = generate_parallel(&s, &sp, ids, n, (int)n_new, (int)parallel);

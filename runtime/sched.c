@@ -95,8 +95,9 @@ static bool append_locked(sq_job *j, const char *piece, size_t n)
     j->text[j->len] = 0;
     bool hit = false;
     for (int i = 0; i < j->n_stop; i++) {
+        /* a cut by an earlier stop string lies at or after `from`: the search stays in the text */
         const char *p = strstr(j->text + from, j->stop[i]);
-        if (p && (size_t)(p - j->text) < j->len) {
+        if (p) {
             j->len = (size_t)(p - j->text);
             j->text[j->len] = 0;
             hit = true;

@@ -49,11 +49,6 @@ sparq_status sq_session_set_sampler(sq_session *s, const sq_sampler_params *sp)
     return SPARQ_OK;
 }
 
-sparq_status sq_session_encode(const sq_session *s, const char *text, bool add_bos, int32_t **ids, int *n)
-{
-    return sq_prompt_encode(s->tok, text, add_bos, ids, n);
-}
-
 sparq_status sq_prompt_encode(const sq_tokenizer *tok, const char *text, bool add_bos, int32_t **ids, int *n)
 {
     int32_t *raw = NULL;

@@ -44,7 +44,6 @@ sparq_status sq_session_set_sampler(sq_session *s, const sq_sampler_params *sp);
 /* Encode text (special tokens parsed), with the tokenizer's BOS first if
  * add_bos and it has one. *ids: sparq_malloc'ed. */
 sparq_status sq_prompt_encode(const sq_tokenizer *tok, const char *text, bool add_bos, int32_t **ids, int *n);
-sparq_status sq_session_encode(const sq_session *s, const char *text, bool add_bos, int32_t **ids, int *n);
 
 typedef struct sq_session_out {
     int n_new;        /* tokens generated */

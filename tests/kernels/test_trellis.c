@@ -230,6 +230,8 @@ static void test_gemm(void)
                 ref_mul1(&r.lin, x, rows, yd);
                 const double e_ref = rel_rms(y0, yd, (size_t)rows * n);
                 CHECK_MSG(e_ref < 2e-6, "K=%d mul1: gemm vs its definition rms %g", K, e_ref);
+                fprintf(stderr, "  mul1 K=%d: gemm vs decode-then-matmul rel RMS %.3g, vs its definition %.3g\n", K,
+                        e_dec, e_ref);
             } else {
                 CHECK_MSG(worst < 2e-6, "K=%d cb=%d: gemm vs decode-then-matmul rel err %g", K, cb, worst);
             }

@@ -250,8 +250,27 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * INT_FMA = state masks on the FMA pipe (lane_state_d's DEC_FMA); INT_LOOP2 =
  * k_gemm_int2's loop (one k tile × 8 tile columns per step); INT_MINB3 = its
  * register budget set for 3 blocks per SM; INT_EPI = no output launch: the
- * warp that completes a 128-column block (int_group_done) transforms it. */
-enum { INT_PACK = 1, INT_FMA = 2, INT_LOOP2 = 4, INT_MINB3 = 8, INT_EPI = 16 };
+ * warp that completes a 128-column block (int_group_done) transforms it;
+ * INT_WIN = no input launch: each warp of k_gemm_int2 (1..4 batch rows) or
+ * of the MoE gate/up kernel transforms and quantises the 128-blocks of x it
+ * needs itself (win_block), into its own shared memory; INT_WIO = the input and
+ * output launches with one warp per 128-block (k_input_int_w, k_output_int_w:
+ * shuffles only, no shared memory or barrier) instead of 128-thread blocks;
+ * INT_PDLIN = the input launch chained to the previous kernel by PDL too (it
+ * loads suh, then waits; the output launch lets the next one start at once);
+ * INT_MINB1 = k_gemm_int2 compiled for 1 block of 8 warps per SM (up to 255
+ * registers). */
+enum {
+    INT_PACK = 1,
+    INT_FMA = 2,
+    INT_LOOP2 = 4,
+    INT_MINB3 = 8,
+    INT_EPI = 16,
+    INT_WIN = 32,
+    INT_WIO = 64,
+    INT_PDLIN = 128,
+    INT_MINB1 = 256
+};
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
  * words (lane (g, c): column g = batch row g/2, hi (g even) or lo; words =
@@ -264,6 +283,99 @@ __host__ __device__ constexpr int int_bwords(int V) { return (V & INT_PACK) ? 1 
  * those rows compute, so they are not written). Writes the B words (bq), A·s_β (sa,
  * [row][β]), 510·Σq per 64-input half block (ch, [row][2β + h]) and Σ_{i∈β} u_i
  * (usb, [row][β]). */
+/* The B words of input i (0..127) of 128-block beta of row r, q = its 16-bit
+ * value: position p = i % 16 of k tile 8β + i/16; lanes (g = 2·(r%4) +
+ * {0: hi, 1: lo}, c = (p%8)/2), word 2·(p/8) + p%2. */
+template <int V>
+__device__ __forceinline__ void int_bq_store(uint32_t *__restrict__ bq, int q, int i, int beta, int r, int ktiles)
+{
+    const int hi = (q + 128) >> 8, lo = q - 256 * hi;
+    const int kt = beta * 8 + (i >> 4), p = i & 15, c = (p & 7) >> 1, word = 2 * (p >> 3) + (p & 1);
+    const int g = 2 * (r & 3), lane = 4 * g + c;
+    const size_t base = (size_t)((r >> 2) * ktiles + kt) * 32;
+    if constexpr ((V & INT_PACK) != 0) {
+        uint8_t *b8 = (uint8_t *)(bq + base);
+        b8[4 * lane + word] = (uint8_t)hi;
+        b8[4 * (lane + 4) + word] = (uint8_t)lo;
+    } else {
+        bq[(base + lane) * 4 + word] = 0x01010101u * (uint8_t)hi;
+        bq[(base + lane + 4) * 4 + word] = 0x01010101u * (uint8_t)lo;
+    }
+}
+
+/* The quantisation of one 128-block held by a warp after its Hadamard (lane l:
+ * positions l + 32e): q, A·s_β and Σu on every lane, and on lane 0 the Σq of
+ * each of the block's 8 k tiles. q and s are bit-identical to
+ * int_input_block's (the max is exact); Σu is summed in another order. */
+__device__ __forceinline__ void warp_quant128(const float (&u)[4], int lane, int (&q)[4], float &as, float &su,
+                                              int (&kq)[8])
+{
+    int bad = 0;
+    float m = 0.0f;
+    su = (u[0] + u[1]) + (u[2] + u[3]);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        bad |= !isfinite(u[e]);
+        m = fmaxf(m, isfinite(u[e]) ? fabsf(u[e]) : 0.0f);
+    }
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
+        su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+        bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q[e] = 0;
+    if (bad) {
+        s = __int_as_float(0x7FC00000);
+    } else if (m != 0.0f) {
+        const float inv = (float)INT_QMAX / m;
+        s = m / (float)INT_QMAX;
+#pragma unroll
+        for (int e = 0; e < 4; e++) q[e] = max(-INT_QMAX, min(INT_QMAX, __float2int_rn(u[e] * inv)));
+    }
+    as = INT_A * s;
+    /* Σq per k tile: position l + 32e is in k tile 2e + l/16 */
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int t = q[e];
+#pragma unroll
+        for (int h = 8; h > 0; h >>= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, h);
+        kq[2 * e] = t;
+        kq[2 * e + 1] = __shfl_sync(0xFFFFFFFFu, t, 16);
+    }
+}
+
+/* k_input_int's work for 128-block beta of row r by one warp (INT_WIO):
+ * u[e] = (x ⊙ suh) at positions lane + 32e before the Hadamard. */
+template <int V>
+__device__ __forceinline__ void int_input_warp(float (&u)[4], int beta, int r, int k, uint32_t *__restrict__ bq,
+                                               float *__restrict__ sa, int *__restrict__ ch,
+                                               float *__restrict__ usb, int *__restrict__ pc)
+{
+    const int lane = threadIdx.x & 31, nb = k >> 7;
+    warp_had128(u, lane);
+    int q[4], kq[8];
+    float as, su;
+    warp_quant128(u, lane, q, as, su, kq);
+    if (lane == 0) {
+        sa[r * nb + beta] = as;
+        usb[r * nb + beta] = su;
+        ch[r * 2 * nb + 2 * beta] = 510 * ((kq[0] + kq[1]) + (kq[2] + kq[3]));
+        ch[r * 2 * nb + 2 * beta + 1] = 510 * ((kq[4] + kq[5]) + (kq[6] + kq[7]));
+        int acc = 0;
+        pc[(r * nb + beta) * 9] = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            acc += 510 * kq[j];
+            pc[(r * nb + beta) * 9 + j + 1] = acc;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) int_bq_store<V>(bq, q[e], lane + 32 * e, beta, r, k >> 4);
+}
+
 /* The body of k_input_int for 128-input block beta of row r (128 threads,
  * thread i holds input i of the block, u = x ⊙ suh before the Hadamard;
  * valid: r < rows, uniform per block). Also the MoE v21+ input stages. */
@@ -326,20 +438,7 @@ __device__ __forceinline__ void int_input_block(float u, bool valid, int beta, i
             if (j < 8) acc += 510 * red_kt[j];
         }
     }
-    /* B words: input i of the block is position p of k tile 8β + i/16; lanes
-     * (g = 2·(r%4) + {0: hi, 1: lo}, c = (p%8)/2), word 2·(p/8) + p%2 */
-    const int hi = (q + 128) >> 8, lo = q - 256 * hi;
-    const int kt = beta * 8 + (i >> 4), p = i & 15, c = (p & 7) >> 1, word = 2 * (p >> 3) + (p & 1);
-    const int g = 2 * (r & 3), lane = 4 * g + c;
-    const size_t base = (size_t)((r >> 2) * ktiles + kt) * 32;
-    if constexpr ((V & INT_PACK) != 0) {
-        uint8_t *b8 = (uint8_t *)(bq + base);
-        b8[4 * lane + word] = (uint8_t)hi;
-        b8[4 * (lane + 4) + word] = (uint8_t)lo;
-    } else {
-        bq[(base + lane) * 4 + word] = 0x01010101u * (uint8_t)hi;
-        bq[(base + lane + 4) * 4 + word] = 0x01010101u * (uint8_t)lo;
-    }
+    int_bq_store<V>(bq, q, i, beta, r, ktiles);
 }
 
 template <int V, bool PDL>
@@ -350,8 +449,10 @@ __global__ void __launch_bounds__(128) k_input_int(const float *__restrict__ x, 
 {
     if constexpr (PDL) griddep_launch();
     const int i = threadIdx.x, beta = blockIdx.x, r = blockIdx.y;
+    const float sh = __half2float(suh[(size_t)beta * 128 + i]);
+    griddep_wait(); /* a no-op unless launched with PDL (INT_PDLIN) */
     float u = 0.0f;
-    if (r < rows) u = x[(size_t)r * k + (size_t)beta * 128 + i] * __half2float(suh[(size_t)beta * 128 + i]);
+    if (r < rows) u = x[(size_t)r * k + (size_t)beta * 128 + i] * sh;
     int_input_block<V>(u, r < rows, beta, r, k, bq, sa, ch, usb, pc);
 }
 
@@ -363,6 +464,7 @@ __global__ void __launch_bounds__(128) k_output_int(float *__restrict__ t, const
 {
     __shared__ float sm[128];
     __shared__ float red[4];
+    griddep_launch(); /* the next launch may start; it waits before touching what this one reads */
     if constexpr (PDL) griddep_wait();
     const int i = threadIdx.x, r = blockIdx.y;
     const size_t j = (size_t)blockIdx.x * 128 + i;
@@ -377,6 +479,56 @@ __global__ void __launch_bounds__(128) k_output_int(float *__restrict__ t, const
     t[r * (size_t)n + j] = 0.0f;
     v = had128_block(v, sm);
     y[r * (size_t)n + j] = v * __half2float(svh[j]);
+}
+
+/* INT_WIO: k_input_int with one warp per 128-block; grid (⌈nb/4⌉, rows), 128 threads. */
+template <int V, bool PDL>
+__global__ void __launch_bounds__(128) k_input_int_w(const float *__restrict__ x, const __half *__restrict__ suh,
+                                                     uint32_t *__restrict__ bq, float *__restrict__ sa,
+                                                     int *__restrict__ ch, float *__restrict__ usb,
+                                                     int *__restrict__ pc, int k, int rows)
+{
+    if constexpr (PDL) griddep_launch();
+    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), r = blockIdx.y;
+    if (beta >= (k >> 7)) return;
+    float u[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) u[e] = __half2float(suh[(size_t)beta * 128 + lane + 32 * e]);
+    griddep_wait(); /* a no-op unless launched with PDL (INT_PDLIN) */
+#pragma unroll
+    for (int e = 0; e < 4; e++) u[e] *= x[(size_t)r * k + (size_t)beta * 128 + lane + 32 * e];
+    int_input_warp<V>(u, beta, r, k, bq, sa, ch, usb, pc);
+    (void)rows;
+}
+
+/* INT_WIO: k_output_int with one warp per 128 columns; grid (⌈n/512⌉, rows),
+ * 128 threads; svh is loaded before the wait for the main kernel. */
+template <bool PDL>
+__global__ void __launch_bounds__(128) k_output_int_w(float *__restrict__ t, const float *__restrict__ usb,
+                                                      const __half *__restrict__ svh, float *__restrict__ y, int n,
+                                                      int nb)
+{
+    griddep_launch(); /* the next launch may start; it waits before touching what this one reads */
+    const int lane = threadIdx.x & 31, cb = blockIdx.x * 4 + (threadIdx.x >> 5), r = blockIdx.y;
+    if (cb >= (n >> 7)) return;
+    float sv[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) sv[e] = __half2float(svh[cb * 128 + lane + 32 * e]);
+    if constexpr (PDL) griddep_wait();
+    float su = 0.0f;
+    for (int b = lane; b < nb; b += 32) su += usb[r * nb + b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+    float *tr = t + (size_t)r * n + cb * 128;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[e] = tr[lane + 32 * e] + INT_D * su;
+        tr[lane + 32 * e] = 0.0f;
+    }
+    warp_had128(v, lane);
+#pragma unroll
+    for (int e = 0; e < 4; e++) y[(size_t)r * n + cb * 128 + lane + 32 * e] = v[e] * sv[e];
 }
 
 /* INT_EPI: called by each warp after it has added its partial sums of `work`
@@ -408,22 +560,11 @@ __device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float
             v[e] = __ldcg(tr + lane + 32 * e) + INT_D * su;
             tr[lane + 32 * e] = 0.0f;
         }
-#pragma unroll
-        for (int h = 1; h < 32; h <<= 1)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = __shfl_xor_sync(0xFFFFFFFFu, v[e], h);
-                v[e] = (lane & h) ? p - v[e] : v[e] + p;
-            }
-        const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
-        v[0] = a0 + a2;
-        v[2] = a0 - a2;
-        v[1] = a1 + a3;
-        v[3] = a1 - a3;
+        warp_had128(v, lane);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int j = 128 * cb + lane + 32 * e;
-            y[(size_t)r * n + j] = v[e] * 0.08838834764831845f * __half2float(svh[j]);
+            y[(size_t)r * n + j] = v[e] * __half2float(svh[j]);
         }
     }
     if (lane == 0) cnt[cb] = 0;
@@ -456,8 +597,8 @@ template <int K, int RG, int V>
 __global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
     k_gemm_int(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
                const int *__restrict__ ch, float *__restrict__ t, int k, int n, int rows, int total_warps,
-               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
-               unsigned *__restrict__ cnt)
+               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, float *__restrict__ usb,
+               unsigned *__restrict__ cnt, const float *__restrict__, const __half *__restrict__)
 {
     constexpr int NW = 2, U = 4, TW = 8 * K, NWD = lane_nwords<K, DEC_2W>(), BW = int_bwords(V);
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
@@ -578,19 +719,85 @@ __host__ __device__ constexpr int int2_nw()
     return RG == 1 ? 8 : RG == 2 ? 4 : 2;
 }
 
+/* INT_WIN: one warp's copy of a 128-block's B words (one row group: 4 batch
+ * rows, k_input_int's layout for 8 k tiles), A·s_β per row, and the prefix
+ * sums 510·Σq over its first j k tiles (j = 0..8) per row. */
+struct win_smem {
+    uint32_t b[8][32][4];
+    int pc[4][9];
+    float sa[4];
+};
+
+/* What an INT_WIN segment reads instead of k_input_int's output: x (rows ×
+ * k), suh (k), and where Σ_{i∈β} u_i goes (usb[row·nb + β], for the output
+ * transform; every warp that transforms block β writes the same value). */
+struct win_in {
+    const float *x;
+    const __half *suh;
+    float *usb;
+    win_smem *sm;
+};
+
+/* INT_WIN: k_input_int's work for 128-block beta of rows 0..rows-1 (≤ 4) by
+ * one warp into wi.sm. The Hadamard (warp_had128) and max are bit-identical
+ * to k_input_int's, so the B words and A·s_β are the same; Σu is summed in
+ * another order. */
+__device__ __forceinline__ void win_block(const win_in &wi, int k, int rows, int beta, int lane)
+{
+    win_smem &sm = *wi.sm;
+    const int nb = k >> 7;
+    __syncwarp(); /* lanes may still read the previous block's words */
+    for (int r = 0; r < rows; r++) {
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = beta * 128 + lane + 32 * e;
+            v[e] = __ldg(wi.x + (size_t)r * k + i) * __half2float(__ldg(wi.suh + i));
+        }
+        warp_had128(v, lane);
+        int q[4], kq[8];
+        float as, su;
+        warp_quant128(v, lane, q, as, su, kq);
+        if (lane == 0) {
+            sm.sa[r] = as;
+            wi.usb[r * nb + beta] = su;
+            int acc = 0;
+            sm.pc[r][0] = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                acc += 510 * kq[j];
+                sm.pc[r][j + 1] = acc;
+            }
+        }
+        /* B words (k_input_int's layout): lanes g = 2r (hi), 2r + 1 (lo) */
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int p = lane + 32 * e, j = p >> 4, c = (p & 7) >> 1, w = 2 * ((p >> 3) & 1) + (p & 1);
+            const int hi = (q[e] + 128) >> 8, lo = q[e] - 256 * hi;
+            sm.b[j][4 * (2 * r) + c][w] = 0x01010101u * (uint8_t)hi;
+            sm.b[j][4 * (2 * r + 1) + c][w] = 0x01010101u * (uint8_t)lo;
+        }
+    }
+    __syncwarp();
+}
+
 /* One warp's segment of k_gemm_int2 (and of the MoE v21+ launches): k tiles
  * kt0..kt1-1 of tile column group grp of the linear at `trellis` (k × n),
  * partial sums added into t. The first segment of a warp waits for the
- * previous launch (PDL) once its first words are in flight. */
+ * previous launch (PDL) once its first words are in flight. One pass of the
+ * outer loop per 128-block: with INT_WIN (RG = 1) its B words, A·s_β and
+ * prefix sums come from win_block (wi) instead of bq, sa, pc. */
 template <int K, int RG, int V>
 __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
                                              const float *__restrict__ sa, const int *__restrict__ pc,
                                              float *__restrict__ t, int k, int n, int rows, int grp, int kt0,
                                              int kt1, const lane_ring &lr, uint32_t one, const bool (&bok)[RG],
-                                             bool &waited)
+                                             bool &waited, const win_in &wi)
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    constexpr bool WIN = (V & INT_WIN) != 0;
+    static_assert(!WIN || RG == 1, "INT_WIN: one row group");
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -599,15 +806,10 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
     const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
     const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
     float f[RG][NW][2];
-    uint32_t acc[RG][NW][4];
 #pragma unroll
     for (int rg = 0; rg < RG; rg++)
 #pragma unroll
-        for (int j = 0; j < NW; j++) {
-            f[rg][j][0] = f[rg][j][1] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
-        }
+        for (int j = 0; j < NW; j++) f[rg][j][0] = f[rg][j][1] = 0.0f;
     uint32_t w[NW][NWD];
 #pragma unroll
     for (int j = 0; j < NW; j++) {
@@ -619,61 +821,75 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
         griddep_wait();
         waited = true;
     }
-    int seg = kt0; /* first k tile of the sums in acc */
-    for (int kt = kt0; kt < kt1; kt++) {
-        /* the next k tile's words (the last step reloads its own: no branch) */
-        const size_t adv = kt + 1 < kt1 ? row_stride : 0;
-        p0 += adv;
-        p1 += adv;
-        if constexpr (NWD == 3) p2 += adv;
-        uint32_t wn[NW][NWD];
+    int kt = kt0;
+    while (kt < kt1) {
+        const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
+        if constexpr (WIN) win_block(wi, k, rows, be, lane);
+        uint32_t acc[RG][NW][4];
 #pragma unroll
-        for (int j = 0; j < NW; j++) {
-            wn[j][0] = __ldg(p0 + j * TW);
-            wn[j][1] = __ldg(p1 + j * TW);
-            if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
-        }
-        uint32_t b[RG][4];
+        for (int rg = 0; rg < RG; rg++)
 #pragma unroll
-        for (int rg = 0; rg < RG; rg++) {
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-            b[rg][0] = v.x;
-            b[rg][1] = v.y;
-            b[rg][2] = v.z;
-            b[rg][3] = v.w;
-        }
+            for (int j = 0; j < NW; j++)
 #pragma unroll
-        for (int j = 0; j < NW; j++) {
-            uint32_t x[8];
-            lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
+                for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+        for (; kt < kend; kt++) {
+            /* the next k tile's words (the last step reloads its own: no branch) */
+            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
+            p0 += adv;
+            p1 += adv;
+            if constexpr (NWD == 3) p2 += adv;
+            uint32_t wn[NW][NWD];
 #pragma unroll
-            for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
-        }
-#pragma unroll
-        for (int j = 0; j < NW; j++)
-#pragma unroll
-            for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
-        if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
-            /* k tiles seg..kt of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
-            const int be = kt >> 3;
+            for (int j = 0; j < NW; j++) {
+                wn[j][0] = __ldg(p0 + j * TW);
+                wn[j][1] = __ldg(p1 + j * TW);
+                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
+            }
+            uint32_t b[RG][4];
 #pragma unroll
             for (int rg = 0; rg < RG; rg++) {
-                const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
-                const uint32_t cq =
-                    (uint32_t)__ldg(pcr + (kt + 1 - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
-                const float sc = __ldg(sa + (4 * rg + c) * nb + be);
-#pragma unroll
-                for (int j = 0; j < NW; j++) {
-                    const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
-                    const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
-                    f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
-                    f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (bok[rg]) {
+                    if constexpr (WIN) v = *(const uint4 *)&wi.sm->b[kt & 7][lane][0];
+                    else v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
                 }
+                b[rg][0] = v.x;
+                b[rg][1] = v.y;
+                b[rg][2] = v.z;
+                b[rg][3] = v.w;
             }
-            seg = kt + 1;
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                uint32_t x[8];
+                lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
+#pragma unroll
+                for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NW; j++)
+#pragma unroll
+                for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
+        }
+        /* k tiles seg..kend-1 of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++) {
+            uint32_t cq;
+            float sc;
+            if constexpr (WIN) {
+                cq = (uint32_t)wi.sm->pc[c][kend - 8 * be] - (uint32_t)wi.sm->pc[c][seg - 8 * be];
+                sc = wi.sm->sa[c];
+            } else {
+                const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
+                cq = (uint32_t)__ldg(pcr + (kend - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
+                sc = __ldg(sa + (4 * rg + c) * nb + be);
+            }
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
+                const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
+                f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
+                f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
+            }
         }
     }
     int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
@@ -683,10 +899,11 @@ template <int K, int RG, int V, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
                 const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
-                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
-                unsigned *__restrict__ cnt)
+                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, float *__restrict__ usb,
+                unsigned *__restrict__ cnt, const float *__restrict__ x, const __half *__restrict__ suh)
 {
     constexpr int NW = int2_nw<K, RG, V>();
+    __shared__ win_smem wsm[(V & INT_WIN) ? 8 : 1];
     griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -700,12 +917,13 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
     for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
     bool waited = false;
+    const win_in wi = {x, suh, usb, &wsm[(V & INT_WIN) ? threadIdx.x >> 5 : 0]};
     while (q < q1) {
         const int grp = (int)(q / ktiles);
         const int kt0 = (int)(q - (long long)grp * ktiles);
         const int kt1 = (int)(min(q1, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
         q += kt1 - kt0;
-        int2_segment<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited);
+        int2_segment<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited, wi);
         if constexpr ((V & INT_EPI) != 0)
             int_group_done(t, cnt, usb, svh, y, n, (k >> 7), rows, 16 * grp * NW, kt1 - kt0, ktiles * (8 / NW), lane);
     }
@@ -734,6 +952,7 @@ __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, c
                                                    int top_k)
 {
     griddep_launch();
+    griddep_wait(); /* MoE v27+: chained to the previous kernel by PDL (ids and x come from it) */
     const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], beta = blockIdx.x;
     const int i = threadIdx.x, nb = hidden >> 7, ktiles = hidden >> 4;
     const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
@@ -746,9 +965,13 @@ template <int K, int V, int MINB, bool GU>
 __global__ void __launch_bounds__(256, MINB)
     k_moe_int2(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
                const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-               int jobs, int total_warps, uint32_t one)
+               int jobs, int total_warps, uint32_t one, const float *__restrict__ x, float *__restrict__ usb,
+               int top_k)
 {
     constexpr int NW = int2_nw<K, 1, V>();
+    constexpr bool WIN = (V & INT_WIN) != 0;
+    static_assert(!WIN || GU, "INT_WIN: the gate/up inputs only");
+    __shared__ win_smem wsm[WIN ? 8 : 1];
     griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -769,8 +992,12 @@ __global__ void __launch_bounds__(256, MINB)
         q += kt1 - kt0;
         const int e = __ldg(ids + (GU ? job >> 1 : job));
         const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
+        win_in wi = {NULL, NULL, NULL, &wsm[0]};
+        if constexpr (WIN)
+            wi = {x + (size_t)((job >> 1) / top_k) * k, (job & 1) ? pb.suh[e] : pa.suh[e], usb + (size_t)job * nb,
+                  &wsm[threadIdx.x >> 5]};
         int2_segment<K, 1, V>(tr, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb, pc + (size_t)job * nb * 9,
-                              t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited);
+                              t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited, wi);
     }
 }
 
@@ -885,6 +1112,7 @@ __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *_
 {
     __shared__ float sm[128];
     __shared__ float red[4];
+    griddep_launch(); /* MoE v27+: the next layer's first launch may start (it waits) */
     const int pair = blockIdx.y, token = pair / top_k, i = threadIdx.x, nbi = inter >> 7, e = ids[pair];
     const size_t j = (size_t)blockIdx.x * 128 + i;
     const float sv = weights[pair] * __half2float(down.svh[e][j]);
@@ -893,6 +1121,122 @@ __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *_
     const float su = block_sum128(usb_d + (size_t)pair * nbi, nbi, red);
     t_d[(size_t)pair * hidden + j] = 0.0f;
     atomicAdd(out + (size_t)token * hidden + j, had128_block(a + INT_D * su, sm) * sv);
+}
+
+/* The launch floor (trellis_cuda_lab_empty): lets the next launch start, waits for the previous one. */
+__global__ void k_empty()
+{
+    griddep_launch();
+    griddep_wait();
+}
+
+/* MoE v26: the three small launches of v23 with one warp per 128-block
+ * (warp_had128: shuffles only, no shared memory or barrier), 128 threads.
+ * k_moe_in_gu_w: grid (⌈hidden/512⌉, 2·pairs). */
+__global__ void __launch_bounds__(128) k_moe_in_gu_w(moe_proj gate, moe_proj up, const int *__restrict__ ids,
+                                                     const float *__restrict__ x, uint32_t *__restrict__ bq,
+                                                     float *__restrict__ sa, int *__restrict__ ch,
+                                                     float *__restrict__ usb, int *__restrict__ pc, int hidden,
+                                                     int top_k)
+{
+    griddep_launch();
+    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nb = hidden >> 7;
+    if (beta >= nb) return;
+    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], ktiles = hidden >> 4;
+    const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
+    float u[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int i = beta * 128 + lane + 32 * q;
+        u[q] = x[(size_t)token * hidden + i] * __half2float(suh[i]);
+    }
+    int_input_warp<0>(u, beta, 0, hidden, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb,
+                      ch + (size_t)job * 2 * nb, usb + (size_t)job * nb, pc + (size_t)job * nb * 9);
+}
+
+/* Σ of s[0..n) over a warp (every lane gets it). */
+__device__ __forceinline__ float warp_sum_n(const float *__restrict__ s, int n, int lane)
+{
+    float su = 0.0f;
+    for (int b = lane; b < n; b += 32) su += s[b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+    return su;
+}
+
+/* grid (⌈inter/512⌉, pairs): k_moe_mid<.., true>'s work, one 128-block of
+ * inter per warp. */
+__global__ void __launch_bounds__(128) k_moe_mid_w(moe_proj gate, moe_proj up, moe_proj down,
+                                                   const int *__restrict__ ids, float *__restrict__ t_gu,
+                                                   const float *__restrict__ usb_gu, uint32_t *__restrict__ bq,
+                                                   float *__restrict__ sa, int *__restrict__ ch,
+                                                   float *__restrict__ usb, int *__restrict__ pc, int hidden,
+                                                   int inter)
+{
+    griddep_launch();
+    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nbi = inter >> 7;
+    if (beta >= nbi) return;
+    const int pair = blockIdx.y, e = ids[pair], nbh = hidden >> 7, kti = inter >> 4;
+    float sg[4], su_[4], sd[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int j = beta * 128 + lane + 32 * q;
+        sg[q] = __half2float(gate.svh[e][j]);
+        su_[q] = __half2float(up.svh[e][j]);
+        sd[q] = __half2float(down.suh[e][j]);
+    }
+    griddep_wait();
+    float a[2][4];
+#pragma unroll
+    for (int w = 0; w < 2; w++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) a[w][q] = t_gu[(size_t)(2 * pair + w) * inter + beta * 128 + lane + 32 * q];
+    const float us0 = warp_sum_n(usb_gu + (size_t)(2 * pair) * nbh, nbh, lane);
+    const float us1 = warp_sum_n(usb_gu + (size_t)(2 * pair + 1) * nbh, nbh, lane);
+#pragma unroll
+    for (int w = 0; w < 2; w++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            t_gu[(size_t)(2 * pair + w) * inter + beta * 128 + lane + 32 * q] = 0.0f;
+            a[w][q] += INT_D * (w ? us1 : us0);
+        }
+    warp_had128(a[0], lane);
+    warp_had128(a[1], lane);
+    float z[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float g = a[0][q] * sg[q], u = a[1][q] * su_[q];
+        z[q] = g / (1.0f + __expf(-g)) * u * sd[q];
+    }
+    int_input_warp<0>(z, beta, 0, inter, bq + (size_t)pair * kti * 128, sa + (size_t)pair * nbi,
+                      ch + (size_t)pair * 2 * nbi, usb + (size_t)pair * nbi, pc + (size_t)pair * nbi * 9);
+}
+
+/* grid (⌈hidden/512⌉, pairs): k_moe_out_par's work, 128 columns per warp. */
+__global__ void __launch_bounds__(128) k_moe_out_par_w(moe_proj down, const int *__restrict__ ids,
+                                                       const float *__restrict__ weights, float *__restrict__ t_d,
+                                                       const float *__restrict__ usb_d, float *__restrict__ out,
+                                                       int hidden, int inter, int top_k)
+{
+    const int lane = threadIdx.x & 31, cb = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (cb >= (hidden >> 7)) return;
+    const int pair = blockIdx.y, token = pair / top_k, nbi = inter >> 7, e = ids[pair];
+    const float wt = weights[pair];
+    float sv[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) sv[q] = wt * __half2float(down.svh[e][cb * 128 + lane + 32 * q]);
+    griddep_wait();
+    const float su = warp_sum_n(usb_d + (size_t)pair * nbi, nbi, lane);
+    float *tr = t_d + (size_t)pair * hidden + cb * 128;
+    float v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        v[q] = tr[lane + 32 * q] + INT_D * su;
+        tr[lane + 32 * q] = 0.0f;
+    }
+    warp_had128(v, lane);
+#pragma unroll
+    for (int q = 0; q < 4; q++) atomicAdd(out + (size_t)token * hidden + cb * 128 + lane + 32 * q, v[q] * sv[q]);
 }
 
 /* --- dispatch ----------------------------------------------------------------------
@@ -1109,13 +1453,16 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
 /* MoE lab v21+ (mul1 only): the balanced integer launches' main kernel for
  * gate/up (GU) and down. 21 = INT_FMA (every K), 22 = no FMA masks (K =
  * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
- * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4);
- * NULL for another version. */
+ * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4), 25 =
+ * 23 without k_moe_in_gu: each gate/up warp transforms its own input blocks
+ * (INT_WIN; every K), 26 = 23 with its three small launches one warp per
+ * 128-block (every K), 27 = 23 with the input launch chained to the previous
+ * kernel by PDL (every K), 28 = 27 with 24's main kernels (K = 2..4); NULL for another version. */
 typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
-                           int, int, int, int, uint32_t);
+                           int, int, int, int, uint32_t, const float *, float *, int);
 static bool moe_int_version(int version)
 {
-    return (version >= 21 && version <= 24) || (version >= 231 && version <= 233);
+    return (version >= 21 && version <= 28) || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1124,14 +1471,17 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
     *down = NULL;
     with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
         constexpr int KK = decltype(k)::value;
-        if (version == 21 || version == 23) {
+        if (version == 21 || version == 23 || version == 26 || version == 27) {
             *gu = k_moe_int2<KK, INT_FMA, 2, true>;
+            *down = k_moe_int2<KK, INT_FMA, 2, false>;
+        } else if (version == 25) {
+            *gu = k_moe_int2<KK, INT_FMA | INT_WIN, 2, true>;
             *down = k_moe_int2<KK, INT_FMA, 2, false>;
         } else if constexpr (KK >= 2 && KK <= 4) {
             if (version == 22) {
                 *gu = k_moe_int2<KK, 0, 2, true>;
                 *down = k_moe_int2<KK, 0, 2, false>;
-            } else if (version == 24) {
+            } else if (version == 24 || version == 28) {
                 *gu = k_moe_int2<KK, INT_FMA, 1, true>;
                 *down = k_moe_int2<KK, INT_FMA, 1, false>;
             }
@@ -1143,7 +1493,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
 /* --- integer mul1 GEMM (lab v20+): kernel choice --------------------------------- */
 
 typedef void (*int_fn)(const uint32_t *, const uint32_t *, const float *, const int *, float *, int, int, int, int,
-                       uint32_t, const __half *, float *, const float *, unsigned *);
+                       uint32_t, const __half *, float *, float *, unsigned *, const float *, const __half *);
 typedef void (*int_in_fn)(const float *, const __half *, uint32_t *, float *, int *, float *, int *, int, int);
 
 /* Integer lab options of version 20.. (-1: not an integer version). */
@@ -1159,13 +1509,24 @@ static int int_version_opts(int version)
     case 26: return INT_LOOP2 | INT_FMA | INT_MINB3;
     case 27: return INT_LOOP2 | INT_FMA | INT_EPI;
     case 28: return INT_FMA | INT_EPI;
+    case 29: return INT_LOOP2 | INT_FMA | INT_WIN;
+    case 30: return INT_LOOP2 | INT_FMA | INT_WIO;
+    case 31: return INT_FMA | INT_WIO;
+    case 32: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN;
+    case 33: return INT_FMA | INT_WIO | INT_PDLIN;
+    case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
     default: return -1;
     }
 }
 
-/* The versions trellis_cuda_gemm may run (24, 22) exist for every K at 1..4
- * rows; every version exists for K = 2..4 and 1..16 rows. */
-static bool int_allk(int v) { return v == (INT_LOOP2 | INT_FMA) || v == INT_FMA; }
+/* The versions trellis_cuda_gemm may run (29, 24, 22) exist for every K at
+ * 1..4 rows; every version exists for K = 2..4 and 1..16 rows (29 runs 24's
+ * kernel above 4 rows: its in-warp input holds one row group). */
+static bool int_allk(int v)
+{
+    v &= ~(INT_WIO | INT_PDLIN); /* the same main kernels */
+    return v == (INT_LOOP2 | INT_FMA | INT_WIN) || v == (INT_LOOP2 | INT_FMA) || v == INT_FMA;
+}
 
 template <int KK, int V>
 static int_fn int_pick_rg(int rg)
@@ -1181,12 +1542,16 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : 2, VV = V & (INT_FMA | INT_EPI);
-    switch (rg) {
-    case 1: return k_gemm_int2<KK, 1, VV, MB>;
-    case 2: return k_gemm_int2<KK, 2, VV, MB>;
-    case 3: return k_gemm_int2<KK, 3, VV, (MB > 2 ? 2 : 1)>;
-    default: return k_gemm_int2<KK, 4, VV, 1>;
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_WIN);
+    if constexpr ((V & INT_WIN) != 0) {
+        return rg == 1 ? k_gemm_int2<KK, 1, VV, MB> : NULL;
+    } else {
+        switch (rg) {
+        case 1: return k_gemm_int2<KK, 1, VV, MB>;
+        case 2: return k_gemm_int2<KK, 2, VV, MB>;
+        case 3: return k_gemm_int2<KK, 3, VV, (MB > 2 ? 2 : 1)>;
+        default: return k_gemm_int2<KK, 4, VV, 1>;
+        }
     }
 }
 
@@ -1195,6 +1560,7 @@ static int_fn int_pick_k(int v, int rg)
 {
     if constexpr (KK < 2 || KK > 4) {
         if (rg != 1) return NULL;
+        if (v == (INT_LOOP2 | INT_FMA | INT_WIN)) return k_gemm_int2<KK, 1, INT_FMA | INT_WIN, 2>;
         if (v == (INT_LOOP2 | INT_FMA)) return k_gemm_int2<KK, 1, INT_FMA, 2>;
         if (v == INT_FMA) return k_gemm_int<KK, 1, INT_FMA>;
     } else {
@@ -1202,8 +1568,10 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_EPI: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI>(rg);
         case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
         case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
+        case INT_LOOP2 | INT_FMA | INT_WIN: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_WIN>(rg);
         case INT_LOOP2: return int2_pick_rg<KK, INT_LOOP2>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB3: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3>(rg);
+        case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
         case INT_FMA: return int_pick_rg<KK, INT_FMA>(rg);
@@ -1216,6 +1584,7 @@ static int_fn int_pick_k(int v, int rg)
 
 static int_fn int_pick(int K, int v, int rg)
 {
+    v &= ~(INT_WIO | INT_PDLIN); /* the input and output launches only */
     return with_k_cb(K, CB_MUL1, [&](auto k, auto) { return int_pick_k<decltype(k)::value>(v, rg); });
 }
 
@@ -1432,6 +1801,20 @@ sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q
     return SPARQ_OK;
 }
 
+sparq_status trellis_cuda_lab_empty(void *stream, int launches)
+{
+    RETURN_IF(launches < 1 || launches > 8, SPARQ_E_ARG, "cuda empty launches: %d, expected 1..8", launches);
+    cudaStream_t s = (cudaStream_t)stream;
+    k_empty<<<1, 32, 0, s>>>();
+    CUDA_RETURN_IF(cudaGetLastError(), "empty launch");
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = pdl_config(attr, s);
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    for (int i = 1; i < launches; i++) CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_empty), "empty launch (PDL)");
+    return SPARQ_OK;
+}
+
 /* The checks every GEMM entry point makes before launching. */
 static sparq_status gemm_args_check(const trellis_cuda_linear *lin, const float *x, int rows, const float *y,
                                     const trellis_cuda_ws *ws)
@@ -1594,7 +1977,9 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
                                  trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
 {
     FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
-    const int v = int_version_opts(version), rg = (rows + 3) / 4;
+    const int rg = (rows + 3) / 4;
+    int v = int_version_opts(version);
+    if (v >= 0 && (v & INT_WIN) && rg > 1) v &= ~INT_WIN; /* one row group in a warp's shared memory */
     RETURN_IF(lin->cb != CB_MUL1, SPARQ_E_UNSUPPORTED, "%s: the integer CUDA gemm (version %d) is for mul1 only",
               lin->name, version);
     int_fn fn = v < 0 ? NULL : int_pick(lin->K, v, rg);
@@ -1615,10 +2000,20 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     cudaStream_t s = (cudaStream_t)stream;
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = pdl_config(attr, s);
-    if (parts & TRELLIS_CUDA_PART_INPUT) {
+    if ((parts & TRELLIS_CUDA_PART_INPUT) && !(v & INT_WIN)) {
         int_in_fn in = (v & INT_PACK) ? k_input_int<INT_PACK, true> : k_input_int<0, true>;
-        in<<<dim3(nb, rows), 128, 0, s>>>(x, lin->suh, ws->bq, ws->sa, ws->ch, ws->usb, ws->pc, lin->k, rows);
-        CUDA_RETURN_IF(cudaGetLastError(), "%s: integer input transform launch", lin->name);
+        dim3 grid(nb, rows);
+        if (v & INT_WIO) {
+            in = (v & INT_PACK) ? k_input_int_w<INT_PACK, true> : k_input_int_w<0, true>;
+            grid.x = (nb + 3) / 4;
+        }
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(128);
+        cfg.numAttrs = (v & INT_PDLIN) ? 1 : 0; /* PDL-chained to the previous kernel, or plain */
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, in, x, (const __half *)lin->suh, ws->bq, ws->sa, ws->ch, ws->usb,
+                                          ws->pc, lin->k, rows),
+                       "%s: integer input transform launch", lin->name);
+        cfg.numAttrs = 1;
     }
     if (parts & TRELLIS_CUDA_PART_MAIN) {
         cfg.gridDim = dim3(blocks);
@@ -1626,13 +2021,14 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, (const uint32_t *)lin->trellis, (const uint32_t *)ws->bq,
                                           (const float *)ws->sa, (const int *)((v & INT_LOOP2) ? ws->pc : ws->ch),
                                           ws->t, lin->k, lin->n, rows, (int)warps, 1u, (const __half *)lin->svh,
-                                          y, (const float *)ws->usb, ws->cnt),
+                                          y, ws->usb, ws->cnt, x, (const __half *)lin->suh),
                        "%s: integer gemm launch (%d blocks, PDL)", lin->name, blocks);
     }
     if ((parts & TRELLIS_CUDA_PART_OUTPUT) && !(v & INT_EPI)) {
-        cfg.gridDim = dim3(lin->n / 128, rows);
+        cfg.gridDim = dim3((v & INT_WIO) ? (lin->n / 128 + 3) / 4 : lin->n / 128, rows);
         cfg.blockDim = dim3(128);
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_output_int<true>, ws->t, (const float *)ws->usb,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, (v & INT_WIO) ? k_output_int_w<true> : k_output_int<true>, ws->t,
+                                          (const float *)ws->usb,
                                           (const __half *)lin->svh, y, lin->n, nb),
                        "%s: integer output transform launch (PDL)", lin->name);
     }
@@ -1753,7 +2149,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[4][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[8][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -1971,8 +2367,12 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
      * leave the scratch dirty unless x = 0): 231 = launches 1–2 (input +
      * gate/up), 232 = launches 3–5 (SwiGLU + down + output), 233 = the two
      * main kernels alone */
-    const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
+    unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
     if (version > 100) version = 23;
+    const bool win = version == 25; /* no input launch: gate/up is the first, plain launch */
+    const bool wio = version == 26; /* the small launches one warp per 128-block */
+    const bool pdl_in = version >= 27; /* the input launch chained to the previous kernel */
+    if (win) stages &= ~1u;
     moe_int_fn fg, fd;
     moe_int_pick(m->K, version, &fg, &fd);
     RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
@@ -1996,24 +2396,38 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
         warps[l] = blocks[l] * 8;
     }
     cudaStream_t s = (cudaStream_t)stream;
-    if (stages & 1u) {
-        k_moe_in_gu<0><<<dim3(H / 128, 2 * pairs), 128, 0, s>>>(m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu,
-                                                                 m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k);
+    if ((stages & 1u) && wio) {
+        k_moe_in_gu_w<<<dim3((H / 128 + 3) / 4, 2 * pairs), 128, 0, s>>>(
+            m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu, m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k);
         CUDA_RETURN_IF(cudaGetLastError(), "moe input launch (%d pairs)", pairs);
     }
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = pdl_config(attr, s);
+    if ((stages & 1u) && !wio) {
+        cfg.gridDim = dim3(H / 128, 2 * pairs);
+        cfg.blockDim = dim3(128);
+        cfg.numAttrs = pdl_in ? 1 : 0;
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_in_gu<0>, m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu,
+                                          m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k),
+                       "moe input launch (%d pairs)", pairs);
+        cfg.numAttrs = 1;
+    }
     cfg.gridDim = dim3(blocks[0]);
     cfg.blockDim = dim3(256);
+    cfg.numAttrs = win ? 0 : cfg.numAttrs;
     if (stages & 2u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
                                           (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
-                                          warps[0], 1u),
-                       "moe gate/up launch (%d blocks, PDL)", blocks[0]);
-    cfg.gridDim = dim3(I / 128, pairs);
+                                          warps[0], 1u, x, m->usb_gu, m->top_k),
+                       "moe gate/up launch (%d blocks%s)", blocks[0], win ? "" : ", PDL");
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(wio ? (I / 128 + 3) / 4 : I / 128, pairs);
     cfg.blockDim = dim3(128);
     if (stages & 4u)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, version >= 23 ? k_moe_mid<0, true> : k_moe_mid<0, false>,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
+                                          wio             ? k_moe_mid_w
+                                          : version >= 23 ? k_moe_mid<0, true>
+                                                          : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
                                           m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                        "moe SwiGLU launch (PDL)");
@@ -2022,12 +2436,16 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     if (stages & 8u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
                                           (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
-                                          warps[1], 1u),
+                                          warps[1], 1u, (const float *)NULL, (float *)NULL, m->top_k),
                        "moe down launch (%d blocks, PDL)", blocks[1]);
-    cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
+    cfg.gridDim = dim3(wio ? (H / 128 + 3) / 4 : H / 128, version >= 23 ? pairs : tokens);
     cfg.blockDim = dim3(128);
     if (stages & 16u)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, version >= 23 ? k_moe_out_par : k_moe_out, m->proj[2], ids,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
+                                          wio             ? k_moe_out_par_w
+                                          : version >= 23 ? k_moe_out_par
+                                                          : k_moe_out,
+                                          m->proj[2], ids,
                                           weights, m->t_down, (const float *)m->usb_d, out, H, I, m->top_k),
                        "moe output launch (PDL)");
     return SPARQ_OK;

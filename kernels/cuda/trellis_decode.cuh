@@ -412,6 +412,25 @@ __device__ __forceinline__ float had128_block(float v, float *sm)
     return v * 0.08838834764831845f;
 }
 
+/* The same transform by one warp on 128 values held 4 per lane (lane l holds
+ * positions l + 32e, e = 0..3): strides 1..16 by shuffles, 32 and 64 in
+ * registers, in had128_block's order, so the results are bit-identical. */
+__device__ __forceinline__ void warp_had128(float (&v)[4], int lane)
+{
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = __shfl_xor_sync(0xFFFFFFFFu, v[e], h);
+            v[e] = (lane & h) ? p - v[e] : v[e] + p;
+        }
+    const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+    v[0] = (a0 + a2) * 0.08838834764831845f;
+    v[2] = (a0 - a2) * 0.08838834764831845f;
+    v[1] = (a1 + a3) * 0.08838834764831845f;
+    v[3] = (a1 - a3) * 0.08838834764831845f;
+}
+
 } // namespace trellis_dev
 
 #endif

@@ -19,10 +19,10 @@
  *    and against decode-then-matmul with the fp16 codebook values (loose:
  *    normalised MSE ≤ 1e-6; the difference is the per-weight fp16 rounding
  *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
- *    activations); every version for K = 2..4, the default's for every K;
+ *    activations); every version (v20..v34) for K = 2..4, the default's for every K;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
  *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
- *    v21..v24 (the balanced integer launches);
+ *    v21..v28 (the balanced integer launches);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -340,7 +340,7 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12, V20 = 20, V28 = 28 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 34 };
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
  * default entry point for mul1 once it is promoted). */
@@ -428,7 +428,7 @@ static void test_gemm_all_k(void)
                 }
                 /* the integer mul1 versions: every K for the one the default runs,
                  * K = 2..4 for the others; refused for the other codebooks */
-                for (int v = V20; v <= V28; v++) {
+                for (int v = V20; v <= VINT_LAST; v++) {
                     if (cb != TRELLIS_CB_MUL1) {
                         void *d = NULL;
                         CHECK(trellis_cuda_alloc(&d, (size_t)16 * 1024 * 4) == SPARQ_OK);
@@ -491,7 +491,7 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 16, 0, 0, 16, V3);
         check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
         for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
-        for (int v = V20; v <= V28; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
+        for (int v = V20; v <= VINT_LAST; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
     }
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
@@ -587,11 +587,11 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 21, 23, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    static const int versions[] = {0, 20, 21, 23, 25, 26, 27, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24, 28};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 4; /* the default, v20, v21 and v23 (mul1: every K) */
+                                        : 7; /* the default, v20, v21, v23, v25..v27 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);

@@ -19,7 +19,7 @@
  * --int: lab round 3, the integer mul1 GEMM (v20..v23) against v10 (whole op and
  * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
  * --profile: a few launches of every version for ncu, no timing;
- * --moe-profile: one plain call of MoE v20, v21, v23 per MoE shape (for ncu's
+ * --moe-profile: one plain call of MoE v20, v21, v23, v26 per MoE shape (for ncu's
  * per-kernel times), no timing. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -36,11 +36,10 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 25, 27, 28
-#define INTV_NAMES "v22", "v24", "v25", "v27", "v28"
-#define INTV_MNAMES "v22-m", "v24-m", "v25-m", "v27-m", "v28-m"
-#define INTV_SWEEP "v22/v24"
-#define INTV_SWEEP_LIST 22, 24
+#define INTV_LIST 22, 24, 30, 31, 32, 33, 34
+#define INTV_SWEEP "v22/v24/v32/v33"
+#define INTV_SWEEP_LIST 22, 24, 32, 33
+enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -125,6 +124,13 @@ static void call_ours(op *o, int i)
 static void call_cublas(op *o, int i);
 static double time_op(op *o, int ncopies_used);
 
+/* The launch floor: o->rows empty kernels, PDL-chained from the second on. */
+static void call_empty(op *o, int i)
+{
+    (void)i;
+    SK(trellis_cuda_lab_empty(o->s, o->rows));
+}
+
 /* Frees the nc device copies of one benchmarked linear and its host arrays. */
 static void copies_free(trellis_cuda_linear **lins, int nc, uint16_t *tw, uint16_t *suh, uint16_t *svh)
 {
@@ -196,19 +202,19 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
-    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 231, 232, 233};
+    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
-    if (g_moe_profile) { /* --moe-profile: one plain call of v20, v21, v23 each (for ncu), no timing */
-        static const int pv[] = {20, 21, 23};
+    if (g_moe_profile) { /* --moe-profile: one plain call of v20, v21, v23, v26 each (for ncu), no timing */
+        static const int pv[] = {20, 21, 23, 26};
         o.ncopies = 1;
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < 4; v++) {
             o.version = pv[v];
             call_moe(&o, 0);
         }
         CK(cudaStreamSynchronize(s));
-        printf("%s: one call each of MoE v20, v21, v23\n", name);
+        printf("%s: one call each of MoE v20, v21, v23, v26\n", name);
         goto done;
     }
     for (int v = 0; v < NMV; v++) {
@@ -390,7 +396,7 @@ int main(int argc, char **argv)
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
             for (int v = 6; v <= 12; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
-            for (int v = 20; v <= 28; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
+            for (int v = 20; v <= 34; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
         }
         SK(trellis_cuda_sync(NULL));
         printf("profile mode done\n");
@@ -401,15 +407,28 @@ int main(int argc, char **argv)
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(h, s);
+    {
+        static const int nl[] = {1, 2, 3, 5};
+        op e = {.call = call_empty, .s = s};
+        printf("launch floor (empty one-block kernels, PDL-chained from the second; median µs per call as below):");
+        for (int i = 0; i < 4; i++) {
+            e.rows = nl[i];
+            printf(" %d launch%s %.2f", nl[i], nl[i] > 1 ? "es" : "", time_op(&e, 1));
+        }
+        printf("\n");
+    }
 
     if (!moe_only) { /* the GEMV table's header */
         printf("\nbatch-1 GEMV, mul1, median µs per call (graph of %d calls, %d replays); cold = weights rotate "
                "over > 256 MB\n",
                G, REPS);
         if (intm) {
-            printf("%-12s %2s | %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s | %7s %7s | %7s %8s %8s %8s\n",
-                   "in x out", "K", "v10", INTV_NAMES, "v10-m", INTV_MNAMES, "cublas", "default", "best", "spd-best",
-                   "spd-dflt", "membound");
+            static const int vs[] = {10, INTV_LIST};
+            printf("%-12s %2s |", "in x out", "K");
+            for (int vi = 0; vi < NINTV; vi++) printf("    v%-3d", vs[vi]);
+            printf(" |");
+            for (int vi = 0; vi < NINTV; vi++) printf("  v%d-m", vs[vi]);
+            printf(" | %7s %7s | %7s %8s %8s %8s\n", "cublas", "default", "best", "spd-best", "spd-dflt", "membound");
         } else if (lab) {
             printf("%-12s %2s %7s %7s %7s | %7s %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %7s %7s %8s %8s\n",
                    "in x out", "K", "v3", "v4", "v4-main", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v6-main",
@@ -477,9 +496,9 @@ int main(int argc, char **argv)
                     .x = x, .y = y, .ws = ws, .version = 3};
             if (intm) {
                 static const int vs[] = {10, INTV_LIST};
-                double tw_[6], tm_[6], best = INFINITY;
+                double tw_[NINTV], tm_[NINTV], best = INFINITY;
                 int bestv = 0;
-                for (int vi = 0; vi < 6; vi++) {
+                for (int vi = 0; vi < NINTV; vi++) {
                     o.version = vs[vi];
                     o.parts = TRELLIS_CUDA_PART_ALL;
                     tw_[vi] = time_op(&o, nc);
@@ -490,24 +509,24 @@ int main(int argc, char **argv)
                 o.version = 1;
                 o.parts = TRELLIS_CUDA_PART_ALL;
                 const double t_def = time_op(&o, nc);
-                printf("%5dx%-6d %2d | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7.2f "
-                       "%7.2f | %5.2f v%-2d %7.2fx %7.2fx %8.2f\n",
-                       k, n, K, tw_[0], tw_[1], tw_[2], tw_[3], tw_[4], tw_[5], tm_[0], tm_[1], tm_[2], tm_[3], tm_[4],
-                       tm_[5],
-                       t_cublas, t_def, best, bestv, t_cublas / best, t_cublas / t_def, tbytes / bw * 1e6);
+                printf("%5dx%-6d %2d |", k, n, K);
+                for (int vi = 0; vi < NINTV; vi++) printf(" %7.2f", tw_[vi]);
+                printf(" |");
+                for (int vi = 0; vi < NINTV; vi++) printf(" %7.2f", tm_[vi]);
+                printf(" | %7.2f %7.2f | %5.2f v%-2d %7.2fx %7.2fx %8.2f\n", t_cublas, t_def, best, bestv,
+                       t_cublas / best, t_cublas / t_def, tbytes / bw * 1e6);
                 fflush(stdout);
                 if (si == 0 && K == 3) {
                     printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v10/" INTV_SWEEP "/default µs:");
                     static const int rl[] = {1, 2, 4, 5, 8, 16};
                     for (int r = 0; r < 6; r++) {
                         o.rows = rl[r];
-                        double t[4];
                         static const int sv[] = {10, INTV_SWEEP_LIST, 1};
-                        for (int q = 0; q < 4; q++) {
+                        printf(" %d:", rl[r]);
+                        for (int q = 0; q < NSWEEP; q++) {
                             o.version = sv[q];
-                            t[q] = time_op(&o, nc);
+                            printf("%s%.2f", q ? "/" : "", time_op(&o, nc));
                         }
-                        printf(" %d:%.2f/%.2f/%.2f/%.2f", rl[r], t[0], t[1], t[2], t[3]);
                     }
                     o.rows = 1;
                     printf("\n");
@@ -636,8 +655,9 @@ int main(int argc, char **argv)
                "int32 sums of h bytes on the tensor core), v21 = v20 with packed B words, v22 = v20 + FMA-pipe "
                "masks, v23 = v21 + v22, v24 = one k tile x 8 tile columns per step + FMA masks, v25 = v24 without "
                "FMA masks, v26 = v24 compiled for 3 blocks/SM, v27 = v24 and v28 = v22 with the output transform "
-               "in the main kernel (by the warp that completes each 128-column block); -m: main kernel alone "
-               "(v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "in the main kernel (by the warp that completes each 128-column block), v29 = v24 without the input "
+               "launch (each warp transforms the x blocks it needs), v30 = v24 and v31 = v22 with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main kernel at 1 block of 8 warps per SM; -m: main kernel alone "
+               "(v27/v28: + the output transform; v29: + the input transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;
@@ -661,7 +681,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM; v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v25 = v23 without the input launch (gate/up warps transform their own input blocks), v26 = v23 with its three small launches one warp per 128-block, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels; v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

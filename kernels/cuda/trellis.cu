@@ -1,13 +1,14 @@
 /* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
  * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
  * README.md; trellis_cuda_gemm runs, for mul1 at 1..4 rows, the integer GEMM
- * v24 / v22 (k_gemm_int2 / k_gemm_int below: no fp16 weight values, int32
- * sums on the tensor core), otherwise v10, the balanced kernel below with the
- * lab options of trellis_decode.cuh and programmatic dependent launch;
- * trellis_cuda_moe_forward runs MoE lab v23 for mul1 (five PDL-chained
- * launches: v24's balanced integer loop over all routed experts at once, see
- * k_moe_in_gu) and v17 otherwise, trellis_fused.cuh's block body in two
- * launches with one-wave grids).
+ * v32 / v33 (the main loops of k_gemm_int2 / k_gemm_int below: no fp16
+ * weight values, int32 sums on the tensor core; warp-per-block input and
+ * output launches, all three PDL-chained), otherwise v10, the balanced kernel
+ * below with the lab options of trellis_decode.cuh and programmatic dependent
+ * launch; trellis_cuda_moe_forward runs MoE lab v28 for mul1 (five
+ * PDL-chained launches: v24's balanced integer loop over all routed experts
+ * at once, see k_moe_in_gu) and v17 otherwise, trellis_fused.cuh's block
+ * body in two launches with one-wave grids).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -250,10 +251,8 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * INT_FMA = state masks on the FMA pipe (lane_state_d's DEC_FMA); INT_LOOP2 =
  * k_gemm_int2's loop (one k tile × 8 tile columns per step); INT_MINB3 = its
  * register budget set for 3 blocks per SM; INT_EPI = no output launch: the
- * warp that completes a 128-column block (int_group_done) transforms it;
- * INT_WIN = no input launch: each warp of k_gemm_int2 (1..4 batch rows) or
- * of the MoE gate/up kernel transforms and quantises the 128-blocks of x it
- * needs itself (win_block), into its own shared memory; INT_WIO = the input and
+ * warp that completes a 128-column block (int_group_done) transforms it
+ * (32: lab v29's in-warp input transform, removed after run 26); INT_WIO = the input and
  * output launches with one warp per 128-block (k_input_int_w, k_output_int_w:
  * shuffles only, no shared memory or barrier) instead of 128-thread blocks;
  * INT_PDLIN = the input launch chained to the previous kernel by PDL too (it
@@ -266,7 +265,6 @@ enum {
     INT_LOOP2 = 4,
     INT_MINB3 = 8,
     INT_EPI = 16,
-    INT_WIN = 32,
     INT_WIO = 64,
     INT_PDLIN = 128,
     INT_MINB1 = 256
@@ -597,8 +595,8 @@ template <int K, int RG, int V>
 __global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
     k_gemm_int(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
                const int *__restrict__ ch, float *__restrict__ t, int k, int n, int rows, int total_warps,
-               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, float *__restrict__ usb,
-               unsigned *__restrict__ cnt, const float *__restrict__, const __half *__restrict__)
+               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
+               unsigned *__restrict__ cnt)
 {
     constexpr int NW = 2, U = 4, TW = 8 * K, NWD = lane_nwords<K, DEC_2W>(), BW = int_bwords(V);
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
@@ -719,85 +717,20 @@ __host__ __device__ constexpr int int2_nw()
     return RG == 1 ? 8 : RG == 2 ? 4 : 2;
 }
 
-/* INT_WIN: one warp's copy of a 128-block's B words (one row group: 4 batch
- * rows, k_input_int's layout for 8 k tiles), A·s_β per row, and the prefix
- * sums 510·Σq over its first j k tiles (j = 0..8) per row. */
-struct win_smem {
-    uint32_t b[8][32][4];
-    int pc[4][9];
-    float sa[4];
-};
-
-/* What an INT_WIN segment reads instead of k_input_int's output: x (rows ×
- * k), suh (k), and where Σ_{i∈β} u_i goes (usb[row·nb + β], for the output
- * transform; every warp that transforms block β writes the same value). */
-struct win_in {
-    const float *x;
-    const __half *suh;
-    float *usb;
-    win_smem *sm;
-};
-
-/* INT_WIN: k_input_int's work for 128-block beta of rows 0..rows-1 (≤ 4) by
- * one warp into wi.sm. The Hadamard (warp_had128) and max are bit-identical
- * to k_input_int's, so the B words and A·s_β are the same; Σu is summed in
- * another order. */
-__device__ __forceinline__ void win_block(const win_in &wi, int k, int rows, int beta, int lane)
-{
-    win_smem &sm = *wi.sm;
-    const int nb = k >> 7;
-    __syncwarp(); /* lanes may still read the previous block's words */
-    for (int r = 0; r < rows; r++) {
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int i = beta * 128 + lane + 32 * e;
-            v[e] = __ldg(wi.x + (size_t)r * k + i) * __half2float(__ldg(wi.suh + i));
-        }
-        warp_had128(v, lane);
-        int q[4], kq[8];
-        float as, su;
-        warp_quant128(v, lane, q, as, su, kq);
-        if (lane == 0) {
-            sm.sa[r] = as;
-            wi.usb[r * nb + beta] = su;
-            int acc = 0;
-            sm.pc[r][0] = 0;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                acc += 510 * kq[j];
-                sm.pc[r][j + 1] = acc;
-            }
-        }
-        /* B words (k_input_int's layout): lanes g = 2r (hi), 2r + 1 (lo) */
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int p = lane + 32 * e, j = p >> 4, c = (p & 7) >> 1, w = 2 * ((p >> 3) & 1) + (p & 1);
-            const int hi = (q[e] + 128) >> 8, lo = q[e] - 256 * hi;
-            sm.b[j][4 * (2 * r) + c][w] = 0x01010101u * (uint8_t)hi;
-            sm.b[j][4 * (2 * r + 1) + c][w] = 0x01010101u * (uint8_t)lo;
-        }
-    }
-    __syncwarp();
-}
-
 /* One warp's segment of k_gemm_int2 (and of the MoE v21+ launches): k tiles
  * kt0..kt1-1 of tile column group grp of the linear at `trellis` (k × n),
  * partial sums added into t. The first segment of a warp waits for the
  * previous launch (PDL) once its first words are in flight. One pass of the
- * outer loop per 128-block: with INT_WIN (RG = 1) its B words, A·s_β and
- * prefix sums come from win_block (wi) instead of bq, sa, pc. */
+ * outer loop per 128-block. */
 template <int K, int RG, int V>
 __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
                                              const float *__restrict__ sa, const int *__restrict__ pc,
                                              float *__restrict__ t, int k, int n, int rows, int grp, int kt0,
                                              int kt1, const lane_ring &lr, uint32_t one, const bool (&bok)[RG],
-                                             bool &waited, const win_in &wi)
+                                             bool &waited)
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
-    constexpr bool WIN = (V & INT_WIN) != 0;
-    static_assert(!WIN || RG == 1, "INT_WIN: one row group");
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -824,7 +757,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
     int kt = kt0;
     while (kt < kt1) {
         const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
-        if constexpr (WIN) win_block(wi, k, rows, be, lane);
         uint32_t acc[RG][NW][4];
 #pragma unroll
         for (int rg = 0; rg < RG; rg++)
@@ -849,10 +781,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 #pragma unroll
             for (int rg = 0; rg < RG; rg++) {
                 uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (bok[rg]) {
-                    if constexpr (WIN) v = *(const uint4 *)&wi.sm->b[kt & 7][lane][0];
-                    else v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-                }
+                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
                 b[rg][0] = v.x;
                 b[rg][1] = v.y;
                 b[rg][2] = v.z;
@@ -873,16 +802,9 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
         /* k tiles seg..kend-1 of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
 #pragma unroll
         for (int rg = 0; rg < RG; rg++) {
-            uint32_t cq;
-            float sc;
-            if constexpr (WIN) {
-                cq = (uint32_t)wi.sm->pc[c][kend - 8 * be] - (uint32_t)wi.sm->pc[c][seg - 8 * be];
-                sc = wi.sm->sa[c];
-            } else {
-                const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
-                cq = (uint32_t)__ldg(pcr + (kend - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
-                sc = __ldg(sa + (4 * rg + c) * nb + be);
-            }
+            const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
+            const uint32_t cq = (uint32_t)__ldg(pcr + (kend - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
+            const float sc = __ldg(sa + (4 * rg + c) * nb + be);
 #pragma unroll
             for (int j = 0; j < NW; j++) {
                 const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
@@ -899,11 +821,10 @@ template <int K, int RG, int V, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
                 const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
-                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, float *__restrict__ usb,
-                unsigned *__restrict__ cnt, const float *__restrict__ x, const __half *__restrict__ suh)
+                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
+                unsigned *__restrict__ cnt)
 {
     constexpr int NW = int2_nw<K, RG, V>();
-    __shared__ win_smem wsm[(V & INT_WIN) ? 8 : 1];
     griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -917,13 +838,12 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
     for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
     bool waited = false;
-    const win_in wi = {x, suh, usb, &wsm[(V & INT_WIN) ? threadIdx.x >> 5 : 0]};
     while (q < q1) {
         const int grp = (int)(q / ktiles);
         const int kt0 = (int)(q - (long long)grp * ktiles);
         const int kt1 = (int)(min(q1, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
         q += kt1 - kt0;
-        int2_segment<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited, wi);
+        int2_segment<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited);
         if constexpr ((V & INT_EPI) != 0)
             int_group_done(t, cnt, usb, svh, y, n, (k >> 7), rows, 16 * grp * NW, kt1 - kt0, ktiles * (8 / NW), lane);
     }
@@ -965,13 +885,9 @@ template <int K, int V, int MINB, bool GU>
 __global__ void __launch_bounds__(256, MINB)
     k_moe_int2(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
                const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-               int jobs, int total_warps, uint32_t one, const float *__restrict__ x, float *__restrict__ usb,
-               int top_k)
+               int jobs, int total_warps, uint32_t one)
 {
     constexpr int NW = int2_nw<K, 1, V>();
-    constexpr bool WIN = (V & INT_WIN) != 0;
-    static_assert(!WIN || GU, "INT_WIN: the gate/up inputs only");
-    __shared__ win_smem wsm[WIN ? 8 : 1];
     griddep_launch();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -992,12 +908,8 @@ __global__ void __launch_bounds__(256, MINB)
         q += kt1 - kt0;
         const int e = __ldg(ids + (GU ? job >> 1 : job));
         const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
-        win_in wi = {NULL, NULL, NULL, &wsm[0]};
-        if constexpr (WIN)
-            wi = {x + (size_t)((job >> 1) / top_k) * k, (job & 1) ? pb.suh[e] : pa.suh[e], usb + (size_t)job * nb,
-                  &wsm[threadIdx.x >> 5]};
         int2_segment<K, 1, V>(tr, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb, pc + (size_t)job * nb * 9,
-                              t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited, wi);
+                              t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited);
     }
 }
 
@@ -1128,115 +1040,6 @@ __global__ void k_empty()
 {
     griddep_launch();
     griddep_wait();
-}
-
-/* MoE v26: the three small launches of v23 with one warp per 128-block
- * (warp_had128: shuffles only, no shared memory or barrier), 128 threads.
- * k_moe_in_gu_w: grid (⌈hidden/512⌉, 2·pairs). */
-__global__ void __launch_bounds__(128) k_moe_in_gu_w(moe_proj gate, moe_proj up, const int *__restrict__ ids,
-                                                     const float *__restrict__ x, uint32_t *__restrict__ bq,
-                                                     float *__restrict__ sa, int *__restrict__ ch,
-                                                     float *__restrict__ usb, int *__restrict__ pc, int hidden,
-                                                     int top_k)
-{
-    griddep_launch();
-    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nb = hidden >> 7;
-    if (beta >= nb) return;
-    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], ktiles = hidden >> 4;
-    const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
-    float u[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int i = beta * 128 + lane + 32 * q;
-        u[q] = x[(size_t)token * hidden + i] * __half2float(suh[i]);
-    }
-    int_input_warp<0>(u, beta, 0, hidden, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb,
-                      ch + (size_t)job * 2 * nb, usb + (size_t)job * nb, pc + (size_t)job * nb * 9);
-}
-
-/* Σ of s[0..n) over a warp (every lane gets it). */
-__device__ __forceinline__ float warp_sum_n(const float *__restrict__ s, int n, int lane)
-{
-    float su = 0.0f;
-    for (int b = lane; b < n; b += 32) su += s[b];
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-    return su;
-}
-
-/* grid (⌈inter/512⌉, pairs): k_moe_mid<.., true>'s work, one 128-block of
- * inter per warp. */
-__global__ void __launch_bounds__(128) k_moe_mid_w(moe_proj gate, moe_proj up, moe_proj down,
-                                                   const int *__restrict__ ids, float *__restrict__ t_gu,
-                                                   const float *__restrict__ usb_gu, uint32_t *__restrict__ bq,
-                                                   float *__restrict__ sa, int *__restrict__ ch,
-                                                   float *__restrict__ usb, int *__restrict__ pc, int hidden,
-                                                   int inter)
-{
-    griddep_launch();
-    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nbi = inter >> 7;
-    if (beta >= nbi) return;
-    const int pair = blockIdx.y, e = ids[pair], nbh = hidden >> 7, kti = inter >> 4;
-    float sg[4], su_[4], sd[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int j = beta * 128 + lane + 32 * q;
-        sg[q] = __half2float(gate.svh[e][j]);
-        su_[q] = __half2float(up.svh[e][j]);
-        sd[q] = __half2float(down.suh[e][j]);
-    }
-    griddep_wait();
-    float a[2][4];
-#pragma unroll
-    for (int w = 0; w < 2; w++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) a[w][q] = t_gu[(size_t)(2 * pair + w) * inter + beta * 128 + lane + 32 * q];
-    const float us0 = warp_sum_n(usb_gu + (size_t)(2 * pair) * nbh, nbh, lane);
-    const float us1 = warp_sum_n(usb_gu + (size_t)(2 * pair + 1) * nbh, nbh, lane);
-#pragma unroll
-    for (int w = 0; w < 2; w++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            t_gu[(size_t)(2 * pair + w) * inter + beta * 128 + lane + 32 * q] = 0.0f;
-            a[w][q] += INT_D * (w ? us1 : us0);
-        }
-    warp_had128(a[0], lane);
-    warp_had128(a[1], lane);
-    float z[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float g = a[0][q] * sg[q], u = a[1][q] * su_[q];
-        z[q] = g / (1.0f + __expf(-g)) * u * sd[q];
-    }
-    int_input_warp<0>(z, beta, 0, inter, bq + (size_t)pair * kti * 128, sa + (size_t)pair * nbi,
-                      ch + (size_t)pair * 2 * nbi, usb + (size_t)pair * nbi, pc + (size_t)pair * nbi * 9);
-}
-
-/* grid (⌈hidden/512⌉, pairs): k_moe_out_par's work, 128 columns per warp. */
-__global__ void __launch_bounds__(128) k_moe_out_par_w(moe_proj down, const int *__restrict__ ids,
-                                                       const float *__restrict__ weights, float *__restrict__ t_d,
-                                                       const float *__restrict__ usb_d, float *__restrict__ out,
-                                                       int hidden, int inter, int top_k)
-{
-    const int lane = threadIdx.x & 31, cb = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (cb >= (hidden >> 7)) return;
-    const int pair = blockIdx.y, token = pair / top_k, nbi = inter >> 7, e = ids[pair];
-    const float wt = weights[pair];
-    float sv[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) sv[q] = wt * __half2float(down.svh[e][cb * 128 + lane + 32 * q]);
-    griddep_wait();
-    const float su = warp_sum_n(usb_d + (size_t)pair * nbi, nbi, lane);
-    float *tr = t_d + (size_t)pair * hidden + cb * 128;
-    float v[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        v[q] = tr[lane + 32 * q] + INT_D * su;
-        tr[lane + 32 * q] = 0.0f;
-    }
-    warp_had128(v, lane);
-#pragma unroll
-    for (int q = 0; q < 4; q++) atomicAdd(out + (size_t)token * hidden + cb * 128 + lane + 32 * q, v[q] * sv[q]);
 }
 
 /* --- dispatch ----------------------------------------------------------------------
@@ -1405,9 +1208,10 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v23 (five PDL-chained launches, v24's balanced integer loop; every K) */
-#define MOE_MUL1_VERSION 23
-/* ... or v20 (v17 with the integer arithmetic) where v23's scratch is absent
+/* mul1 layers: v28 (five PDL-chained launches, the first chained to the previous kernel too;
+ * v24's balanced integer loop at 1 block of 8 warps per SM; every K) */
+#define MOE_MUL1_VERSION 28
+/* ... or v20 (v17 with the integer arithmetic) where v28's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
@@ -1453,16 +1257,16 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
 /* MoE lab v21+ (mul1 only): the balanced integer launches' main kernel for
  * gate/up (GU) and down. 21 = INT_FMA (every K), 22 = no FMA masks (K =
  * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
- * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4), 25 =
- * 23 without k_moe_in_gu: each gate/up warp transforms its own input blocks
- * (INT_WIN; every K), 26 = 23 with its three small launches one warp per
- * 128-block (every K), 27 = 23 with the input launch chained to the previous
- * kernel by PDL (every K), 28 = 27 with 24's main kernels (K = 2..4); NULL for another version. */
+ * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4),
+ * 27 = 23 with the input launch chained to the previous kernel by PDL (every
+ * K), 28 = 27 with 24's main kernels (every K: the mul1 default); NULL for
+ * another version (25, 26: in-warp input transform and warp-per-block small
+ * launches, lost in runs 25–26 and removed). */
 typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
-                           int, int, int, int, uint32_t, const float *, float *, int);
+                           int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
-    return (version >= 21 && version <= 28) || (version >= 231 && version <= 233);
+    return (version >= 21 && version <= 28 && version != 25 && version != 26) || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1471,17 +1275,17 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
     *down = NULL;
     with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
         constexpr int KK = decltype(k)::value;
-        if (version == 21 || version == 23 || version == 26 || version == 27) {
+        if (version == 21 || version == 23 || version == 27) {
             *gu = k_moe_int2<KK, INT_FMA, 2, true>;
             *down = k_moe_int2<KK, INT_FMA, 2, false>;
-        } else if (version == 25) {
-            *gu = k_moe_int2<KK, INT_FMA | INT_WIN, 2, true>;
-            *down = k_moe_int2<KK, INT_FMA, 2, false>;
+        } else if (version == 28) {
+            *gu = k_moe_int2<KK, INT_FMA, 1, true>;
+            *down = k_moe_int2<KK, INT_FMA, 1, false>;
         } else if constexpr (KK >= 2 && KK <= 4) {
             if (version == 22) {
                 *gu = k_moe_int2<KK, 0, 2, true>;
                 *down = k_moe_int2<KK, 0, 2, false>;
-            } else if (version == 24 || version == 28) {
+            } else if (version == 24) {
                 *gu = k_moe_int2<KK, INT_FMA, 1, true>;
                 *down = k_moe_int2<KK, INT_FMA, 1, false>;
             }
@@ -1493,7 +1297,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
 /* --- integer mul1 GEMM (lab v20+): kernel choice --------------------------------- */
 
 typedef void (*int_fn)(const uint32_t *, const uint32_t *, const float *, const int *, float *, int, int, int, int,
-                       uint32_t, const __half *, float *, float *, unsigned *, const float *, const __half *);
+                       uint32_t, const __half *, float *, const float *, unsigned *);
 typedef void (*int_in_fn)(const float *, const __half *, uint32_t *, float *, int *, float *, int *, int, int);
 
 /* Integer lab options of version 20.. (-1: not an integer version). */
@@ -1509,7 +1313,6 @@ static int int_version_opts(int version)
     case 26: return INT_LOOP2 | INT_FMA | INT_MINB3;
     case 27: return INT_LOOP2 | INT_FMA | INT_EPI;
     case 28: return INT_FMA | INT_EPI;
-    case 29: return INT_LOOP2 | INT_FMA | INT_WIN;
     case 30: return INT_LOOP2 | INT_FMA | INT_WIO;
     case 31: return INT_FMA | INT_WIO;
     case 32: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN;
@@ -1525,7 +1328,7 @@ static int int_version_opts(int version)
 static bool int_allk(int v)
 {
     v &= ~(INT_WIO | INT_PDLIN); /* the same main kernels */
-    return v == (INT_LOOP2 | INT_FMA | INT_WIN) || v == (INT_LOOP2 | INT_FMA) || v == INT_FMA;
+    return v == (INT_LOOP2 | INT_FMA) || v == INT_FMA;
 }
 
 template <int KK, int V>
@@ -1542,16 +1345,12 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_WIN);
-    if constexpr ((V & INT_WIN) != 0) {
-        return rg == 1 ? k_gemm_int2<KK, 1, VV, MB> : NULL;
-    } else {
-        switch (rg) {
-        case 1: return k_gemm_int2<KK, 1, VV, MB>;
-        case 2: return k_gemm_int2<KK, 2, VV, MB>;
-        case 3: return k_gemm_int2<KK, 3, VV, (MB > 2 ? 2 : 1)>;
-        default: return k_gemm_int2<KK, 4, VV, 1>;
-        }
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI);
+    switch (rg) {
+    case 1: return k_gemm_int2<KK, 1, VV, MB>;
+    case 2: return k_gemm_int2<KK, 2, VV, MB>;
+    case 3: return k_gemm_int2<KK, 3, VV, (MB > 2 ? 2 : 1)>;
+    default: return k_gemm_int2<KK, 4, VV, 1>;
     }
 }
 
@@ -1560,7 +1359,6 @@ static int_fn int_pick_k(int v, int rg)
 {
     if constexpr (KK < 2 || KK > 4) {
         if (rg != 1) return NULL;
-        if (v == (INT_LOOP2 | INT_FMA | INT_WIN)) return k_gemm_int2<KK, 1, INT_FMA | INT_WIN, 2>;
         if (v == (INT_LOOP2 | INT_FMA)) return k_gemm_int2<KK, 1, INT_FMA, 2>;
         if (v == INT_FMA) return k_gemm_int<KK, 1, INT_FMA>;
     } else {
@@ -1568,7 +1366,6 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_EPI: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI>(rg);
         case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
         case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
-        case INT_LOOP2 | INT_FMA | INT_WIN: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_WIN>(rg);
         case INT_LOOP2: return int2_pick_rg<KK, INT_LOOP2>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB3: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
@@ -1977,9 +1774,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
                                  trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
 {
     FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
-    const int rg = (rows + 3) / 4;
-    int v = int_version_opts(version);
-    if (v >= 0 && (v & INT_WIN) && rg > 1) v &= ~INT_WIN; /* one row group in a warp's shared memory */
+    const int v = int_version_opts(version), rg = (rows + 3) / 4;
     RETURN_IF(lin->cb != CB_MUL1, SPARQ_E_UNSUPPORTED, "%s: the integer CUDA gemm (version %d) is for mul1 only",
               lin->name, version);
     int_fn fn = v < 0 ? NULL : int_pick(lin->K, v, rg);
@@ -2000,7 +1795,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     cudaStream_t s = (cudaStream_t)stream;
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = pdl_config(attr, s);
-    if ((parts & TRELLIS_CUDA_PART_INPUT) && !(v & INT_WIN)) {
+    if (parts & TRELLIS_CUDA_PART_INPUT) {
         int_in_fn in = (v & INT_PACK) ? k_input_int<INT_PACK, true> : k_input_int<0, true>;
         dim3 grid(nb, rows);
         if (v & INT_WIO) {
@@ -2021,7 +1816,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, (const uint32_t *)lin->trellis, (const uint32_t *)ws->bq,
                                           (const float *)ws->sa, (const int *)((v & INT_LOOP2) ? ws->pc : ws->ch),
                                           ws->t, lin->k, lin->n, rows, (int)warps, 1u, (const __half *)lin->svh,
-                                          y, ws->usb, ws->cnt, x, (const __half *)lin->suh),
+                                          y, (const float *)ws->usb, ws->cnt),
                        "%s: integer gemm launch (%d blocks, PDL)", lin->name, blocks);
     }
     if ((parts & TRELLIS_CUDA_PART_OUTPUT) && !(v & INT_EPI)) {
@@ -2048,22 +1843,24 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
 }
 
 /* trellis_cuda_gemm runs trellis_cuda_gemm_version's choice: the integer
- * GEMM (v24 / v22, run 17 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
+ * GEMM (v32 / v33, run 26 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
  * else lab version v10 (run 9): three launches overlapped by programmatic
  * dependent launch, a balanced main grid and v8's decode. */
-/* The default's choice (kernels/cuda/lab/README.md, runs 15–17): mul1 at
- * 1..4 rows runs the integer GEMM, v24 (one k tile × 8 tile columns per
- * step) where there are at least INT_V24_ITEMS of its work items per
- * resident warp (the two large benchmark shapes), else v22 (4 k tiles × 2
- * tile columns: 4× more items, better spread on small linears); 5..16 rows
- * and the other codebooks run v10 (the integer loop's IMMA count grows with
- * each group of 4 rows: 5 rows already cost more than v10). */
+/* The default's choice (kernels/cuda/lab/README.md, runs 15–17 and 26): mul1
+ * at 1..4 rows runs the integer GEMM, v32 (v24's loop: one k tile × 8 tile
+ * columns per step) where there are at least INT_V24_ITEMS of its work items
+ * per resident warp (the two large benchmark shapes), else v33 (v22's loop:
+ * 4 k tiles × 2 tile columns, 4× more items, better spread on small
+ * linears); both with the input and output launches one warp per 128-block
+ * and all three launches PDL-chained. 5..16 rows and the other codebooks run
+ * v10 (the integer loop's IMMA count grows with each group of 4 rows: 5 rows
+ * already cost more than v10). */
 #define INT_V24_ITEMS 8
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows)
 {
     if (!lin || lin->cb != CB_MUL1 || rows > 4) return 10;
     const long long items = (long long)(lin->n / 128) * (lin->k / 16);
-    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 24 : 22;
+    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 32 : 33;
 }
 
 int trellis_cuda_gemm_lab_allk(int version)
@@ -2367,12 +2164,9 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
      * leave the scratch dirty unless x = 0): 231 = launches 1–2 (input +
      * gate/up), 232 = launches 3–5 (SwiGLU + down + output), 233 = the two
      * main kernels alone */
-    unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
+    const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
     if (version > 100) version = 23;
-    const bool win = version == 25; /* no input launch: gate/up is the first, plain launch */
-    const bool wio = version == 26; /* the small launches one warp per 128-block */
     const bool pdl_in = version >= 27; /* the input launch chained to the previous kernel */
-    if (win) stages &= ~1u;
     moe_int_fn fg, fd;
     moe_int_pick(m->K, version, &fg, &fd);
     RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
@@ -2396,14 +2190,9 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
         warps[l] = blocks[l] * 8;
     }
     cudaStream_t s = (cudaStream_t)stream;
-    if ((stages & 1u) && wio) {
-        k_moe_in_gu_w<<<dim3((H / 128 + 3) / 4, 2 * pairs), 128, 0, s>>>(
-            m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu, m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k);
-        CUDA_RETURN_IF(cudaGetLastError(), "moe input launch (%d pairs)", pairs);
-    }
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = pdl_config(attr, s);
-    if ((stages & 1u) && !wio) {
+    if (stages & 1u) {
         cfg.gridDim = dim3(H / 128, 2 * pairs);
         cfg.blockDim = dim3(128);
         cfg.numAttrs = pdl_in ? 1 : 0;
@@ -2414,20 +2203,17 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     }
     cfg.gridDim = dim3(blocks[0]);
     cfg.blockDim = dim3(256);
-    cfg.numAttrs = win ? 0 : cfg.numAttrs;
     if (stages & 2u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
                                           (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
-                                          warps[0], 1u, x, m->usb_gu, m->top_k),
-                       "moe gate/up launch (%d blocks%s)", blocks[0], win ? "" : ", PDL");
+                                          warps[0], 1u),
+                       "moe gate/up launch (%d blocks, PDL)", blocks[0]);
     cfg.numAttrs = 1;
-    cfg.gridDim = dim3(wio ? (I / 128 + 3) / 4 : I / 128, pairs);
+    cfg.gridDim = dim3(I / 128, pairs);
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          wio             ? k_moe_mid_w
-                                          : version >= 23 ? k_moe_mid<0, true>
-                                                          : k_moe_mid<0, false>,
+                                          version >= 23 ? k_moe_mid<0, true> : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
                                           m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                        "moe SwiGLU launch (PDL)");
@@ -2436,15 +2222,13 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     if (stages & 8u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
                                           (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
-                                          warps[1], 1u, (const float *)NULL, (float *)NULL, m->top_k),
+                                          warps[1], 1u),
                        "moe down launch (%d blocks, PDL)", blocks[1]);
-    cfg.gridDim = dim3(wio ? (H / 128 + 3) / 4 : H / 128, version >= 23 ? pairs : tokens);
+    cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
     cfg.blockDim = dim3(128);
     if (stages & 16u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          wio             ? k_moe_out_par_w
-                                          : version >= 23 ? k_moe_out_par
-                                                          : k_moe_out,
+                                          version >= 23 ? k_moe_out_par : k_moe_out,
                                           m->proj[2], ids,
                                           weights, m->t_down, (const float *)m->usb_d, out, H, I, m->top_k),
                        "moe output launch (PDL)");
@@ -2506,9 +2290,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v23 for
- * mul1 layers (run 22: 62.8 / 20.0 µs on DeepSeek / Qwen3 shapes, 1.17× /
- * 1.43× one GEMV of the same weights; v20 85.8 / 27.9), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v28 for
+ * mul1 layers (run 26: 62.6 / 20.7 µs on DeepSeek / Qwen3 shapes, 1.15× /
+ * 1.48× one GEMV of the same weights; v23 64.7 / 21.3), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -57,7 +57,7 @@ sparq_status trellis_cuda_gemm_bal(const trellis_cuda_linear *lin, const float *
 sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                     trellis_cuda_ws *ws, void *stream, int version, unsigned parts);
 
-/* Lab versions v20..v29 (labv's version argument): the integer mul1 GEMM
+/* Lab versions v20..v34 (labv's version argument): the integer mul1 GEMM
  * (kernels/cuda/lab/README.md, docs/cuda.md): activations as 16-bit
  * integers per 128-block, exact int32 sums on the tensor core
  * (mma.m16n8k32 u8·s8) with the bytes of h = state·0x83DCD12D as one
@@ -67,13 +67,15 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * 24 = one k tile × 8 tile columns per step + FMA masks, 25 = 24 without
  * FMA masks, 26 = 24 compiled for 3 blocks/SM, 27 = 24 and 28 = 22 with the
  * output transform done by the warp that completes each 128-column block
- * (two launches, not three; lost), 29 = 24 without the input launch: each
- * warp transforms the 128-blocks of x it needs into its shared memory (1..4
- * rows; above 4 rows it runs 24). parts: 29's main kernel includes its input
- * transform. mul1 only (SPARQ_E_UNSUPPORTED for the other codebooks); every
- * version exists for K = 2..4 and 1..16 rows, those with
- * trellis_cuda_gemm_lab_allk() (29, 24, 22: what trellis_cuda_gemm may run
- * for mul1 at 1..4 rows) for every K at 1..4 rows. */
+ * (two launches, not three; lost), 30 = 24 and 31 = 22 with the input and
+ * output launches one warp per 128-block, 32 = 30 and 33 = 31 with the input
+ * launch chained to the previous kernel by PDL (what trellis_cuda_gemm runs
+ * for mul1 at 1..4 rows: 32 on large linears, 33 on small ones), 34 = 32 with
+ * the main kernel at 1 block of 8 warps per SM (29, an in-warp input
+ * transform, lost in runs 24–26 and was removed). mul1 only
+ * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
+ * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
+ * 30..33) for every K at 1..4 rows. */
 
 /* The lab version trellis_cuda_gemm runs for this linear and row count. */
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
@@ -97,9 +99,11 @@ int trellis_cuda_gemm_lab_allk(int version);
  * gate/up output + SwiGLU + down input in one launch; the same loop for down;
  * output + weighted sum), 22 = 21 without FMA masks, 23 = 21 with the middle
  * launch's loads before its wait and the output launch parallel over pairs
- * (21 and 23 for every K), 24 = 23 compiled for one block per SM, 25 = 23
- * without the input launch (each gate/up warp transforms the input blocks it
- * needs; every K); benchmark only (x = 0, they leave the scratch dirty
+ * (21 and 23 for every K), 24 = 23 compiled for one block per SM, 27 = 23
+ * with the input launch chained to the previous kernel by PDL (every K),
+ * 28 = 27 with 24's main kernels (the default for mul1; every K) (25, 26:
+ * in-warp input transform, warp-per-block small launches: lost, removed);
+ * benchmark only (x = 0, they leave the scratch dirty
  * otherwise): 231 / 232 / 233 = 23's launches 1–2 / 3–5 / its two main
  * kernels alone. v17 exists for every K and codebook, the others for mul1 at
  * K = 2..4 only (SPARQ_E_UNSUPPORTED otherwise). */

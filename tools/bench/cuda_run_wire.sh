@@ -11,7 +11,8 @@
 #          tool's `carry`, and ignored through .git/info/exclude meanwhile).
 #   there: tools/bench/cuda_run_wire.sh run OUT_DIR
 #          unpacks the libraries, runs the gpu tests and the benchmark, and
-#          writes the logs to OUT_DIR (tests.log, bench.log).
+#          writes the logs to OUT_DIR (tests.log, bench.log, and cuda_bench's
+#          cuda-int.bench.log / cuda-moe.bench.log).
 # The numbers go to docs/benchmarks-cuda.md with this command.
 set -u
 mode=${1:-}
@@ -20,7 +21,7 @@ pack)
     b=${2:?build dir}
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
-             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda; do
+             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda tools/bench/cuda_bench; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
     # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)
@@ -137,6 +138,11 @@ PY
             echo "rc=$?"
         done
     } > "$out/bench.log" 2>&1
+    # the kernel benchmark (docs/benchmarks-cuda.md): GEMV versions and the fused MoE layer
+    if [ -x $bin/cuda_bench ]; then
+        $bin/cuda_bench --int > "$out/cuda-int.bench.log" 2>&1
+        $bin/cuda_bench --moe > "$out/cuda-moe.bench.log" 2>&1
+    fi
     tail -n 60 "$out/tests.log" "$out/bench.log"
     ;;
 *)

@@ -258,9 +258,8 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * INT_PDLIN = the input launch chained to the previous kernel by PDL too (it
  * loads suh, then waits; the output launch lets the next one start at once);
  * INT_MINB1 = k_gemm_int2 compiled for 1 block of 8 warps per SM (up to 255
- * registers); INT_NW4 = its loop with 4 tile columns per step at 1..4 rows
- * (half the registers, twice the work items), INT_MINB4 = compiled for 4
- * blocks per SM (32 warps; 64 registers). */
+ * registers). (512, 1024: 4 tile columns per step, 4 blocks per SM; lab
+ * v35–v37, lost in run 28, removed: in git at e333b66.) */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -269,9 +268,7 @@ enum {
     INT_EPI = 16,
     INT_WIO = 64,
     INT_PDLIN = 128,
-    INT_MINB1 = 256,
-    INT_NW4 = 512,
-    INT_MINB4 = 1024
+    INT_MINB1 = 256
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -718,7 +715,7 @@ __global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
 template <int K, int RG, int V>
 __host__ __device__ constexpr int int2_nw()
 {
-    return (V & INT_NW4) && RG == 1 ? 4 : RG == 1 ? 8 : RG == 2 ? 4 : 2;
+    return RG == 1 ? 8 : RG == 2 ? 4 : 2;
 }
 
 /* One warp's segment of k_gemm_int2 (and of the MoE v21+ launches): k tiles
@@ -1263,15 +1260,15 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
  * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4),
  * 27 = 23 with the input launch chained to the previous kernel by PDL (every
- * K), 28 = 27 with 24's main kernels (every K: the mul1 default), 29 / 30 =
- * 27 with 4 tile columns per step at 3 / 4 blocks per SM (every K); NULL for
+ * K), 28 = 27 with 24's main kernels (every K: the mul1 default); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
- * launches, lost in runs 25–26 and removed). */
+ * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
+ * blocks per SM, lost in run 28; all removed). */
 typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
                            int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
-    return (version >= 21 && version <= 30 && version != 25 && version != 26) || (version >= 231 && version <= 233);
+    return (version >= 21 && version <= 28 && version != 25 && version != 26) || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1286,12 +1283,6 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 28) {
             *gu = k_moe_int2<KK, INT_FMA, 1, true>;
             *down = k_moe_int2<KK, INT_FMA, 1, false>;
-        } else if (version == 29) {
-            *gu = k_moe_int2<KK, INT_FMA | INT_NW4, 3, true>;
-            *down = k_moe_int2<KK, INT_FMA | INT_NW4, 3, false>;
-        } else if (version == 30) {
-            *gu = k_moe_int2<KK, INT_FMA | INT_NW4, 4, true>;
-            *down = k_moe_int2<KK, INT_FMA | INT_NW4, 4, false>;
         } else if constexpr (KK >= 2 && KK <= 4) {
             if (version == 22) {
                 *gu = k_moe_int2<KK, 0, 2, true>;
@@ -1329,9 +1320,6 @@ static int int_version_opts(int version)
     case 32: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN;
     case 33: return INT_FMA | INT_WIO | INT_PDLIN;
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
-    case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_NW4 | INT_MINB3;
-    case 36: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_NW4 | INT_MINB4;
-    case 37: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_NW4;
     default: return -1;
     }
 }
@@ -1359,8 +1347,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB4) ? 4 : (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2,
-                  VV = V & (INT_FMA | INT_EPI | INT_NW4);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1384,11 +1371,6 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2: return int2_pick_rg<KK, INT_LOOP2>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB3: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
-        case INT_LOOP2 | INT_FMA | INT_NW4 | INT_MINB3:
-            return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_NW4 | INT_MINB3>(rg);
-        case INT_LOOP2 | INT_FMA | INT_NW4 | INT_MINB4:
-            return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_NW4 | INT_MINB4>(rg);
-        case INT_LOOP2 | INT_FMA | INT_NW4: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_NW4>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
         case INT_FMA: return int_pick_rg<KK, INT_FMA>(rg);
@@ -1805,7 +1787,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
                    lin->name);
     if (per_sm < 1) per_sm = 1;
-    const int nw2 = rg == 1 ? ((v & INT_NW4) ? 4 : 8) : rg == 2 ? 4 : 2; /* int2_nw */
+    const int nw2 = rg == 1 ? 8 : rg == 2 ? 4 : 2; /* int2_nw */
     const long long items = (v & INT_LOOP2) ? (long long)(lin->n / 16 / nw2) * (lin->k / 16)
                                             : (long long)(lin->n / 32) * (lin->k / 64);
     long long warps = (long long)per_sm * sm_count() * wpb;
@@ -1966,7 +1948,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[10][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[8][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2193,7 +2175,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
               "cuda moe: no MoE lab version %d for K=%d codebook %d, %dx%d (mul1, multiples of 128)", version, m->K,
               m->cb, m->hidden, m->inter);
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
-    const int nw = version >= 29 && version <= 30 ? int2_nw<1, 1, INT_NW4>() : int2_nw<1, 1, 0>();
+    const int nw = int2_nw<1, 1, 0>();
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
     int *wc = m->int_warps[version - 21];
     for (int l = 0; l < 2; l++)

@@ -872,8 +872,11 @@ __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, c
                                                    float *__restrict__ usb, int *__restrict__ pc, int hidden,
                                                    int top_k)
 {
+    /* MoE v27+: chained to the previous kernel by PDL (ids and x come from it).
+     * Wait first, then let the next launch start: the later launches read the
+     * routing before their own waits, so it must be final by then. */
+    griddep_wait();
     griddep_launch();
-    griddep_wait(); /* MoE v27+: chained to the previous kernel by PDL (ids and x come from it) */
     const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], beta = blockIdx.x;
     const int i = threadIdx.x, nb = hidden >> 7, ktiles = hidden >> 4;
     const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
@@ -1034,6 +1037,20 @@ __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *_
     const float su = block_sum128(usb_d + (size_t)pair * nbi, nbi, red);
     t_d[(size_t)pair * hidden + j] = 0.0f;
     atomicAdd(out + (size_t)token * hidden + j, had128_block(a + INT_D * su, sm) * sv);
+}
+
+/* trellis_cuda_lab_slow_copy: lets PDL dependents start at once, spins ns
+ * nanoseconds, then copies n words (a producer that writes late). */
+__global__ void k_slow_copy(uint32_t *__restrict__ dst, const uint32_t *__restrict__ src, size_t n,
+                            unsigned long long ns)
+{
+    griddep_launch();
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
 /* The launch floor (trellis_cuda_lab_empty): lets the next launch start, waits for the previous one. */
@@ -1611,6 +1628,15 @@ sparq_status trellis_cuda_lab_empty(void *stream, int launches)
     cfg.gridDim = dim3(1);
     cfg.blockDim = dim3(32);
     for (int i = 1; i < launches; i++) CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_empty), "empty launch (PDL)");
+    return SPARQ_OK;
+}
+
+sparq_status trellis_cuda_lab_slow_copy(void *dst, const void *src, size_t bytes, int spin_us, void *stream)
+{
+    RETURN_IF(!dst || !src || bytes % 4 || spin_us < 0, SPARQ_E_ARG, "cuda slow copy: bad arguments");
+    k_slow_copy<<<1, 256, 0, (cudaStream_t)stream>>>((uint32_t *)dst, (const uint32_t *)src, bytes / 4,
+                                                     (unsigned long long)spin_us * 1000ull);
+    CUDA_RETURN_IF(cudaGetLastError(), "slow copy launch");
     return SPARQ_OK;
 }
 

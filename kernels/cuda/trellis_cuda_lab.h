@@ -119,6 +119,13 @@ sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q
  * one by programmatic dependent launch as the GEMM's are. */
 sparq_status trellis_cuda_lab_empty(void *stream, int launches);
 
+/* For the tests: a one-block kernel on `stream` that lets kernels chained to
+ * it by programmatic dependent launch start at once, spins for spin_us
+ * microseconds, then copies `bytes` (a multiple of 4) from src to dst (device
+ * memory): a producer that writes its output late, as a PDL-aware kernel
+ * before a GEMM or MoE layer may. */
+sparq_status trellis_cuda_lab_slow_copy(void *dst, const void *src, size_t bytes, int spin_us, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

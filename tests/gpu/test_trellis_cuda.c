@@ -340,7 +340,7 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 34 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 34 };
 enum { VINT_REMOVED = 29 }; /* lost in runs 24–26, removed: refused like an unknown version */
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
@@ -348,14 +348,16 @@ enum { VINT_REMOVED = 29 }; /* lost in runs 24–26, removed: refused like an un
 static int mode_is_int(const trellis_linear *lin, const trellis_cuda_linear *dl, int rows, int mode)
 {
     return lin->cb == TRELLIS_CB_MUL1 &&
-           (mode >= V20 || (mode == DEFAULT && trellis_cuda_gemm_version(dl, rows) >= V20));
+           (mode >= V20 || ((mode == DEFAULT || mode == LATE) && trellis_cuda_gemm_version(dl, rows) >= V20));
 }
 
 /* One GEMM check: fresh x, GPU (poisoned output) vs CPU. mode V2 takes
  * nw/unroll/chunk (0 = its defaults), V3 takes chunk, V4 takes nw as its
  * blocks-per-SM variant, V6..V12 are the lab versions 6..12 (whole op),
  * PREFILL is the cuBLAS
- * path (rows may exceed 16), DEFAULT is trellis_cuda_gemm. */
+ * path (rows may exceed 16), DEFAULT is trellis_cuda_gemm, LATE the same with
+ * x written 200 µs late by the kernel just before it, one that lets
+ * PDL-chained kernels start at once (x holds NaN until then). */
 static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, int rows, int nw,
                        int unroll, int chunk, int mode)
 {
@@ -373,11 +375,21 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
     CHECK(trellis_cuda_upload(dx, x, (size_t)rows * k * 4) == SPARQ_OK);
     for (size_t i = 0; i < (size_t)rows * n; i++) y[i] = NAN;
     CHECK(trellis_cuda_upload(dy, y, (size_t)rows * n * 4) == SPARQ_OK);
+    void *dsrc = NULL;
+    if (mode == LATE) { /* x arrives late; NaN meanwhile */
+        CHECK(trellis_cuda_alloc(&dsrc, (size_t)rows * k * 4) == SPARQ_OK);
+        CHECK(trellis_cuda_upload(dsrc, x, (size_t)rows * k * 4) == SPARQ_OK);
+        float *nanx = malloc((size_t)rows * k * 4);
+        for (size_t i = 0; i < (size_t)rows * k; i++) nanx[i] = NAN;
+        CHECK(trellis_cuda_upload(dx, nanx, (size_t)rows * k * 4) == SPARQ_OK);
+        free(nanx);
+        CHECK(trellis_cuda_lab_slow_copy(dx, dsrc, (size_t)rows * k * 4, 200, NULL) == SPARQ_OK);
+    }
     sparq_status st = mode == PREFILL ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
                       : mode == V3    ? trellis_cuda_gemm_v3(dl, dx, rows, dy, ws, NULL, chunk)
                       : mode == V4    ? trellis_cuda_gemm_bal(dl, dx, rows, dy, ws, NULL, nw, TRELLIS_CUDA_PART_ALL)
                       : mode >= V6    ? trellis_cuda_gemm_labv(dl, dx, rows, dy, ws, NULL, mode, TRELLIS_CUDA_PART_ALL)
-                      : mode == DEFAULT
+                      : mode == DEFAULT || mode == LATE
                           ? trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL)
                           : trellis_cuda_gemm_lab(dl, dx, rows, dy, ws, NULL, nw, unroll, chunk, TRELLIS_CUDA_PART_ALL);
     CHECK_MSG(st == SPARQ_OK, "gemm: %s", sparq_errmsg());
@@ -394,6 +406,7 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
     }
     trellis_cuda_free(dx);
     trellis_cuda_free(dy);
+    trellis_cuda_free(dsrc);
     free(x);
     free(y);
     free(ref);
@@ -506,6 +519,8 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
         check_gemm(&h, dl, ws, 4 + 6 * i, 0, 0, 0, DEFAULT);
     }
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, LATE);
+    check_gemm(&h, dl, ws, 7, 0, 0, 0, LATE);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
@@ -519,6 +534,7 @@ static void test_gemm_lab_variants(void)
     check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+    check_gemm(&h, dl, ws, 2, 0, 0, 0, LATE);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
@@ -538,6 +554,43 @@ static void test_prefill(void)
 
 /* The fused MoE layer against the CPU: per token and routed expert,
  * down(silu(gate(x)) ⊙ up(x)) weighted and added onto a random residual. */
+/* ref[t] = Σ_j w[t,j] · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t)), e = ids[t,j], on the CPU (hl: E gate,
+ * E up, E down linears). */
+static void moe_ref(const host_lin *hl, int E, int hidden, int inter, int top_k, int tokens, const float *x,
+                    const int *ids, const float *w, float *ref)
+{
+    float *g = malloc((size_t)inter * 4), *u = malloc((size_t)inter * 4), *d = malloc((size_t)hidden * 4);
+    memset(ref, 0, (size_t)tokens * hidden * 4);
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < top_k; j++) {
+            const int e = ids[t * top_k + j];
+            CHECK(trellis_linear_gemm(&hl[e].lin, x + (size_t)t * hidden, 1, g, NULL) == SPARQ_OK);
+            CHECK(trellis_linear_gemm(&hl[E + e].lin, x + (size_t)t * hidden, 1, u, NULL) == SPARQ_OK);
+            for (int i = 0; i < inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            CHECK(trellis_linear_gemm(&hl[2 * E + e].lin, g, 1, d, NULL) == SPARQ_OK);
+            for (int i = 0; i < hidden; i++) ref[(size_t)t * hidden + i] += w[t * top_k + j] * d[i];
+        }
+    free(g);
+    free(u);
+    free(d);
+}
+
+/* Distinct random experts per token (and weights, if w). */
+static void moe_route(int E, int top_k, int tokens, int *ids, float *w)
+{
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < top_k; j++) {
+            int e, dup;
+            do {
+                e = (int)(rnd32() % (uint32_t)E);
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= ids[t * top_k + q] == e;
+            } while (dup);
+            ids[t * top_k + j] = e;
+            if (w) w[t * top_k + j] = 0.1f + 0.9f * (rnd_unit() * 0.5f + 0.5f);
+        }
+}
+
 static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K, trellis_codebook cb)
 {
     host_lin *hl = calloc((size_t)3 * E, sizeof *hl);
@@ -551,34 +604,15 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_moe_create(dl, dl + E, dl + 2 * E, E, tokens, top_k, &moe) == SPARQ_OK);
     const size_t pairs = (size_t)tokens * top_k;
     float *x = malloc((size_t)tokens * hidden * 4), *res = malloc((size_t)tokens * hidden * 4);
-    float *out = malloc((size_t)tokens * hidden * 4), *ref = calloc((size_t)tokens * hidden, 4);
-    float *w = malloc(pairs * 4), *g = malloc((size_t)inter * 4), *u = malloc((size_t)inter * 4);
-    float *d = malloc((size_t)hidden * 4);
+    float *out = malloc((size_t)tokens * hidden * 4), *ref = malloc((size_t)tokens * hidden * 4);
+    float *w = malloc(pairs * 4);
     int *ids = malloc(pairs * sizeof(int));
     for (size_t i = 0; i < (size_t)tokens * hidden; i++) {
         x[i] = rnd_unit();
         res[i] = rnd_unit();
     }
-    for (int t = 0; t < tokens; t++)
-        for (int j = 0; j < top_k; j++) {
-            int e, dup;
-            do { /* distinct experts per token */
-                e = (int)(rnd32() % (uint32_t)E);
-                dup = 0;
-                for (int q = 0; q < j; q++) dup |= ids[t * top_k + q] == e;
-            } while (dup);
-            ids[t * top_k + j] = e;
-            w[t * top_k + j] = 0.1f + 0.9f * (rnd_unit() * 0.5f + 0.5f);
-        }
-    for (int t = 0; t < tokens; t++)
-        for (int j = 0; j < top_k; j++) {
-            const int e = ids[t * top_k + j];
-            CHECK(trellis_linear_gemm(&hl[e].lin, x + (size_t)t * hidden, 1, g, NULL) == SPARQ_OK);
-            CHECK(trellis_linear_gemm(&hl[E + e].lin, x + (size_t)t * hidden, 1, u, NULL) == SPARQ_OK);
-            for (int i = 0; i < inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-            CHECK(trellis_linear_gemm(&hl[2 * E + e].lin, g, 1, d, NULL) == SPARQ_OK);
-            for (int i = 0; i < hidden; i++) ref[(size_t)t * hidden + i] += w[t * top_k + j] * d[i];
-        }
+    moe_route(E, top_k, tokens, ids, w);
+    moe_ref(hl, E, hidden, inter, top_k, tokens, x, ids, w, ref);
     void *dx = NULL, *dout = NULL, *dids = NULL, *dw = NULL;
     CHECK(trellis_cuda_alloc(&dx, (size_t)tokens * hidden * 4) == SPARQ_OK);
     CHECK(trellis_cuda_alloc(&dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
@@ -627,6 +661,28 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
         const double e = nmse(out, ref, (size_t)tokens * hidden);
         CHECK_MSG(e <= NMSE_MAX, "moe sharing scratch, run %d: normalised MSE %.3g", run, e);
     }
+    /* the routing written by the kernel just before the layer, one that lets
+     * PDL-chained kernels start at once and writes 200 µs later: the layer
+     * must use the new routing (its later launches read it before their own
+     * waits, so the first one may only let them start once it has waited) */
+    {
+        int *ids2 = malloc(pairs * sizeof(int));
+        moe_route(E, top_k, tokens, ids2, NULL);
+        moe_ref(hl, E, hidden, inter, top_k, tokens, x, ids2, w, ref);
+        void *dsrc = NULL;
+        CHECK(trellis_cuda_alloc(&dsrc, pairs * sizeof(int)) == SPARQ_OK);
+        CHECK(trellis_cuda_upload(dsrc, ids2, pairs * sizeof(int)) == SPARQ_OK);
+        CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        CHECK(trellis_cuda_lab_slow_copy(dids, dsrc, pairs * sizeof(int), 200, NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+        CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
+        for (size_t i = 0; i < (size_t)tokens * hidden; i++) out[i] -= res[i];
+        const double e = nmse(out, ref, (size_t)tokens * hidden);
+        CHECK_MSG(e <= NMSE_MAX, "moe with the routing written late by the previous kernel: normalised MSE %.3g", e);
+        trellis_cuda_free(dsrc);
+        free(ids2);
+    }
     trellis_cuda_moe_free(moe);
     if (tokens > 1) { /* other token counts: refused */
         trellis_cuda_moe *moe3 = NULL;
@@ -650,9 +706,6 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     free(out);
     free(ref);
     free(w);
-    free(g);
-    free(u);
-    free(d);
     free(ids);
 }
 

@@ -5,7 +5,7 @@
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v28 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v23 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
  * at once, see k_moe_in_gu) and v17 otherwise, trellis_fused.cuh's block
  * body in two launches with one-wave grids).
@@ -259,7 +259,14 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * loads suh, then waits; the output launch lets the next one start at once);
  * INT_MINB1 = k_gemm_int2 compiled for 1 block of 8 warps per SM (up to 255
  * registers). (512, 1024: 4 tile columns per step, 4 blocks per SM; lab
- * v35–v37, lost in run 28, removed: in git at e333b66.) */
+ * v35–v37, lost in run 28, removed: in git at e333b66.) INT_FLAT =
+ * int2_segment as in rounds 3–4 (one pass over a warp's k range, the int32 →
+ * fp32 conversion inside it at each 128-block end) instead of one pass per
+ * 128-block: v24–v27 and MoE v21–v24 are built with it, as measured then
+ * (same SASS: v24's loop 284 instructions + 104 per conversion, as in run
+ * 17). Neither form wins everywhere: the per-block pass makes v32 0.4 µs
+ * faster than v35 (= v32 flat), the flat one makes MoE v23 0.8 µs faster
+ * than v30 (= v23 per block) on Qwen3 shapes (run 34). */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -268,7 +275,8 @@ enum {
     INT_EPI = 16,
     INT_WIO = 64,
     INT_PDLIN = 128,
-    INT_MINB1 = 256
+    INT_MINB1 = 256,
+    INT_FLAT = 2048
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -732,6 +740,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
+    constexpr bool FLAT = (V & INT_FLAT) != 0;
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -740,10 +749,15 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
     const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
     const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
     float f[RG][NW][2];
+    uint32_t acc[RG][NW][4];
 #pragma unroll
     for (int rg = 0; rg < RG; rg++)
 #pragma unroll
-        for (int j = 0; j < NW; j++) f[rg][j][0] = f[rg][j][1] = 0.0f;
+        for (int j = 0; j < NW; j++) {
+            f[rg][j][0] = f[rg][j][1] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
+        }
     uint32_t w[NW][NWD];
 #pragma unroll
     for (int j = 0; j < NW; j++) {
@@ -755,56 +769,48 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
         griddep_wait();
         waited = true;
     }
-    int kt = kt0;
-    while (kt < kt1) {
-        const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
-        uint32_t acc[RG][NW][4];
+    /* k tile kt: load the next k tile's words (the last step reloads its own:
+     * no branch), the B words, and add 8 tiles' IMMAs into acc */
+    auto step = [&](int kt) {
+        const size_t adv = kt + 1 < kt1 ? row_stride : 0;
+        p0 += adv;
+        p1 += adv;
+        if constexpr (NWD == 3) p2 += adv;
+        uint32_t wn[NW][NWD];
 #pragma unroll
-        for (int rg = 0; rg < RG; rg++)
-#pragma unroll
-            for (int j = 0; j < NW; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
-        for (; kt < kend; kt++) {
-            /* the next k tile's words (the last step reloads its own: no branch) */
-            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
-            p0 += adv;
-            p1 += adv;
-            if constexpr (NWD == 3) p2 += adv;
-            uint32_t wn[NW][NWD];
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                wn[j][0] = __ldg(p0 + j * TW);
-                wn[j][1] = __ldg(p1 + j * TW);
-                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
-            }
-            uint32_t b[RG][4];
-#pragma unroll
-            for (int rg = 0; rg < RG; rg++) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-                b[rg][0] = v.x;
-                b[rg][1] = v.y;
-                b[rg][2] = v.z;
-                b[rg][3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                uint32_t x[8];
-                lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
-#pragma unroll
-                for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++)
-#pragma unroll
-                for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
+        for (int j = 0; j < NW; j++) {
+            wn[j][0] = __ldg(p0 + j * TW);
+            wn[j][1] = __ldg(p1 + j * TW);
+            if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
         }
-        /* k tiles seg..kend-1 of block β: I = 256·Σb·hi + Σb·lo − 510·Σq */
+        uint32_t b[RG][4];
+#pragma unroll
+        for (int rg = 0; rg < RG; rg++) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
+            b[rg][0] = v.x;
+            b[rg][1] = v.y;
+            b[rg][2] = v.z;
+            b[rg][3] = v.w;
+        }
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            uint32_t x[8];
+            lane_hash_w<K, D, NWD>(w[j], lr.r, one, x);
+#pragma unroll
+            for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+#pragma unroll
+            for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
+    };
+    /* k tiles s0..s1-1 of block β: I = 256·Σb·hi + Σb·lo − 510·Σq, into f; acc = 0 */
+    auto convert = [&](int be, int s0, int s1) {
 #pragma unroll
         for (int rg = 0; rg < RG; rg++) {
             const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
-            const uint32_t cq = (uint32_t)__ldg(pcr + (kend - 8 * be)) - (uint32_t)__ldg(pcr + (seg - 8 * be));
+            const uint32_t cq = (uint32_t)__ldg(pcr + (s1 - 8 * be)) - (uint32_t)__ldg(pcr + (s0 - 8 * be));
             const float sc = __ldg(sa + (4 * rg + c) * nb + be);
 #pragma unroll
             for (int j = 0; j < NW; j++) {
@@ -812,7 +818,25 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
                 const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
                 f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
                 f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
             }
+        }
+    };
+    if constexpr (FLAT) { /* rounds 3–4: one pass, converting at each block end */
+        int seg = kt0;
+        for (int kt = kt0; kt < kt1; kt++) {
+            step(kt);
+            if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
+                convert(kt >> 3, seg, kt + 1);
+                seg = kt + 1;
+            }
+        }
+    } else { /* round 5: one pass per 128-block */
+        for (int kt = kt0; kt < kt1;) {
+            const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
+            for (; kt < kend; kt++) step(kt);
+            convert(be, seg, kend);
         }
     }
     int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
@@ -865,17 +889,17 @@ __global__ void __launch_bounds__(256, MINB)
  *   k_moe_out      grid (hidden/128, tokens): out[token] += Σ_j w_j · had128(t_down +
  *                  D·Σu) ⊙ svh_down over the token's pairs, t_down = 0 (no atomics)
  * The first launch is plain (it rewrites scratch the previous call read). */
-template <int V>
+template <int V, bool PDLIN>
 __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, const int *__restrict__ ids,
                                                    const float *__restrict__ x, uint32_t *__restrict__ bq,
                                                    float *__restrict__ sa, int *__restrict__ ch,
                                                    float *__restrict__ usb, int *__restrict__ pc, int hidden,
                                                    int top_k)
 {
-    /* MoE v27+: chained to the previous kernel by PDL (ids and x come from it).
-     * Wait first, then let the next launch start: the later launches read the
-     * routing before their own waits, so it must be final by then. */
-    griddep_wait();
+    /* PDLIN (MoE v27+): chained to the previous kernel by PDL (ids and x come
+     * from it). Wait first, then let the next launch start: the later launches
+     * read the routing before their own waits, so it must be final by then. */
+    if constexpr (PDLIN) griddep_wait();
     griddep_launch();
     const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], beta = blockIdx.x;
     const int i = threadIdx.x, nb = hidden >> 7, ktiles = hidden >> 4;
@@ -1021,6 +1045,7 @@ __global__ void __launch_bounds__(128) k_moe_out(moe_proj down, const int *__res
 
 /* v23+: grid (hidden/128, pairs), one pair per block, added into out with
  * atomics; the expert's svh and the routing weight are loaded before the wait. */
+template <bool EARLY>
 __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *__restrict__ ids,
                                                      const float *__restrict__ weights, float *__restrict__ t_d,
                                                      const float *__restrict__ usb_d, float *__restrict__ out,
@@ -1028,7 +1053,7 @@ __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *_
 {
     __shared__ float sm[128];
     __shared__ float red[4];
-    griddep_launch(); /* MoE v27+: the next layer's first launch may start (it waits) */
+    if constexpr (EARLY) griddep_launch(); /* MoE v27+: the next layer's first launch may start (it waits) */
     const int pair = blockIdx.y, token = pair / top_k, i = threadIdx.x, nbi = inter >> 7, e = ids[pair];
     const size_t j = (size_t)blockIdx.x * 128 + i;
     const float sv = weights[pair] * __half2float(down.svh[e][j]);
@@ -1226,10 +1251,10 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v28 (five PDL-chained launches, the first chained to the previous kernel too;
- * v24's balanced integer loop at 1 block of 8 warps per SM; every K) */
-#define MOE_MUL1_VERSION 28
-/* ... or v20 (v17 with the integer arithmetic) where v28's scratch is absent
+/* mul1 layers: v23 (five PDL-chained launches, v24's balanced integer loop in round 4's form;
+ * every K; round 5's variants v27–v30 lost to it in run 34) */
+#define MOE_MUL1_VERSION 23
+/* ... or v20 (v17 with the integer arithmetic) where v23's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
@@ -1277,7 +1302,9 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
  * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4),
  * 27 = 23 with the input launch chained to the previous kernel by PDL (every
- * K), 28 = 27 with 24's main kernels (every K: the mul1 default); NULL for
+ * K), 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without
+ * the PDL-chained input launch (every K); 21–24 run the loop as in round 4
+ * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
  * blocks per SM, lost in run 28; all removed). */
@@ -1285,7 +1312,7 @@ typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, co
                            int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
-    return (version >= 21 && version <= 28 && version != 25 && version != 26) || (version >= 231 && version <= 233);
+    return (version >= 21 && version <= 30 && version != 25 && version != 26) || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1294,19 +1321,22 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
     *down = NULL;
     with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
         constexpr int KK = decltype(k)::value;
-        if (version == 21 || version == 23 || version == 27) {
+        if (version == 21 || version == 23) {
+            *gu = k_moe_int2<KK, INT_FMA | INT_FLAT, 2, true>;
+            *down = k_moe_int2<KK, INT_FMA | INT_FLAT, 2, false>;
+        } else if (version == 27 || version == 30) {
             *gu = k_moe_int2<KK, INT_FMA, 2, true>;
             *down = k_moe_int2<KK, INT_FMA, 2, false>;
-        } else if (version == 28) {
+        } else if (version == 28 || version == 29) {
             *gu = k_moe_int2<KK, INT_FMA, 1, true>;
             *down = k_moe_int2<KK, INT_FMA, 1, false>;
         } else if constexpr (KK >= 2 && KK <= 4) {
             if (version == 22) {
-                *gu = k_moe_int2<KK, 0, 2, true>;
-                *down = k_moe_int2<KK, 0, 2, false>;
+                *gu = k_moe_int2<KK, INT_FLAT, 2, true>;
+                *down = k_moe_int2<KK, INT_FLAT, 2, false>;
             } else if (version == 24) {
-                *gu = k_moe_int2<KK, INT_FMA, 1, true>;
-                *down = k_moe_int2<KK, INT_FMA, 1, false>;
+                *gu = k_moe_int2<KK, INT_FMA | INT_FLAT, 1, true>;
+                *down = k_moe_int2<KK, INT_FMA | INT_FLAT, 1, false>;
             }
         }
         return 0;
@@ -1327,16 +1357,17 @@ static int int_version_opts(int version)
     case 21: return INT_PACK;
     case 22: return INT_FMA;
     case 23: return INT_PACK | INT_FMA;
-    case 24: return INT_LOOP2 | INT_FMA;
-    case 25: return INT_LOOP2;
-    case 26: return INT_LOOP2 | INT_FMA | INT_MINB3;
-    case 27: return INT_LOOP2 | INT_FMA | INT_EPI;
+    case 24: return INT_LOOP2 | INT_FMA | INT_FLAT;
+    case 25: return INT_LOOP2 | INT_FLAT;
+    case 26: return INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT;
+    case 27: return INT_LOOP2 | INT_FMA | INT_EPI | INT_FLAT;
     case 28: return INT_FMA | INT_EPI;
     case 30: return INT_LOOP2 | INT_FMA | INT_WIO;
     case 31: return INT_FMA | INT_WIO;
     case 32: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN;
     case 33: return INT_FMA | INT_WIO | INT_PDLIN;
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
+    case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT;
     default: return -1;
     }
 }
@@ -1347,7 +1378,7 @@ static int int_version_opts(int version)
 static bool int_allk(int v)
 {
     v &= ~(INT_WIO | INT_PDLIN); /* the same main kernels */
-    return v == (INT_LOOP2 | INT_FMA) || v == INT_FMA;
+    return v == (INT_LOOP2 | INT_FMA) || v == (INT_LOOP2 | INT_FMA | INT_FLAT) || v == INT_FMA;
 }
 
 template <int KK, int V>
@@ -1364,7 +1395,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1379,14 +1410,18 @@ static int_fn int_pick_k(int v, int rg)
     if constexpr (KK < 2 || KK > 4) {
         if (rg != 1) return NULL;
         if (v == (INT_LOOP2 | INT_FMA)) return k_gemm_int2<KK, 1, INT_FMA, 2>;
+        if (v == (INT_LOOP2 | INT_FMA | INT_FLAT)) return k_gemm_int2<KK, 1, INT_FMA | INT_FLAT, 2>;
         if (v == INT_FMA) return k_gemm_int<KK, 1, INT_FMA>;
     } else {
         switch (v) {
-        case INT_LOOP2 | INT_FMA | INT_EPI: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI>(rg);
+        case INT_LOOP2 | INT_FMA | INT_EPI | INT_FLAT:
+            return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI | INT_FLAT>(rg);
         case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
         case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
-        case INT_LOOP2: return int2_pick_rg<KK, INT_LOOP2>(rg);
-        case INT_LOOP2 | INT_FMA | INT_MINB3: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3>(rg);
+        case INT_LOOP2 | INT_FMA | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_FLAT>(rg);
+        case INT_LOOP2 | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FLAT>(rg);
+        case INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT:
+            return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
@@ -1974,7 +2009,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[8][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[10][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2194,7 +2229,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
      * main kernels alone */
     const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
     if (version > 100) version = 23;
-    const bool pdl_in = version >= 27; /* the input launch chained to the previous kernel */
+    const bool pdl_in = version == 27 || version == 28; /* the input launch chained to the previous kernel */
     moe_int_fn fg, fd;
     moe_int_pick(m->K, version, &fg, &fd);
     RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
@@ -2224,7 +2259,8 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
         cfg.gridDim = dim3(H / 128, 2 * pairs);
         cfg.blockDim = dim3(128);
         cfg.numAttrs = pdl_in ? 1 : 0;
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_in_gu<0>, m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, pdl_in ? k_moe_in_gu<0, true> : k_moe_in_gu<0, false>, m->proj[0],
+                                          m->proj[1], ids, x, m->bq_gu, m->sa_gu,
                                           m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k),
                        "moe input launch (%d pairs)", pairs);
         cfg.numAttrs = 1;
@@ -2256,7 +2292,9 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.blockDim = dim3(128);
     if (stages & 16u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version >= 23 ? k_moe_out_par : k_moe_out,
+                                          pdl_in          ? k_moe_out_par<true>
+                                          : version >= 23 ? k_moe_out_par<false>
+                                                          : k_moe_out,
                                           m->proj[2], ids,
                                           weights, m->t_down, (const float *)m->usb_d, out, H, I, m->top_k),
                        "moe output launch (PDL)");
@@ -2318,9 +2356,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v28 for
- * mul1 layers (run 26: 62.6 / 20.7 µs on DeepSeek / Qwen3 shapes, 1.15× /
- * 1.48× one GEMV of the same weights; v23 64.7 / 21.3), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v23 for
+ * mul1 layers (run 34: 62.6 / 19.9 µs on DeepSeek / Qwen3 shapes, 1.16× /
+ * 1.48× one GEMV of the same weights), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -109,8 +109,7 @@ sparq_status trellis_cuda_moe_share(trellis_cuda_moe *moe, trellis_cuda_moe *don
  * weights fp32 tokens×top_k (the router's output, read on the device: no
  * host round trip). Graph-capturable (nothing is allocated per call): two
  * launches, or for mul1 layers whose widths are multiples of 128 five
- * PDL-chained ones, the first chained to the previous kernel of the
- * stream too (MoE lab v28, docs/cuda.md); fp32 atomics, so the last
+ * PDL-chained ones (MoE lab v23, docs/cuda.md); fp32 atomics, so the last
  * bits vary from run to run. mul1 layers use the integer GEMM arithmetic (as
  * trellis_cuda_gemm). One call at a time per layer handle (and per set of
  * shared scratch). */

@@ -71,12 +71,13 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * output launches one warp per 128-block, 32 = 30 and 33 = 31 with the input
  * launch chained to the previous kernel by PDL (what trellis_cuda_gemm runs
  * for mul1 at 1..4 rows: 32 on large linears, 33 on small ones), 34 = 32 with
- * the main kernel at 1 block of 8 warps per SM (29, an in-warp input
+ * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
+ * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, and 35–37, 4 tile columns per step at 2–4 blocks per SM, lost
  * and were removed). mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
- * 30..33) for every K at 1..4 rows. */
+ * 30..33, 35) for every K at 1..4 rows. */
 
 /* The lab version trellis_cuda_gemm runs for this linear and row count. */
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
@@ -102,9 +103,11 @@ int trellis_cuda_gemm_lab_allk(int version);
  * launch's loads before its wait and the output launch parallel over pairs
  * (21 and 23 for every K), 24 = 23 compiled for one block per SM, 27 = 23
  * with the input launch chained to the previous kernel by PDL (every K),
- * 28 = 27 with 24's main kernels (the default for mul1; every K) (25, 26,
- * 29, 30: in-warp input transform, warp-per-block small launches, 4 tile
- * columns per step at 3 / 4 blocks per SM: lost, removed);
+ * 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without the
+ * PDL-chained input launch (every K); 21–24 run the loop in round 4's form,
+ * 27–30 one pass per 128-block; 23 is the default for mul1 (25, 26 and the
+ * first 29, 30: in-warp input transform, warp-per-block small launches, 4
+ * tile columns per step: lost, removed);
  * benchmark only (x = 0, they leave the scratch dirty
  * otherwise): 231 / 232 / 233 = 23's launches 1–2 / 3–5 / its two main
  * kernels alone. v17 exists for every K and codebook, the others for mul1 at

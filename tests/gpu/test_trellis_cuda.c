@@ -19,10 +19,10 @@
  *    and against decode-then-matmul with the fp16 codebook values (loose:
  *    normalised MSE ≤ 1e-6; the difference is the per-weight fp16 rounding
  *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
- *    activations); every version (v20..v34) for K = 2..4, the default's for every K;
+ *    activations); every version (v20..v35) for K = 2..4, the default's for every K;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
  *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
- *    v21..v24, v27, v28 (the balanced integer launches);
+ *    v21..v24, v27..v30 (the balanced integer launches);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -340,7 +340,7 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 34 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 35 };
 enum { VINT_REMOVED = 29 }; /* lost in runs 24–26, removed: refused like an unknown version */
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
@@ -623,11 +623,11 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 21, 23, 27, 28, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    static const int versions[] = {0, 20, 21, 23, 27, 28, 29, 30, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 6; /* the default, v20, v21, v23, v27, v28 (mul1: every K) */
+                                        : 8; /* the default, v20, v21, v23, v27..v30 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);

@@ -36,9 +36,9 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 30, 31, 32, 33, 34
-#define INTV_SWEEP "v22/v24/v32/v33"
-#define INTV_SWEEP_LIST 22, 24, 32, 33
+#define INTV_LIST 22, 24, 31, 32, 33, 34, 35
+#define INTV_SWEEP "v22/v24/v32/v35"
+#define INTV_SWEEP_LIST 22, 24, 32, 35
 enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
@@ -202,7 +202,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
-    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 27, 28, 231, 232, 233};
+    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 27, 28, 29, 30, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -396,7 +396,7 @@ int main(int argc, char **argv)
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
             for (int v = 6; v <= 12; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
-            for (int v = 20; v <= 34; v++)
+            for (int v = 20; v <= 35; v++)
                 if (v != 29) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
         }
         SK(trellis_cuda_sync(NULL));
@@ -659,7 +659,8 @@ int main(int argc, char **argv)
                "in the main kernel (by the warp that completes each 128-column block), v30 = v24 and v31 = v22 "
                "with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input "
                "launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main "
-               "kernel at 1 block of 8 warps per SM; -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
+               "a warp's k range, as v24; v30..v34 make one pass per 128-block); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;
@@ -683,7 +684,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels; v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch (21-24: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

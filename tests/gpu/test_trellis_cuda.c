@@ -23,6 +23,10 @@
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
  *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
  *    v21..v24, v27..v30 (the balanced integer launches);
+ *  - inputs written late: the default GEMM's x and the MoE layer's routing,
+ *    written 200 µs late by the kernel just before them, one that lets
+ *    PDL-chained kernels start at once (trellis_cuda_lab_slow_copy): the
+ *    chained launches must wait for them (lab run 29: this failed before);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */

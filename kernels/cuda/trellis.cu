@@ -730,7 +730,8 @@ __host__ __device__ constexpr int int2_nw()
  * kt0..kt1-1 of tile column group grp of the linear at `trellis` (k × n),
  * partial sums added into t. The first segment of a warp waits for the
  * previous launch (PDL) once its first words are in flight. One pass of the
- * outer loop per 128-block. */
+ * outer loop per 128-block, or with INT_FLAT one pass over the whole range
+ * converting at each block end (rounds 3–4; see INT_FLAT). */
 template <int K, int RG, int V>
 __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
                                              const float *__restrict__ sa, const int *__restrict__ pc,
@@ -888,7 +889,9 @@ __global__ void __launch_bounds__(256, MINB)
  *   k_moe_int2<!GU> the same balanced grid over the down jobs, into t_down[pair]
  *   k_moe_out      grid (hidden/128, tokens): out[token] += Σ_j w_j · had128(t_down +
  *                  D·Σu) ⊙ svh_down over the token's pairs, t_down = 0 (no atomics)
- * The first launch is plain (it rewrites scratch the previous call read). */
+ * The first launch is plain (it rewrites scratch the previous call read); in
+ * v27/v28 it is PDL-chained to the previous kernel and waits for it before it
+ * lets the others start (they read the routing before their own waits). */
 template <int V, bool PDLIN>
 __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, const int *__restrict__ ids,
                                                    const float *__restrict__ x, uint32_t *__restrict__ bq,

@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * (same SASS: v24's loop 284 instructions + 104 per conversion, as in run
  * 17). Neither form wins everywhere: the per-block pass makes v32 0.4 µs
  * faster than v35 (= v32 flat), the flat one makes MoE v23 0.8 µs faster
- * than v30 (= v23 per block) on Qwen3 shapes (run 34). INT_RED = no fp32
- * partial sums kept across blocks: each block's sums go to t by atomics
- * (16 fewer live registers, more atomics). */
+ * than v30 (= v23 per block) on Qwen3 shapes (run 34). (4096: each block's
+ * sums added to t by atomics instead of fp32 partials; lab v36, lost 2.4 µs
+ * in run 36, removed: in git at 9bf7e6a.) */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -278,8 +278,7 @@ enum {
     INT_WIO = 64,
     INT_PDLIN = 128,
     INT_MINB1 = 256,
-    INT_FLAT = 2048,
-    INT_RED = 4096
+    INT_FLAT = 2048
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -744,7 +743,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
-    constexpr bool FLAT = (V & INT_FLAT) != 0, RED = (V & INT_RED) != 0;
+    constexpr bool FLAT = (V & INT_FLAT) != 0;
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -816,20 +815,12 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
             const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
             const uint32_t cq = (uint32_t)__ldg(pcr + (s1 - 8 * be)) - (uint32_t)__ldg(pcr + (s0 - 8 * be));
             const float sc = __ldg(sa + (4 * rg + c) * nb + be);
-            float *tr = t + (size_t)(4 * rg + c) * n + 16 * grp * NW + g;
 #pragma unroll
             for (int j = 0; j < NW; j++) {
                 const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
                 const int i1 = (int)((acc[rg][j][2] << 8) + acc[rg][j][3] - cq);
-                if constexpr (RED) {
-                    if (4 * rg + c < rows) {
-                        atomicAdd(tr + 16 * j, sc * (float)i0);
-                        atomicAdd(tr + 16 * j + 8, sc * (float)i1);
-                    }
-                } else {
-                    f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
-                    f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
-                }
+                f[rg][j][0] = fmaf(sc, (float)i0, f[rg][j][0]);
+                f[rg][j][1] = fmaf(sc, (float)i1, f[rg][j][1]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[rg][j][e] = 0u;
             }
@@ -851,7 +842,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
             convert(be, seg, kend);
         }
     }
-    if constexpr (!RED) int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
+    int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
 }
 
 template <int K, int RG, int V, int MINB>
@@ -1382,7 +1373,6 @@ static int int_version_opts(int version)
     case 33: return INT_FMA | INT_WIO | INT_PDLIN;
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
     case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT;
-    case 36: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_RED;
     default: return -1;
     }
 }
@@ -1410,8 +1400,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2,
-                  VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_RED);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1435,7 +1424,6 @@ static int_fn int_pick_k(int v, int rg)
         case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
         case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
         case INT_LOOP2 | INT_FMA | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_FLAT>(rg);
-        case INT_LOOP2 | INT_FMA | INT_RED: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_RED>(rg);
         case INT_LOOP2 | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FLAT>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT:
             return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT>(rg);

@@ -72,10 +72,9 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * launch chained to the previous kernel by PDL (what trellis_cuda_gemm runs
  * for mul1 at 1..4 rows: 32 on large linears, 33 on small ones), 34 = 32 with
  * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
- * in round 4 (30–34 convert once per 128-block pass), 36 = 32 with each
- * block's sums added to t by atomics (29, an in-warp input
- * transform, and 35–37, 4 tile columns per step at 2–4 blocks per SM, lost
- * and were removed). mul1 only
+ * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
+ * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
+ * and 36, per-block atomics, lost and were removed). mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
  * 30..33, 35) for every K at 1..4 rows. */

@@ -19,7 +19,7 @@
  *    and against decode-then-matmul with the fp16 codebook values (loose:
  *    normalised MSE ≤ 1e-6; the difference is the per-weight fp16 rounding
  *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
- *    activations); every version (v20..v36) for K = 2..4, the default's for every K;
+ *    activations); every version (v20..v35) for K = 2..4, the default's for every K;
  *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
  *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
  *    v21..v24, v27..v30 (the balanced integer launches);
@@ -344,7 +344,7 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 36 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 35 };
 enum { VINT_REMOVED = 29 }; /* lost in runs 24–26, removed: refused like an unknown version */
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the

@@ -240,9 +240,7 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * of h, B operand = q split as hi = (q + 128) >> 8, lo = q − 256·hi (both s8);
  * 256·Σ b·hi + Σ b·lo − 510·Σ q per 64-input half block is the exact I
  * (|I| < 2^31; the wrapping partial sums are harmless). */
-#define INT_QMAX 32639
-#define INT_A (1774.0f / 262144.0f)
-#define INT_D (-476.0f / 262144.0f)
+/* INT_QMAX, INT_A, INT_D: trellis_decode.cuh */
 
 /* Integer lab options (template bit mask V of k_gemm_int): INT_PACK = the B
  * words of a lane and k tile are stored as one packed word (4 s8 values) and
@@ -312,50 +310,6 @@ __device__ __forceinline__ void int_bq_store(uint32_t *__restrict__ bq, int q, i
     }
 }
 
-/* The quantisation of one 128-block held by a warp after its Hadamard (lane l:
- * positions l + 32e): q, A·s_β and Σu on every lane, and on lane 0 the Σq of
- * each of the block's 8 k tiles. q and s are bit-identical to
- * int_input_block's (the max is exact); Σu is summed in another order. */
-__device__ __forceinline__ void warp_quant128(const float (&u)[4], int lane, int (&q)[4], float &as, float &su,
-                                              int (&kq)[8])
-{
-    int bad = 0;
-    float m = 0.0f;
-    su = (u[0] + u[1]) + (u[2] + u[3]);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        bad |= !isfinite(u[e]);
-        m = fmaxf(m, isfinite(u[e]) ? fabsf(u[e]) : 0.0f);
-    }
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
-        su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-        bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; e++) q[e] = 0;
-    if (bad) {
-        s = __int_as_float(0x7FC00000);
-    } else if (m != 0.0f) {
-        const float inv = (float)INT_QMAX / m;
-        s = m / (float)INT_QMAX;
-#pragma unroll
-        for (int e = 0; e < 4; e++) q[e] = max(-INT_QMAX, min(INT_QMAX, __float2int_rn(u[e] * inv)));
-    }
-    as = INT_A * s;
-    /* Σq per k tile: position l + 32e is in k tile 2e + l/16 */
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int t = q[e];
-#pragma unroll
-        for (int h = 8; h > 0; h >>= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, h);
-        kq[2 * e] = t;
-        kq[2 * e + 1] = __shfl_sync(0xFFFFFFFFu, t, 16);
-    }
-}
-
 /* k_input_int's work for 128-block beta of row r by one warp (INT_WIO):
  * u[e] = (x ⊙ suh) at positions lane + 32e before the Hadamard. */
 template <int V>
@@ -364,7 +318,7 @@ __device__ __forceinline__ void int_input_warp(float (&u)[4], int beta, int r, i
                                                float *__restrict__ usb, int *__restrict__ pc)
 {
     const int lane = threadIdx.x & 31, nb = k >> 7;
-    warp_had128(u, lane);
+    had128_warp(u, lane);
     int q[4], kq[8];
     float as, su;
     warp_quant128(u, lane, q, as, su, kq);
@@ -535,7 +489,7 @@ __global__ void __launch_bounds__(128) k_output_int_w(float *__restrict__ t, con
         v[e] = tr[lane + 32 * e] + INT_D * su;
         tr[lane + 32 * e] = 0.0f;
     }
-    warp_had128(v, lane);
+    had128_warp(v, lane);
 #pragma unroll
     for (int e = 0; e < 4; e++) y[(size_t)r * n + cb * 128 + lane + 32 * e] = v[e] * sv[e];
 }
@@ -569,7 +523,7 @@ __device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float
             v[e] = __ldcg(tr + lane + 32 * e) + INT_D * su;
             tr[lane + 32 * e] = 0.0f;
         }
-        warp_had128(v, lane);
+        had128_warp(v, lane);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int j = 128 * cb + lane + 32 * e;

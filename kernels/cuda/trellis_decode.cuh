@@ -412,23 +412,75 @@ __device__ __forceinline__ float had128_block(float v, float *sm)
     return v * 0.08838834764831845f;
 }
 
-/* The same transform by one warp on 128 values held 4 per lane (lane l holds
- * positions l + 32e, e = 0..3): strides 1..16 by shuffles, 32 and 64 in
- * registers, in had128_block's order, so the results are bit-identical. */
-__device__ __forceinline__ void warp_had128(float (&v)[4], int lane)
+/* The integer mul1 GEMM's activation quantisation (docs/cuda.md, "Integer
+ * mul1 GEMM"): q = clamp(rint(u·INT_QMAX/max|u|)) per 128-block; the codebook
+ * value is INT_A·(b − 510) + INT_D up to its fp16 rounding. */
+#define INT_QMAX 32639
+#define INT_A (1774.0f / 262144.0f)
+#define INT_D (-476.0f / 262144.0f)
+
+/* had128_block by one warp on 128 values held 4 per lane (element lane +
+ * 32j in v[j]): strides 1..16 by shuffles, 32 and 64 in registers, in
+ * had128_block's order, so the results are bit-identical. */
+__device__ __forceinline__ void had128_warp(float v[4], int lane)
 {
 #pragma unroll
     for (int h = 1; h < 32; h <<= 1)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float p = __shfl_xor_sync(0xFFFFFFFFu, v[e], h);
-            v[e] = (lane & h) ? p - v[e] : v[e] + p;
+        for (int j = 0; j < 4; j++) {
+            const float p = __shfl_xor_sync(0xFFFFFFFFu, v[j], h);
+            v[j] = (lane & h) ? p - v[j] : v[j] + p;
         }
-    const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
-    v[0] = (a0 + a2) * 0.08838834764831845f;
-    v[2] = (a0 - a2) * 0.08838834764831845f;
-    v[1] = (a1 + a3) * 0.08838834764831845f;
-    v[3] = (a1 - a3) * 0.08838834764831845f;
+    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+    v[0] = (a + c) * 0.08838834764831845f;
+    v[1] = (b + d) * 0.08838834764831845f;
+    v[2] = (a - c) * 0.08838834764831845f;
+    v[3] = (b - d) * 0.08838834764831845f;
+}
+
+/* The quantisation of one 128-block held by a warp after its Hadamard (lane l:
+ * positions l + 32e): q, A·s_β and Σu on every lane, and on lane 0 the Σq of
+ * each of the block's 8 k tiles. q and s are bit-identical to
+ * int_input_block's (the max is exact); Σu is summed in another order.
+ * Used by the warp-per-block input launches (trellis.cu) and fused_body_int. */
+__device__ __forceinline__ void warp_quant128(const float (&u)[4], int lane, int (&q)[4], float &as, float &su,
+                                              int (&kq)[8])
+{
+    int bad = 0;
+    float m = 0.0f;
+    su = (u[0] + u[1]) + (u[2] + u[3]);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        bad |= !isfinite(u[e]);
+        m = fmaxf(m, isfinite(u[e]) ? fabsf(u[e]) : 0.0f);
+    }
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
+        su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+        bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q[e] = 0;
+    if (bad) {
+        s = __int_as_float(0x7FC00000);
+    } else if (m != 0.0f) {
+        const float inv = (float)INT_QMAX / m;
+        s = m / (float)INT_QMAX;
+#pragma unroll
+        for (int e = 0; e < 4; e++) q[e] = max(-INT_QMAX, min(INT_QMAX, __float2int_rn(u[e] * inv)));
+    }
+    as = INT_A * s;
+    /* Σq per k tile: position l + 32e is in k tile 2e + l/16 */
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int t = q[e];
+#pragma unroll
+        for (int h = 8; h > 0; h >>= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, h);
+        kq[2 * e] = t;
+        kq[2 * e + 1] = __shfl_sync(0xFFFFFFFFu, t, 16);
+    }
 }
 
 } // namespace trellis_dev

@@ -26,24 +26,6 @@ namespace trellis_dev {
 #define FUSED_WARPS 8
 #define FUSED_COLS 256 /* outputs per column block: 8 warps × 2 tile columns × 16 */
 
-/* Normalised 128-point Hadamard of the 4 values a lane holds (element
- * lane + 32j in v[j]), across the warp. */
-__device__ __forceinline__ void had128_warp(float v[4], int lane)
-{
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float p = __shfl_xor_sync(0xFFFFFFFFu, v[j], h);
-            v[j] = (lane & h) ? p - v[j] : v[j] + p;
-        }
-    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-    v[0] = (a + c) * 0.08838834764831845f;
-    v[1] = (b + d) * 0.08838834764831845f;
-    v[2] = (a - c) * 0.08838834764831845f;
-    v[3] = (b - d) * 0.08838834764831845f;
-}
-
 /* Shared memory bytes for a chunk (k tiles) and rows: rows × (chunk·8 + 4)
  * half2 words (the +4 pads rows onto different banks). */
 __host__ __device__ inline size_t fused_smem_bytes(int chunk, int rows)
@@ -250,41 +232,14 @@ __device__ __forceinline__ void fused_body_int(const uint32_t *__restrict__ trel
             v[j] = in * __half2float(suh[base + lane + 32 * j]);
         }
         had128_warp(v, lane);
-        int bad = 0;
-        float m = 0.0f, su = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            bad |= !isfinite(v[j]);
-            m = fmaxf(m, isfinite(v[j]) ? fabsf(v[j]) : 0.0f);
-            su += v[j];
-        }
-#pragma unroll
-        for (int h = 16; h > 0; h >>= 1) {
-            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, h));
-            su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-            bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, h);
-        }
-        float sc = 0.0f;
-        int q[4] = {0, 0, 0, 0};
-        if (bad) {
-            sc = __int_as_float(0x7FC00000);
-        } else if (m != 0.0f) {
-            const float inv = 32639.0f / m;
-            sc = m / 32639.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) q[j] = max(-32639, min(32639, __float2int_rn(v[j] * inv)));
-        }
-        int sq0 = q[0] + q[1], sq1 = q[2] + q[3];
-#pragma unroll
-        for (int h = 16; h > 0; h >>= 1) {
-            sq0 += __shfl_xor_sync(0xFFFFFFFFu, sq0, h);
-            sq1 += __shfl_xor_sync(0xFFFFFFFFu, sq1, h);
-        }
+        int q[4], kq[8];
+        float sc, su;
+        warp_quant128(v, lane, q, sc, su, kq);
         if (lane == 0) {
-            s_sc[hb] = (1774.0f / 262144.0f) * sc;
+            s_sc[hb] = sc;
             s_us[hb] = su;
-            s_ch[2 * hb] = 510 * sq0;
-            s_ch[2 * hb + 1] = 510 * sq1;
+            s_ch[2 * hb] = 510 * ((kq[0] + kq[1]) + (kq[2] + kq[3]));
+            s_ch[2 * hb + 1] = 510 * ((kq[4] + kq[5]) + (kq[6] + kq[7]));
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -338,7 +293,7 @@ __device__ __forceinline__ void fused_body_int(const uint32_t *__restrict__ trel
         }
         /* 3. partial sums (+ D·Σu of this k range, once per output) */
         if (c == 0) {
-            const float du = (-476.0f / 262144.0f) * s_usum;
+            const float du = INT_D * s_usum;
             const int col0 = 16 * grp * NW;
 #pragma unroll
             for (int j = 0; j < NW; j++) {

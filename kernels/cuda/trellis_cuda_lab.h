@@ -122,6 +122,16 @@ sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q
  * one by programmatic dependent launch as the GEMM's are. */
 sparq_status trellis_cuda_lab_empty(void *stream, int launches);
 
+/* Lab timeline of the MoE v21+ layers (cuda_bench --moe-timeline): queues a
+ * one-thread kernel that points the timeline marks of the calls queued after
+ * it at rec (5 × 4096 × 3 zeroed words, [launch][unit][mark]: launch 0..4 =
+ * input, gate/up, SwiGLU, down, output; unit = block, or warp in the main
+ * kernels; mark 0..2 = start, past griddepcontrol.wait, end; %globaltimer in
+ * ns); NULL stops recording.
+ * SPARQ_E_UNSUPPORTED unless trellis.cu was built with -DSPARQ_MOE_TIMELINE
+ * (the marks change the kernels' code, so the normal build has none). */
+sparq_status trellis_cuda_lab_timeline(unsigned long long *rec, void *stream);
+
 /* For the tests: a one-block kernel on `stream` that lets kernels chained to
  * it by programmatic dependent launch start at once, spins for spin_us
  * microseconds, then copies `bytes` (a multiple of 4) from src to dst (device

@@ -344,8 +344,9 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 35 };
-enum { VINT_REMOVED = 29 }; /* lost in runs 24–26, removed: refused like an unknown version */
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 40 };
+/* lost and removed (29 in runs 24–26, 36 in run 36; 37 never kept): refused like an unknown version */
+static int vint_removed(int v) { return v == 29 || v == 36 || v == 37; }
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
  * default entry point for mul1 once it is promoted). */
@@ -447,7 +448,7 @@ static void test_gemm_all_k(void)
                 /* the integer mul1 versions: every K for the ones the default runs,
                  * K = 2..4 for the others; refused for the other codebooks */
                 for (int v = V20; v <= VINT_LAST; v++) {
-                    if (cb != TRELLIS_CB_MUL1 || v == VINT_REMOVED) {
+                    if (cb != TRELLIS_CB_MUL1 || vint_removed(v)) {
                         void *d = NULL;
                         CHECK(trellis_cuda_alloc(&d, (size_t)16 * 1024 * 4) == SPARQ_OK);
                         CHECK(trellis_cuda_gemm_labv(dl, d, 1, d, ws, NULL, v, TRELLIS_CUDA_PART_ALL) ==
@@ -510,7 +511,7 @@ static void test_gemm_lab_variants(void)
         check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
         for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
         for (int v = V20; v <= VINT_LAST; v++)
-            if (v != VINT_REMOVED) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
+            if (!vint_removed(v)) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
     }
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
@@ -627,11 +628,12 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 21, 23, 27, 28, 29, 30, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    static const int versions[] = {0,  20, 21, 23, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36,
+                                   37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 5,  13, 14, 15, 16, 17, 18, 19, 22, 24};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 8; /* the default, v20, v21, v23, v27..v30 (mul1: every K) */
+                                        : 27; /* the default, v20, v21, v23, v27..v49 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);

@@ -12,7 +12,7 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick | --lab | --moe | --moe-profile | --profile]   (prints a table;
+ * Usage: cuda_bench [--quick | --lab | --moe | --moe-profile | --moe-timeline | --profile]   (prints a table;
  * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
  * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
  * default), no MoE; --moe: only the MoE section (every MoE lab version);
@@ -20,7 +20,9 @@
  * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
  * --profile: a few launches of every version for ncu, no timing;
  * --moe-profile: one plain call of MoE v20, v21, v23, v28 per MoE shape (for ncu's
- * per-kernel times), no timing. */
+ * per-kernel times), no timing; --moe-timeline: where each of MoE v23's five
+ * launches starts, passes its wait and ends within a call (%globaltimer
+ * marks; needs trellis.cu built with -DSPARQ_MOE_TIMELINE, see moe_timeline). */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -36,10 +38,10 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 31, 32, 33, 34, 35
+#define INTV_LIST 22, 24, 32, 33, 34, 35, 38, 39, 40
 #define INTV_SWEEP "v22/v24/v32/v35"
 #define INTV_SWEEP_LIST 22, 24, 32, 35
-enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+enum { NINTV = 1 + 9, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -167,7 +169,125 @@ static void free_linear(trellis_linear *l)
     free((void *)l->svh);
 }
 
-static int g_moe_profile; /* --moe-profile */
+static int g_moe_profile;  /* --moe-profile */
+static int g_moe_timeline; /* --moe-timeline */
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* --moe-timeline (a build with -DSPARQ_MOE_TIMELINE): G calls of MoE
+ * `version` in one graph, each with its own timeline record, one replay
+ * recorded after three. Per launch and mark: the earliest, the median and the
+ * latest block (warp in the main kernels), µs from the call's earliest input
+ * block start, each the median over calls 2..G-1; and the call period (start
+ * to the next call's start, which includes the one-thread kernel that points
+ * the marks at the next record). */
+static void moe_timeline(op *o, const char *name, int nsets, int version)
+{
+    enum { U = 4096, W = 5 * U * 3 };
+    static const char *const ln[5] = {"input", "gate/up", "SwiGLU", "down", "output"};
+    unsigned long long *rec, *host = malloc((size_t)G * W * sizeof *host);
+    double *v = malloc(U * sizeof *v), q[5][3][3][G], t0[G];
+    if (!host || !v) exit(1);
+    CK(cudaMalloc((void **)&rec, (size_t)G * W * sizeof *host));
+    o->ncopies = nsets;
+    o->version = version;
+    for (int i = 0; i < 3; i++) call_moe(o, i);
+    CK(cudaStreamSynchronize(o->s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(o->s, cudaStreamCaptureModeGlobal));
+    for (int c = 0; c < G; c++) {
+        SK(trellis_cuda_lab_timeline(rec + (size_t)c * W, o->s));
+        call_moe(o, c);
+    }
+    SK(trellis_cuda_lab_timeline(NULL, o->s));
+    CK(cudaStreamEndCapture(o->s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(exec, o->s));
+    CK(cudaMemsetAsync(rec, 0, (size_t)G * W * sizeof *host, o->s));
+    CK(cudaGraphLaunch(exec, o->s));
+    CK(cudaStreamSynchronize(o->s));
+    CK(cudaMemcpy(host, rec, (size_t)G * W * sizeof *host, cudaMemcpyDeviceToHost));
+    for (int c = 0; c < G; c++) {
+        unsigned long long m = ~0ull;
+        for (int u = 0; u < U; u++)
+            if (host[(size_t)c * W + u * 3] && host[(size_t)c * W + u * 3] < m) m = host[(size_t)c * W + u * 3];
+        t0[c] = (double)m;
+        for (int l = 0; l < 5; l++)
+            for (int k = 0; k < 3; k++) {
+                int nv = 0;
+                for (int u = 0; u < U; u++) {
+                    const unsigned long long x = host[(size_t)c * W + ((size_t)l * U + u) * 3 + k];
+                    if (x) v[nv++] = ((double)x - t0[c]) * 1e-3;
+                }
+                qsort(v, (size_t)nv, sizeof v[0], cmp_d);
+                q[l][k][0][c] = nv ? v[0] : 0.0;
+                q[l][k][1][c] = nv ? v[nv / 2] : 0.0;
+                q[l][k][2][c] = nv ? v[nv - 1] : 0.0;
+            }
+    }
+    printf("%s, MoE v%d: µs from the call's first input block, first / median / last block (warp in the main "
+           "kernels), median of calls 2..%d\n", name, version, G - 1);
+    printf("  %-8s %22s %22s %22s\n", "launch", "start", "past wait", "end");
+    for (int l = 0; l < 5; l++) {
+        printf("  %-8s", ln[l]);
+        for (int k = 0; k < 3; k++) {
+            double m3[3];
+            for (int e = 0; e < 3; e++) {
+                double w[G];
+                for (int c = 2; c < G; c++) w[c - 2] = q[l][k][e][c];
+                qsort(w, G - 2, sizeof w[0], cmp_d);
+                m3[e] = w[(G - 2) / 2];
+            }
+            printf(" %6.2f %6.2f %6.2f  ", m3[0], m3[1], m3[2]);
+        }
+        printf("\n");
+    }
+    /* where the main kernels' late warps are: mean end (µs) by warp of the
+     * block, by block (first / second half of the grid: the SM's first or
+     * second block) and by start quartile, over calls 2..G-1 */
+    for (int l = 1; l <= 3; l += 2) {
+        double bw_[8] = {0}, bh[2] = {0}, bq_[4] = {0};
+        int nw_[8] = {0}, nh[2] = {0}, nq[4] = {0}, nwarps = 0;
+        for (int u = 0; u < U; u++)
+            if (host[(size_t)2 * W + ((size_t)l * U + u) * 3]) nwarps = u + 1;
+        for (int c = 2; c < G; c++) {
+            const unsigned long long *r = host + (size_t)c * W + (size_t)l * U * 3;
+            double st[U];
+            int ns = 0;
+            for (int u = 0; u < nwarps; u++) st[ns++] = (double)r[u * 3];
+            qsort(st, (size_t)ns, sizeof st[0], cmp_d);
+            for (int u = 0; u < nwarps; u++) {
+                if (!r[u * 3 + 2]) continue;
+                const double e = ((double)r[u * 3 + 2] - t0[c]) * 1e-3;
+                bw_[u & 7] += e, nw_[u & 7]++;
+                bh[u >= nwarps / 2] += e, nh[u >= nwarps / 2]++;
+                int qi = 0;
+                while (qi < 3 && (double)r[u * 3] > st[ns * (qi + 1) / 4]) qi++;
+                bq_[qi] += e, nq[qi]++;
+            }
+        }
+        printf("  %s warps (%d): mean end by warp of block", ln[l], nwarps);
+        for (int i = 0; i < 8; i++) printf(" %.2f", nw_[i] ? bw_[i] / nw_[i] : 0.0);
+        printf("; by grid half %.2f %.2f; by start quartile", nh[0] ? bh[0] / nh[0] : 0.0, nh[1] ? bh[1] / nh[1] : 0.0);
+        for (int i = 0; i < 4; i++) printf(" %.2f", nq[i] ? bq_[i] / nq[i] : 0.0);
+        printf("\n");
+    }
+    double w[G];
+    for (int c = 2; c + 1 < G; c++) w[c - 2] = (t0[c + 1] - t0[c]) * 1e-3;
+    qsort(w, G - 3, sizeof w[0], cmp_d);
+    printf("  call period %.2f µs (median; includes the record-switch kernel)\n", w[(G - 3) / 2]);
+    fflush(stdout);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaFree(rec));
+    free(host);
+    free(v);
+}
 
 /* Fused MoE layer at batch 1 vs one GEMV over the same number of weights. */
 static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, int inter, int top_k, int E)
@@ -202,7 +322,8 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(x, 0, (size_t)hidden * 4));
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
-    static const int mver[] = {0, 5, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 27, 28, 29, 30, 231, 232, 233};
+    static const int mver[] = {0,  5,  13, 14, 15, 16, 17, 18, 19, 20,  21,  22,
+                               23, 24, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -215,6 +336,12 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
         }
         CK(cudaStreamSynchronize(s));
         printf("%s: one call each of MoE v20, v21, v23, v28\n", name);
+        goto done;
+    }
+    if (g_moe_timeline) {
+        moe_timeline(&o, name, nsets, 23);
+        moe_timeline(&o, name, nsets, 46);
+        moe_timeline(&o, name, nsets, 49);
         goto done;
     }
     for (int v = 0; v < NMV; v++) {
@@ -357,7 +484,8 @@ int main(int argc, char **argv)
     const int lab = argc > 1 && strcmp(argv[1], "--lab") == 0;
     /* --moe: only the fused MoE layer section */
     g_moe_profile = argc > 1 && strcmp(argv[1], "--moe-profile") == 0;
-    const int moe_only = g_moe_profile || (argc > 1 && strcmp(argv[1], "--moe") == 0);
+    g_moe_timeline = argc > 1 && strcmp(argv[1], "--moe-timeline") == 0;
+    const int moe_only = g_moe_profile || g_moe_timeline || (argc > 1 && strcmp(argv[1], "--moe") == 0);
     /* --int: lab round 3 (integer mul1 GEMM, v20..v23) */
     const int intm = argc > 1 && strcmp(argv[1], "--int") == 0;
     if (trellis_cuda_device_count() == 0) {
@@ -660,7 +788,7 @@ int main(int argc, char **argv)
                "with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input "
                "launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main "
                "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
-               "a warp's k range, as v24; v30..v34 make one pass per 128-block); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "a warp's k range, as v24; v30..v34 make one pass per 128-block), v38 = v32 with each main-kernel warp prefetching its whole range into L2 first, v39 = v32 and v40 = v35 with 16-warp blocks (one per SM); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;
@@ -684,7 +812,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch (21-24: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch, v31 = v23 with each main-kernel warp prefetching its whole range into L2 first, v32 = v23 with the gate/up warps prefetching the down weights into L2 when done, v33 = v31 + v32, v34 = v23 with 16-warp blocks (one per SM), v35 = v34 with round 5's loop, v36 / v37 / v38 = v23 with each SM's first block given 5 / 8 / 11 64ths more work and its second block as much less, v39 = v23 with the down kernel at <= 120 registers (room for a small launch's block beside two), v40 = both main kernels so, v41 = v34's gate/up + v39's down, v42 = v40 with the input launch one warp per 128-block, v43 = v40 at <= 112 registers, v44 / v45 = v42 with the middle launch one warp per 128-block at <= 32 / 64 registers, v46 / v47 = v40 with that middle launch (<= 32 / 64), v48 = v41 with it (<= 32), v49 = v46 with the output launch one warp per 128-block (21-24, 31-34, 36-49: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

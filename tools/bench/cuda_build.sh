@@ -5,6 +5,8 @@
 # kernels/cpu/trellis*, kernels/cuda/trellis.cu, cudart and cuBLAS.
 #
 #   tools/bench/cuda_build.sh [OUTDIR] [ARCHS]     (defaults: build-cuda-sh, "90 121")
+# NVCCFLAGS (environment) is added to the nvcc line, e.g. -DSPARQ_MOE_TIMELINE for
+# cuda_bench --moe-timeline.
 # Writes OUTDIR/test_trellis_cuda and OUTDIR/cuda_bench. Run from the repo root.
 set -eu
 out=${1:-build-cuda-sh}
@@ -24,7 +26,7 @@ for f in common/status.c common/alloc.c common/threadpool.c kernels/cpu/trellis.
     $CC $cflags -c "$f" -o "$o"
     objs="$objs $o"
 done
-$NVCC -std=c++17 -O3 -I. $gencode -Xptxas -v -c kernels/cuda/trellis.cu -o "$out/trellis_cu.o" \
+$NVCC -std=c++17 -O3 -I. $gencode ${NVCCFLAGS:-} -Xptxas -v -c kernels/cuda/trellis.cu -o "$out/trellis_cu.o" \
     2> "$out/ptxas.log" || { cat "$out/ptxas.log"; exit 1; }
 objs="$objs $out/trellis_cu.o"
 libs="-L$(dirname "$NVCC")/../lib64 -lcublas -lcudart -lpthread -lm -ldl"

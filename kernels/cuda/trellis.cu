@@ -5,10 +5,11 @@
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v23 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v40 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
- * at once, see k_moe_in_gu) and v17 otherwise, trellis_fused.cuh's block
- * body in two launches with one-wave grids).
+ * at once, see k_moe_in_gu; main kernels at ≤ 120 registers) and v17
+ * otherwise, trellis_fused.cuh's block body in two launches with one-wave
+ * grids).
  *
  * A GEMM y = x·W (1..16 rows) is three launches on one stream:
  *  1. input:  u = fp16(had128(x ⊙ suh)), one 128-thread block per 128
@@ -266,22 +267,21 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * faster than v35 (= v32 flat), the flat one makes MoE v23 0.8 µs faster
  * than v30 (= v23 per block) on Qwen3 shapes (run 34). (4096: each block's
  * sums added to t by atomics instead of fp32 partials; lab v36, lost 2.4 µs
- * in run 36, removed: in git at 9bf7e6a.) INT_PFS = each warp of the main
- * kernel first asks L2 for every trellis line of its own range
- * (prefetch.global.L2; the loop itself loads one k tile ahead); INT_PFN (MoE
- * gate/up kernel) = each warp, once its range is done, asks L2 for its share
- * of the routed experts' down weights, which the down kernel reads next.
- * INT_B512 = the main kernel in blocks of 16 warps, one per SM, instead of
- * two blocks of 8: the schedulers favour the older of two blocks, so the
+ * in run 36, removed: in git at 9bf7e6a.) (8192, 16384: each warp asking
+ * L2 for its whole range first, the MoE gate/up warps asking it for the
+ * down weights; GEMV v38, MoE v31–v33, lost in run 39, removed: in git at
+ * 66237c6.) INT_B512 = the main kernel in blocks of 16 warps, one per SM,
+ * instead of two blocks of 8: the schedulers favour the older of two blocks, so the
  * SM's second block fell behind and finished alone on half the warps
  * (cuda_bench --moe-timeline, run 40: MoE gate/up warps of the first grid
  * half ended 30.1 µs into the call on average, of the second 36.5).
- * INT_R120 = at most 120 registers a thread (ptxas gave 122, allocated as
- * 128): two 256-thread blocks then leave 4096 registers, room for one
- * 128-thread block of the small launches (≤ 32 registers), so the main
- * kernel's second block need not wait for the previous launch's blocks to
- * leave the SM, nor the next launch's first block for it. INT_R112: at most
- * 112 (room for two such blocks). */
+ * (k_moe_int2_r120, "INT_R120" in the lab notes: at most 120 registers a
+ * thread, where ptxas gave 122, allocated as 128: two 256-thread blocks then
+ * leave 4096 registers, room for one 128-thread block of the small launches
+ * (≤ 32 registers), so the main kernel's second block need not wait for the
+ * previous launch's blocks to leave the SM, nor the next launch's first
+ * block for it; at most 112, room for two: MoE v43, lost in run 44, removed:
+ * in git at 66237c6.) */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -292,11 +292,7 @@ enum {
     INT_PDLIN = 128,
     INT_MINB1 = 256,
     INT_FLAT = 2048,
-    INT_PFS = 8192,
-    INT_PFN = 16384,
-    INT_B512 = 32768,
-    INT_R120 = 1 << 20,
-    INT_R112 = 1 << 21
+    INT_B512 = 32768
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -725,12 +721,6 @@ __global__ void k_tl_set(unsigned long long *p) { g_tl = p; }
 #define TL(launch, unit, mark) ((void)0)
 #endif
 
-/* Ask L2 for the 128-byte line at p (no register result, nothing waits). */
-__device__ __forceinline__ void l2_prefetch(const void *p)
-{
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 /* One warp's segment of k_gemm_int2 (and of the MoE v21+ launches): k tiles
  * kt0..kt1-1 of tile column group grp of the linear at `trellis` (k × n),
  * partial sums added into t. The first segment of a warp waits for the
@@ -852,7 +842,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 }
 
 template <int K, int RG, int V, int MINB>
-__global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1 : MINB)
+__global__ void __launch_bounds__(256, MINB)
     k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
                 const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
                 uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
@@ -868,16 +858,6 @@ __global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1
     const long long q1 = total * (warp + 1) / total_warps;
     const lane_ring lr = lane_ring_make(K, lane);
     const int g = lane >> 2;
-    if constexpr ((V & INT_PFS) != 0) { /* every line of the range: item (grp, kt) = NW tiles, contiguous */
-        constexpr int TW = 8 * K, LPI = (NW * TW * 4 + 127) / 128;
-        const size_t row_stride = (size_t)ntiles * TW;
-        const long long nl = (q1 - q) * LPI;
-        for (long long x = lane; x < nl; x += 32) {
-            const long long it = q + x / LPI;
-            const int grp = (int)(it / ktiles), kt = (int)(it - (long long)grp * ktiles);
-            l2_prefetch(trellis + (size_t)kt * row_stride + (size_t)grp * NW * TW + (size_t)(x % LPI) * 32);
-        }
-    }
     bool bok[RG];
 #pragma unroll
     for (int rg = 0; rg < RG; rg++) bok[rg] = 4 * rg + (g >> 1) < rows;
@@ -933,34 +913,13 @@ __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, c
     if (i == 0) TL(0, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
-/* Warp `warp`'s share [q, q1) of `total` work items: equal shares, or with
- * INT_SKEW(s) (MoE v36–v38), when the grid has more blocks than the nsm SMs,
- * blocks 0..nsm-1 (each SM's first, older block, which the schedulers favour:
- * cuda_bench --moe-timeline, run 40) (64 + s)/64 of an equal share and the
- * rest (64 − s)/64. */
-#define INT_SKEW(s) ((s) << 16)
-template <int V>
-__device__ __forceinline__ void warp_range(long long total, int warp, int total_warps, int nsm, long long &q,
-                                           long long &q1)
-{
-    constexpr int S = (V >> 16) & 15;
-    if (S == 0 || (int)gridDim.x <= nsm) {
-        q = total * warp / total_warps;
-        q1 = total * (warp + 1) / total_warps;
-        return;
-    }
-    const long long h = (long long)nsm * (blockDim.x >> 5);
-    auto pos = [&](long long w) { return w < h ? w * (64 + S) : h * (64 + S) + (w - h) * (64 - S); };
-    const long long all = pos(total_warps);
-    q = total * pos(warp) / all;
-    q1 = total * pos(warp + 1) / all;
-}
-
-template <int K, int V, int MINB, bool GU>
-__global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1 : MINB)
-    __maxnreg__((V & INT_R120) ? 120 : (V & INT_R112) ? 112 : 255) k_moe_int2(moe_proj pa, moe_proj pb, moe_proj pn, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
-               const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-               int jobs, int total_warps, uint32_t one, int nsm)
+/* The main kernel's body; k_moe_int2 and k_moe_int2_r120 below differ only in
+ * their register budget. */
+template <int K, int V, bool GU>
+__device__ __forceinline__ void moe_int2_body(moe_proj pa, moe_proj pb, const int *__restrict__ ids,
+                                              const uint32_t *__restrict__ bq, const float *__restrict__ sa,
+                                              const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+                                              int jobs, int total_warps, uint32_t one)
 {
     constexpr int NW = int2_nw<K, 1, V>();
     griddep_launch();
@@ -969,24 +928,10 @@ __global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int ktiles = k >> 4, ngroups = (n >> 4) / NW, nb = k >> 7;
     const long long per_job = (long long)ngroups * ktiles, total = per_job * jobs;
-    long long q, q1;
-    warp_range<V>(total, warp, total_warps, nsm, q, q1);
+    long long q = total * warp / total_warps;
+    const long long q1 = total * (warp + 1) / total_warps;
     const lane_ring lr = lane_ring_make(K, lane);
     const bool bok[1] = {lane < 8}; /* one row: B lanes g = 0 (hi), 1 (lo) */
-    constexpr int TW = 8 * K, LPI = (NW * TW * 4 + 127) / 128; /* item (job, grp, kt): NW contiguous tiles */
-    if constexpr ((V & INT_PFS) != 0) {
-        const size_t row_stride = (size_t)(n >> 4) * TW;
-        const long long nl = (q1 - q) * LPI;
-        for (long long x = lane; x < nl; x += 32) {
-            const long long it = q + x / LPI;
-            const int job = (int)(it / per_job);
-            const long long qj = it - (long long)job * per_job;
-            const int grp = (int)(qj / ktiles), kt = (int)(qj - (long long)grp * ktiles);
-            const int e = __ldg(ids + (GU ? job >> 1 : job));
-            const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
-            l2_prefetch(tr + (size_t)kt * row_stride + (size_t)grp * NW * TW + (size_t)(x % LPI) * 32);
-        }
-    }
     bool waited = false;
     while (q < q1) {
         const int job = (int)(q / per_job);
@@ -1002,16 +947,27 @@ __global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1
                                           pc + (size_t)job * nb * 9, t + (size_t)job * n, k, n, 1, grp, kt0, kt1,
                                           lr, one, bok, waited);
     }
-    if constexpr (GU && (V & INT_PFN) != 0) {
-        /* this warp's share of the down weights of every routed pair (pairs ×
-         * n × k × K/8 bytes: down is n × k, the transpose of gate's shape) */
-        const long long lpm = ((long long)k * n * K / 8 + 127) / 128, nl = lpm * (jobs >> 1);
-        for (long long x = nl * warp / total_warps + lane, x1 = nl * (warp + 1) / total_warps; x < x1; x += 32) {
-            const int pair = (int)(x / lpm);
-            l2_prefetch(pn.tr[__ldg(ids + pair)] + (size_t)(x - (long long)pair * lpm) * 32);
-        }
-    }
     if (lane == 0) TL(GU ? 1 : 3, warp, 2);
+}
+
+template <int K, int V, int MINB, bool GU>
+__global__ void __launch_bounds__((V & INT_B512) ? 512 : 256, (V & INT_B512) ? 1 : MINB)
+    k_moe_int2(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
+               const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+               int jobs, int total_warps, uint32_t one)
+{
+    moe_int2_body<K, V, GU>(pa, pb, ids, bq, sa, pc, t, k, n, jobs, total_warps, one);
+}
+
+/* INT_R120 (MoE v40, v41): at most 120 registers (256-thread blocks; nvcc
+ * takes __maxnreg__ or __launch_bounds__ on a kernel, not both). */
+template <int K, int V, bool GU>
+__global__ void __maxnreg__(120)
+    k_moe_int2_r120(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
+                    const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+                    int jobs, int total_warps, uint32_t one)
+{
+    moe_int2_body<K, V, GU>(pa, pb, ids, bq, sa, pc, t, k, n, jobs, total_warps, one);
 }
 
 /* Σ over the nb entries s[0..nb) by a 128-thread block (red: 4 floats). */
@@ -1095,93 +1051,6 @@ __global__ void __launch_bounds__(128)
     if (i == 0) TL(2, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
-/* MoE v42, v44: k_moe_in_gu with one warp per 128-block (int_input_warp:
- * shuffles only), grid (⌈hidden/512⌉, 2·pairs), 128 threads. */
-__global__ void __launch_bounds__(128) k_moe_in_gu_w(moe_proj gate, moe_proj up, const int *__restrict__ ids,
-                                                     const float *__restrict__ x, uint32_t *__restrict__ bq,
-                                                     float *__restrict__ sa, int *__restrict__ ch,
-                                                     float *__restrict__ usb, int *__restrict__ pc, int hidden,
-                                                     int top_k)
-{
-    if (threadIdx.x == 0) TL(0, blockIdx.y * gridDim.x + blockIdx.x, 0);
-    griddep_launch();
-    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nb = hidden >> 7;
-    if (beta >= nb) return;
-    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], ktiles = hidden >> 4;
-    const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
-    float u[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int i = beta * 128 + lane + 32 * j;
-        u[j] = x[(size_t)token * hidden + i] * __half2float(suh[i]);
-    }
-    int_input_warp<0>(u, beta, 0, hidden, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb,
-                      ch + (size_t)job * 2 * nb, usb + (size_t)job * nb, pc + (size_t)job * nb * 9);
-    if (threadIdx.x == 0) TL(0, blockIdx.y * gridDim.x + blockIdx.x, 2);
-}
-
-/* MoE v44, v45: k_moe_mid<V, true> with one warp per 128-block, grid
- * (⌈inter/512⌉, pairs), 128 threads: the gate and up output transforms
- * (had128_warp), SwiGLU and the down input transform (int_input_warp) with
- * shuffles only, no shared memory or barrier. At most R registers: 32 (v44;
- * ptxas spills 52 bytes) fits beside two main-kernel blocks at ≤ 120. */
-template <int R>
-__global__ void __maxnreg__(R)
-    k_moe_mid_w(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids, float *__restrict__ t_gu,
-                const float *__restrict__ usb_gu, uint32_t *__restrict__ bq, float *__restrict__ sa,
-                int *__restrict__ ch, float *__restrict__ usb, int *__restrict__ pc, int hidden, int inter)
-{
-    griddep_launch();
-    if (threadIdx.x == 0) TL(2, blockIdx.y * gridDim.x + blockIdx.x, 0);
-    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), nbi = inter >> 7;
-    if (beta >= nbi) return;
-    const int pair = blockIdx.y, e = ids[pair], nbh = hidden >> 7, kti = inter >> 4;
-    float sv[2][4], sd[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const size_t i = (size_t)beta * 128 + lane + 32 * j;
-        sv[0][j] = __half2float(gate.svh[e][i]);
-        sv[1][j] = __half2float(up.svh[e][i]);
-        sd[j] = __half2float(down.suh[e][i]);
-    }
-    griddep_wait();
-    if (threadIdx.x == 0) TL(2, blockIdx.y * gridDim.x + blockIdx.x, 1);
-    float v[2][4], us[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        float *tw = t_gu + (size_t)(2 * pair + w) * inter + (size_t)beta * 128;
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[w][j] = tw[lane + 32 * j];
-        for (int b = lane; b < nbh; b += 32) us[w] += usb_gu[(size_t)(2 * pair + w) * nbh + b];
-    }
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        float *tw = t_gu + (size_t)(2 * pair + w) * inter + (size_t)beta * 128;
-#pragma unroll
-        for (int j = 0; j < 4; j++) tw[lane + 32 * j] = 0.0f;
-    }
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) {
-        us[0] += __shfl_xor_sync(0xFFFFFFFFu, us[0], h);
-        us[1] += __shfl_xor_sync(0xFFFFFFFFu, us[1], h);
-    }
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[w][j] += INT_D * us[w];
-        had128_warp(v[w], lane);
-    }
-    float z[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float g = v[0][j] * sv[0][j], u = v[1][j] * sv[1][j];
-        z[j] = g / (1.0f + __expf(-g)) * u * sd[j];
-    }
-    int_input_warp<0>(z, beta, 0, inter, bq + (size_t)pair * kti * 128, sa + (size_t)pair * nbi,
-                      ch + (size_t)pair * 2 * nbi, usb + (size_t)pair * nbi, pc + (size_t)pair * nbi * 9);
-    if (threadIdx.x == 0) TL(2, blockIdx.y * gridDim.x + blockIdx.x, 2);
-}
-
 /* v21, v22: grid (hidden/128, tokens), the token's pairs one after the other
  * (a chain of dependent loads per pair: it cost ~10 µs at top-8, run 21). */
 __global__ void __launch_bounds__(128) k_moe_out(moe_proj down, const int *__restrict__ ids,
@@ -1228,40 +1097,6 @@ __global__ void __launch_bounds__(128) k_moe_out_par(moe_proj down, const int *_
     t_d[(size_t)pair * hidden + j] = 0.0f;
     atomicAdd(out + (size_t)token * hidden + j, had128_block(a + INT_D * su, sm) * sv);
     if (i == 0) TL(4, blockIdx.y * gridDim.x + blockIdx.x, 2);
-}
-
-/* MoE v49: k_moe_out_par<false> with one warp per 128-block, grid
- * (⌈hidden/512⌉, pairs), 128 threads (had128_warp: shuffles only). */
-__global__ void __launch_bounds__(128) k_moe_out_w(moe_proj down, const int *__restrict__ ids,
-                                                   const float *__restrict__ weights, float *__restrict__ t_d,
-                                                   const float *__restrict__ usb_d, float *__restrict__ out,
-                                                   int hidden, int inter, int top_k)
-{
-    if (threadIdx.x == 0) TL(4, blockIdx.y * gridDim.x + blockIdx.x, 0);
-    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (beta >= (hidden >> 7)) return;
-    const int pair = blockIdx.y, token = pair / top_k, nbi = inter >> 7, e = ids[pair];
-    float sv[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) sv[j] = weights[pair] * __half2float(down.svh[e][(size_t)beta * 128 + lane + 32 * j]);
-    griddep_wait();
-    if (threadIdx.x == 0) TL(4, blockIdx.y * gridDim.x + blockIdx.x, 1);
-    float *td = t_d + (size_t)pair * hidden + (size_t)beta * 128;
-    float v[4], su = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = td[lane + 32 * j];
-    for (int b = lane; b < nbi; b += 32) su += usb_d[(size_t)pair * nbi + b];
-#pragma unroll
-    for (int j = 0; j < 4; j++) td[lane + 32 * j] = 0.0f;
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] += INT_D * su;
-    had128_warp(v, lane);
-    float *o = out + (size_t)token * hidden + (size_t)beta * 128;
-#pragma unroll
-    for (int j = 0; j < 4; j++) atomicAdd(o + lane + 32 * j, v[j] * sv[j]);
-    if (threadIdx.x == 0) TL(4, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
 /* trellis_cuda_lab_slow_copy: lets PDL dependents start at once, spins ns
@@ -1451,10 +1286,11 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v23 (five PDL-chained launches, v24's balanced integer loop in round 4's form;
- * every K; round 5's variants v27–v30 lost to it in run 34) */
-#define MOE_MUL1_VERSION 23
-/* ... or v20 (v17 with the integer arithmetic) where v23's scratch is absent
+/* mul1 layers: v40 = v23 (five PDL-chained launches, v24's balanced integer loop in round
+ * 4's form; every K; round 5's variants v27–v30 lost to it in run 34) with both main
+ * kernels at ≤ 120 registers (k_moe_int2_r120; won in runs 43–48) */
+#define MOE_MUL1_VERSION 40
+/* ... or v20 (v17 with the integer arithmetic) where v40's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
@@ -1503,29 +1339,21 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4),
  * 27 = 23 with the input launch chained to the previous kernel by PDL (every
  * K), 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without
- * the PDL-chained input launch (every K); 31 = 23 with each main-kernel
- * warp asking L2 for its whole range first (INT_PFS), 32 = 23 with the
- * gate/up warps asking L2 for the down weights when done (INT_PFN), 33 = both,
- * 34 = 23 with 16-warp blocks, one per SM (INT_B512), 35 = 34 with round
- * 5's loop, 36 / 37 / 38 = 23 with each SM's first block given 5 / 8 / 11
- * 64ths more work than an equal share and its second block as much less
- * (INT_SKEW), 39 = 23 with the down kernel at ≤ 120 registers (INT_R120), 40 =
- * both main kernels so, 41 = 34's gate/up kernel and 39's down kernel, 42 =
- * 40 with the input launch one warp per 128-block (k_moe_in_gu_w), 43 = 40
- * at ≤ 112 registers, 44 / 45 = 42 with the middle launch one warp per
- * 128-block (k_moe_mid_w) at ≤ 32 / 64 registers, 46 / 47 = 40 with that
- * middle launch (≤ 32 / 64), 48 = 41 with it (≤ 32), 49 = 46 with the
- * output launch one warp per 128-block too (k_moe_out_w) (every K); 21–24,
- * 31–34 and 36–49 run the loop as in round 4
+ * the PDL-chained input launch (every K); 34 = 23 with 16-warp blocks, one
+ * per SM (INT_B512), 40 = 23 with both main kernels at ≤ 120 registers
+ * (k_moe_int2_r120; the default since run 46), 41 = 34's gate/up kernel and 40's
+ * down kernel (every K); 21–24, 34, 40, 41 run the loop as in round 4
  * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
- * blocks per SM, lost in run 28; all removed). */
-typedef void (*moe_int_fn)(moe_proj, moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *,
-                           float *, int, int, int, int, uint32_t, int);
+ * blocks per SM, lost in run 28; 31–33, 35–39, 42–49, lost in runs 39–45
+ * (kernels/cuda/lab/README.md, code in git at 66237c6); all removed). */
+typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
+                           int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
-    return (version >= 21 && version <= 49 && version != 25 && version != 26) || (version >= 231 && version <= 233);
+    return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
+           version == 41 || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1538,48 +1366,15 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         if (version == 21 || version == 23) {
             *gu = k_moe_int2<KK, F, 2, true>;
             *down = k_moe_int2<KK, F, 2, false>;
-        } else if (version == 31) {
-            *gu = k_moe_int2<KK, F | INT_PFS, 2, true>;
-            *down = k_moe_int2<KK, F | INT_PFS, 2, false>;
-        } else if (version == 32) {
-            *gu = k_moe_int2<KK, F | INT_PFN, 2, true>;
-            *down = k_moe_int2<KK, F, 2, false>;
-        } else if (version == 33) {
-            *gu = k_moe_int2<KK, F | INT_PFS | INT_PFN, 2, true>;
-            *down = k_moe_int2<KK, F | INT_PFS, 2, false>;
         } else if (version == 34) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
             *down = k_moe_int2<KK, F | INT_B512, 1, false>;
-        } else if (version == 35) {
-            *gu = k_moe_int2<KK, INT_FMA | INT_B512, 1, true>;
-            *down = k_moe_int2<KK, INT_FMA | INT_B512, 1, false>;
-        } else if (version == 36) {
-            *gu = k_moe_int2<KK, F | INT_SKEW(5), 2, true>;
-            *down = k_moe_int2<KK, F | INT_SKEW(5), 2, false>;
-        } else if (version == 37) {
-            *gu = k_moe_int2<KK, F | INT_SKEW(8), 2, true>;
-            *down = k_moe_int2<KK, F | INT_SKEW(8), 2, false>;
-        } else if (version == 38) {
-            *gu = k_moe_int2<KK, F | INT_SKEW(11), 2, true>;
-            *down = k_moe_int2<KK, F | INT_SKEW(11), 2, false>;
-        } else if (version == 39) {
-            *gu = k_moe_int2<KK, F, 2, true>;
-            *down = k_moe_int2<KK, F | INT_R120, 2, false>;
         } else if (version == 40) {
-            *gu = k_moe_int2<KK, F | INT_R120, 2, true>;
-            *down = k_moe_int2<KK, F | INT_R120, 2, false>;
+            *gu = k_moe_int2_r120<KK, F, true>;
+            *down = k_moe_int2_r120<KK, F, false>;
         } else if (version == 41) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
-            *down = k_moe_int2<KK, F | INT_R120, 2, false>;
-        } else if (version == 42 || (version >= 44 && version <= 47) || version == 49) {
-            *gu = k_moe_int2<KK, F | INT_R120, 2, true>;
-            *down = k_moe_int2<KK, F | INT_R120, 2, false>;
-        } else if (version == 48) {
-            *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
-            *down = k_moe_int2<KK, F | INT_R120, 2, false>;
-        } else if (version == 43) {
-            *gu = k_moe_int2<KK, F | INT_R112, 2, true>;
-            *down = k_moe_int2<KK, F | INT_R112, 2, false>;
+            *down = k_moe_int2_r120<KK, F, false>;
         } else if (version == 27 || version == 30) {
             *gu = k_moe_int2<KK, INT_FMA, 2, true>;
             *down = k_moe_int2<KK, INT_FMA, 2, false>;
@@ -1624,9 +1419,6 @@ static int int_version_opts(int version)
     case 33: return INT_FMA | INT_WIO | INT_PDLIN;
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
     case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT;
-    case 38: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_PFS;
-    case 39: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512;
-    case 40: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT | INT_B512;
     default: return -1;
     }
 }
@@ -1654,7 +1446,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PFS | INT_B512);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1677,10 +1469,6 @@ static int_fn int_pick_k(int v, int rg)
             return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_EPI | INT_FLAT>(rg);
         case INT_FMA | INT_EPI: return int_pick_rg<KK, INT_FMA | INT_EPI>(rg);
         case INT_LOOP2 | INT_FMA: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
-        case INT_LOOP2 | INT_FMA | INT_PFS: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PFS>(rg);
-        case INT_LOOP2 | INT_FMA | INT_B512: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_B512>(rg);
-        case INT_LOOP2 | INT_FMA | INT_FLAT | INT_B512:
-            return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_FLAT | INT_B512>(rg);
         case INT_LOOP2 | INT_FMA | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_FLAT>(rg);
         case INT_LOOP2 | INT_FLAT: return int2_pick_rg<KK, INT_LOOP2 | INT_FLAT>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT:
@@ -2119,7 +1907,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     int_fn fn = v < 0 ? NULL : int_pick(lin->K, v, rg);
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no integer CUDA gemm version %d for K=%d at %d rows", lin->name, version,
               lin->K, rows);
-    const int tpb = (v & INT_B512) ? 512 : 256, wpb = tpb / 32, nb = lin->k / 128;
+    const int tpb = 256, wpb = tpb / 32, nb = lin->k / 128;
     int per_sm = 0;
     CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
                    lin->name);
@@ -2285,7 +2073,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[29][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[21][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2513,7 +2301,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
               m->cb, m->hidden, m->inter);
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
     const int nw = int2_nw<1, 1, 0>();
-    const bool b512[2] = {version == 34 || version == 35 || version == 41 || version == 48, version == 34 || version == 35};
+    const bool b512[2] = {version == 34 || version == 41, version == 34};
     const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
     int *wc = m->int_warps[version - 21];
@@ -2535,53 +2323,43 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = pdl_config(attr, s);
     if (stages & 1u) {
-        const bool win = version == 42 || version == 44 || version == 45;
-        cfg.gridDim = dim3(win ? (H / 128 + 3) / 4 : H / 128, 2 * pairs);
+        cfg.gridDim = dim3(H / 128, 2 * pairs);
         cfg.blockDim = dim3(128);
         cfg.numAttrs = pdl_in ? 1 : 0;
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          win      ? k_moe_in_gu_w
-                                          : pdl_in ? k_moe_in_gu<0, true>
-                                                   : k_moe_in_gu<0, false>,
-                                          m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu, m->ch_gu, m->usb_gu,
-                                          m->pc_gu, H, m->top_k),
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, pdl_in ? k_moe_in_gu<0, true> : k_moe_in_gu<0, false>, m->proj[0],
+                                          m->proj[1], ids, x, m->bq_gu, m->sa_gu, m->ch_gu, m->usb_gu, m->pc_gu, H,
+                                          m->top_k),
                        "moe input launch (%d pairs)", pairs);
         cfg.numAttrs = 1;
     }
     cfg.gridDim = dim3(blocks[0]);
     cfg.blockDim = dim3(tpb[0]);
     if (stages & 2u)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], m->proj[2], ids,
-                                          (const uint32_t *)m->bq_gu,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
                                           (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
-                                          warps[0], 1u, sm_count()),
+                                          warps[0], 1u),
                        "moe gate/up launch (%d blocks, PDL)", blocks[0]);
     cfg.numAttrs = 1;
-    const int midr = (version == 45 || version == 47) ? 64 : 32;
-    cfg.gridDim = dim3(version >= 44 && version <= 49 ? (I / 128 + 3) / 4 : I / 128, pairs);
+    cfg.gridDim = dim3(I / 128, pairs);
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version >= 44 && version <= 49 ? (midr == 64 ? k_moe_mid_w<64> : k_moe_mid_w<32>)
-                                          : version >= 23 ? k_moe_mid<0, true>
-                                                          : k_moe_mid<0, false>,
+                                          version >= 23 ? k_moe_mid<0, true> : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
                                           m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                        "moe SwiGLU launch (PDL)");
     cfg.gridDim = dim3(blocks[1]);
     cfg.blockDim = dim3(tpb[1]);
     if (stages & 8u)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], m->proj[2], ids,
-                                          (const uint32_t *)m->bq_d,
+        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
                                           (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
-                                          warps[1], 1u, sm_count()),
+                                          warps[1], 1u),
                        "moe down launch (%d blocks, PDL)", blocks[1]);
-    cfg.gridDim = dim3(version == 49 ? (H / 128 + 3) / 4 : H / 128, version >= 23 ? pairs : tokens);
+    cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
     cfg.blockDim = dim3(128);
     if (stages & 16u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version == 49   ? k_moe_out_w
-                                          : pdl_in        ? k_moe_out_par<true>
+                                          pdl_in          ? k_moe_out_par<true>
                                           : version >= 23 ? k_moe_out_par<false>
                                                           : k_moe_out,
                                           m->proj[2], ids,
@@ -2645,9 +2423,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v23 for
- * mul1 layers (run 34: 62.6 / 19.9 µs on DeepSeek / Qwen3 shapes, 1.16× /
- * 1.48× one GEMV of the same weights), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v40 for
+ * mul1 layers (run 48: 61.5 / 19.6 µs on DeepSeek / Qwen3 shapes, 1.14× /
+ * 1.46× one GEMV of the same weights; v23 63.0 / 20.1), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -104,10 +104,14 @@ int trellis_cuda_gemm_lab_allk(int version);
  * (21 and 23 for every K), 24 = 23 compiled for one block per SM, 27 = 23
  * with the input launch chained to the previous kernel by PDL (every K),
  * 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without the
- * PDL-chained input launch (every K); 21–24 run the loop in round 4's form,
- * 27–30 one pass per 128-block; 23 is the default for mul1 (25, 26 and the
- * first 29, 30: in-warp input transform, warp-per-block small launches, 4
- * tile columns per step: lost, removed);
+ * PDL-chained input launch (every K), 34 = 23 with 16-warp blocks, one per
+ * SM, 40 = 23 with both main kernels at ≤ 120 registers (so that a block of
+ * the small launches fits beside two of theirs), 41 = 34's gate/up kernel
+ * and 40's down kernel (every K); 21–24, 34, 40, 41 run the loop in round
+ * 4's form, 27–30 one pass per 128-block; 40 is the default for mul1 (25,
+ * 26 and the first 29, 30: in-warp input transform, warp-per-block small
+ * launches, 4 tile columns per step; 31–33, 35–39, 42–49: L2 prefetches,
+ * uneven shares, warp-per-block small launches again: lost, removed);
  * benchmark only (x = 0, they leave the scratch dirty
  * otherwise): 231 / 232 / 233 = 23's launches 1–2 / 3–5 / its two main
  * kernels alone. v17 exists for every K and codebook, the others for mul1 at

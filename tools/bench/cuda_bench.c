@@ -20,9 +20,10 @@
  * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
  * --profile: a few launches of every version for ncu, no timing;
  * --moe-profile: one plain call of MoE v20, v21, v23, v28 per MoE shape (for ncu's
- * per-kernel times), no timing; --moe-timeline: where each of MoE v23's five
- * launches starts, passes its wait and ends within a call (%globaltimer
- * marks; needs trellis.cu built with -DSPARQ_MOE_TIMELINE, see moe_timeline). */
+ * per-kernel times), no timing; --moe-timeline: where each of the five
+ * launches of MoE v23 and v40 (the default) starts, passes its wait and ends
+ * within a call, and which main-kernel warps end last (%globaltimer marks;
+ * needs trellis.cu built with -DSPARQ_MOE_TIMELINE, see moe_timeline). */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -38,10 +39,10 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 32, 33, 34, 35, 38, 39, 40
+#define INTV_LIST 22, 24, 31, 32, 33, 34, 35
 #define INTV_SWEEP "v22/v24/v32/v35"
 #define INTV_SWEEP_LIST 22, 24, 32, 35
-enum { NINTV = 1 + 9, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -323,7 +324,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
     static const int mver[] = {0,  5,  13, 14, 15, 16, 17, 18, 19, 20,  21,  22,
-                               23, 24, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 231, 232, 233};
+                               23, 24, 27, 28, 29, 30, 34, 40, 41, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -340,8 +341,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     }
     if (g_moe_timeline) {
         moe_timeline(&o, name, nsets, 23);
-        moe_timeline(&o, name, nsets, 46);
-        moe_timeline(&o, name, nsets, 49);
+        moe_timeline(&o, name, nsets, 40);
         goto done;
     }
     for (int v = 0; v < NMV; v++) {
@@ -788,7 +788,7 @@ int main(int argc, char **argv)
                "with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input "
                "launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main "
                "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
-               "a warp's k range, as v24; v30..v34 make one pass per 128-block), v38 = v32 with each main-kernel warp prefetching its whole range into L2 first, v39 = v32 and v40 = v35 with 16-warp blocks (one per SM); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "a warp's k range, as v24; v30..v34 make one pass per 128-block); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;
@@ -812,7 +812,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch, v31 = v23 with each main-kernel warp prefetching its whole range into L2 first, v32 = v23 with the gate/up warps prefetching the down weights into L2 when done, v33 = v31 + v32, v34 = v23 with 16-warp blocks (one per SM), v35 = v34 with round 5's loop, v36 / v37 / v38 = v23 with each SM's first block given 5 / 8 / 11 64ths more work and its second block as much less, v39 = v23 with the down kernel at <= 120 registers (room for a small launch's block beside two), v40 = both main kernels so, v41 = v34's gate/up + v39's down, v42 = v40 with the input launch one warp per 128-block, v43 = v40 at <= 112 registers, v44 / v45 = v42 with the middle launch one warp per 128-block at <= 32 / 64 registers, v46 / v47 = v40 with that middle launch (<= 32 / 64), v48 = v41 with it (<= 32), v49 = v46 with the output launch one warp per 128-block (21-24, 31-34, 36-49: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch, v34 = v23 with 16-warp blocks (one per SM), v40 = v23 with both main kernels at <= 120 registers (room for a small launch's block beside two; the default), v41 = v34's gate/up + v40's down (21-24, 34, 40, 41: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

@@ -5,7 +5,7 @@
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v40 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v50 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
  * at once, see k_moe_in_gu; main kernels at ≤ 120 registers) and v17
  * otherwise, trellis_fused.cuh's block body in two launches with one-wave
@@ -984,11 +984,36 @@ __device__ __forceinline__ float block_sum128(const float *__restrict__ s, int n
     return (red[0] + red[1]) + (red[2] + red[3]);
 }
 
+/* had128_block on two values a thread at once (one set of barriers for both;
+ * each value sees had128_block's operations in its order: bit-identical). */
+__device__ __forceinline__ void had128_block2(float &v0, float &v1, float2 *sm)
+{
+    const int i = threadIdx.x;
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+        const float p0 = __shfl_xor_sync(0xFFFFFFFFu, v0, h), p1 = __shfl_xor_sync(0xFFFFFFFFu, v1, h);
+        v0 = (i & h) ? p0 - v0 : v0 + p0;
+        v1 = (i & h) ? p1 - v1 : v1 + p1;
+    }
+#pragma unroll
+    for (int h = 32; h < 128; h <<= 1) {
+        sm[i] = make_float2(v0, v1);
+        __syncthreads();
+        const float2 p = sm[i ^ h];
+        __syncthreads();
+        v0 = (i & h) ? p.x - v0 : v0 + p.x;
+        v1 = (i & h) ? p.y - v1 : v1 + p.y;
+    }
+    v0 *= 0.08838834764831845f;
+    v1 *= 0.08838834764831845f;
+}
+
 /* PRE (v23+): every load that does not depend on the previous launch (the
  * expert id, its svh / suh values) is issued before griddep_wait, and both
  * jobs' t and Σu loads before either reduction; v21, v22: one job after the
- * other, loads after the wait. */
-template <int V, bool PRE>
+ * other, loads after the wait. PAIR (MoE v50): the gate and up Hadamards
+ * through one set of barriers (had128_block2). */
+template <int V, bool PRE, bool PAIR = false>
 __global__ void __launch_bounds__(128)
     k_moe_mid(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids, float *__restrict__ t_gu,
               const float *__restrict__ usb_gu, uint32_t *__restrict__ bq, float *__restrict__ sa,
@@ -1027,10 +1052,19 @@ __global__ void __launch_bounds__(128)
             red2[1][i >> 5] = us[1];
         }
         __syncthreads();
+        if constexpr (PAIR) {
+            __shared__ float2 sm2[128];
+            float w0 = a[0] + INT_D * ((red2[0][0] + red2[0][1]) + (red2[0][2] + red2[0][3]));
+            float w1 = a[1] + INT_D * ((red2[1][0] + red2[1][1]) + (red2[1][2] + red2[1][3]));
+            had128_block2(w0, w1, sm2);
+            v[0] = w0 * sg;
+            v[1] = w1 * su_;
+        } else {
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
-            const float su = (red2[w][0] + red2[w][1]) + (red2[w][2] + red2[w][3]);
-            v[w] = had128_block(a[w] + INT_D * su, sm) * (w ? su_ : sg);
+            for (int w = 0; w < 2; w++) {
+                const float su = (red2[w][0] + red2[w][1]) + (red2[w][2] + red2[w][3]);
+                v[w] = had128_block(a[w] + INT_D * su, sm) * (w ? su_ : sg);
+            }
         }
     } else {
         griddep_wait();
@@ -1286,11 +1320,12 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v40 = v23 (five PDL-chained launches, v24's balanced integer loop in round
+/* mul1 layers: v50 = v23 (five PDL-chained launches, v24's balanced integer loop in round
  * 4's form; every K; round 5's variants v27–v30 lost to it in run 34) with both main
- * kernels at ≤ 120 registers (k_moe_int2_r120; won in runs 43–48) */
-#define MOE_MUL1_VERSION 40
-/* ... or v20 (v17 with the integer arithmetic) where v40's scratch is absent
+ * kernels at ≤ 120 registers (v40: k_moe_int2_r120; won in runs 43–48) and the middle
+ * launch's two Hadamards through one set of barriers (run 49: 0.1 µs on Qwen3 shapes) */
+#define MOE_MUL1_VERSION 50
+/* ... or v20 (v17 with the integer arithmetic) where v50's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
@@ -1341,8 +1376,9 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * K), 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without
  * the PDL-chained input launch (every K); 34 = 23 with 16-warp blocks, one
  * per SM (INT_B512), 40 = 23 with both main kernels at ≤ 120 registers
- * (k_moe_int2_r120; the default since run 46), 41 = 34's gate/up kernel and 40's
- * down kernel (every K); 21–24, 34, 40, 41 run the loop as in round 4
+ * (k_moe_int2_r120; the default in runs 46–48), 41 = 34's gate/up kernel and 40's
+ * down kernel, 50 = 40 with the gate and up Hadamards of the middle launch
+ * through one set of barriers (the default since run 49) (every K); 21–24, 34, 40, 41, 50 run the loop as in round 4
  * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
@@ -1353,7 +1389,7 @@ typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, co
 static bool moe_int_version(int version)
 {
     return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || (version >= 231 && version <= 233);
+           version == 41 || version == 50 || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1369,7 +1405,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 34) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
             *down = k_moe_int2<KK, F | INT_B512, 1, false>;
-        } else if (version == 40) {
+        } else if (version == 40 || version == 50) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
         } else if (version == 41) {
@@ -2073,7 +2109,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[21][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[30][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2344,7 +2380,9 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version >= 23 ? k_moe_mid<0, true> : k_moe_mid<0, false>,
+                                          version == 50   ? k_moe_mid<0, true, true>
+                                          : version >= 23 ? k_moe_mid<0, true>
+                                                          : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
                                           m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                        "moe SwiGLU launch (PDL)");
@@ -2423,9 +2461,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v40 for
- * mul1 layers (run 48: 61.5 / 19.6 µs on DeepSeek / Qwen3 shapes, 1.14× /
- * 1.46× one GEMV of the same weights; v23 63.0 / 20.1), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v50 for
+ * mul1 layers (run 50: 61.6 / 19.5 µs on DeepSeek / Qwen3 shapes, 1.15× /
+ * 1.45× one GEMV of the same weights; v23 63.1 / 20.0), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -74,10 +74,13 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
  * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
- * and 36, per-block atomics, lost and were removed). mul1 only
+ * and 36, per-block atomics, lost and were removed), 41 = the whole op in
+ * one launch for 1..4 rows, k split over a thread-block cluster (each block
+ * quantises its own k range into shared memory; rank 0 adds the ranks' sums
+ * through distributed shared memory), v33 for more rows. mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
- * 30..33, 35) for every K at 1..4 rows. */
+ * 30..33, 35, 41) for every K at 1..4 rows. */
 
 /* The lab version trellis_cuda_gemm runs for this linear and row count. */
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
@@ -108,7 +111,11 @@ int trellis_cuda_gemm_lab_allk(int version);
  * SM, 40 = 23 with both main kernels at ≤ 120 registers (so that a block of
  * the small launches fits beside two of theirs), 41 = 34's gate/up kernel
  * and 40's down kernel, 50 = 40 with the middle launch's gate and up
- * Hadamards through one set of barriers (every K); 21–24, 34, 40, 41, 50 run
+ * Hadamards through one set of barriers (every K), 51 = 50 with the SwiGLU
+ * and output launches folded into the main kernels (the warp that completes
+ * a 128-column block of a pair does their work for it), 52 = only the
+ * SwiGLU launch folded, 53 = only the output launch (51–53 every K);
+ * 21–24, 34, 40, 41, 50 run
  * the loop in round 4's form, 27–30 one pass per 128-block; 50 is the
  * default for mul1 (25,
  * 26 and the first 29, 30: in-warp input transform, warp-per-block small
@@ -127,6 +134,11 @@ sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q
  * kernels queued on `stream`, the second and later chained to the previous
  * one by programmatic dependent launch as the GEMM's are. */
 sparq_status trellis_cuda_lab_empty(void *stream, int launches);
+
+/* GEMV lab v41 (one launch, k split over a thread-block cluster): the
+ * cluster size it picks for lin (0: it runs v33 instead) and how many such
+ * clusters the device holds at once (cudaOccupancyMaxActiveClusters). */
+sparq_status trellis_cuda_lab_cluster_info(const trellis_cuda_linear *lin, int *cluster, int *max_clusters);
 
 /* Lab timeline of the MoE v21+ layers (cuda_bench --moe-timeline): queues a
  * one-thread kernel that points the timeline marks of the calls queued after

@@ -30,7 +30,6 @@
  * scatters each lane's 8 values into the 16×16 tile. */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -293,8 +292,7 @@ enum {
     INT_PDLIN = 128,
     INT_MINB1 = 256,
     INT_FLAT = 2048,
-    INT_B512 = 32768,
-    INT_SMEM = 65536
+    INT_B512 = 32768
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -512,19 +510,6 @@ __global__ void __launch_bounds__(128) k_output_int_w(float *__restrict__ t, con
     for (int e = 0; e < 4; e++) y[(size_t)r * n + cb * 128 + lane + 32 * e] = v[e] * sv[e];
 }
 
-/* Adds `work` to *cnt for the whole warp (after its earlier writes, made
- * visible first); true on every lane of the warp whose addition reaches
- * `total`, which may then read what the others wrote. */
-__device__ __forceinline__ bool warp_count_done(unsigned *cnt, unsigned work, unsigned total, int lane)
-{
-    unsigned old = 0;
-    if (lane == 0) old = atomicAdd(cnt, work);
-    old = __shfl_sync(0xFFFFFFFFu, old, 0);
-    if (old + work != total) return false;
-    __threadfence();
-    return true;
-}
-
 /* INT_EPI: called by each warp after it has added its partial sums of `work`
  * k tiles for the columns col0.. (part of 128-column block col0/128). The
  * warp that completes the block (cnt reaches total) does k_output_int's work
@@ -537,7 +522,11 @@ __device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float
     const int cb = col0 >> 7;
     __syncwarp();
     __threadfence();
-    if (!warp_count_done(cnt + cb, (unsigned)work, (unsigned)total, lane)) return;
+    unsigned old = 0;
+    if (lane == 0) old = atomicAdd(cnt + cb, (unsigned)work);
+    old = __shfl_sync(0xFFFFFFFFu, old, 0);
+    if (old + (unsigned)work != (unsigned)total) return;
+    __threadfence();
     for (int r = 0; r < rows; r++) {
         float su = 0.0f;
         for (int b = lane; b < nb; b += 32) su += __ldcg(usb + r * nb + b);
@@ -561,9 +550,8 @@ __device__ __noinline__ void int_group_done(float *t, unsigned *cnt, const float
 }
 
 /* Partial sums of the integer loops into t: lane (g, c) holds batch row
- * 4·rg + c, outputs col0 + 16j + g and col0 + 16j + g + 8. STORE: written,
- * not added (t is the warp's own). */
-template <int RG, int NW, bool STORE = false>
+ * 4·rg + c, outputs col0 + 16j + g and col0 + 16j + g + 8. */
+template <int RG, int NW>
 __device__ __forceinline__ void int_flush(float *__restrict__ t, int n, int rows, int col0, int g, int c,
                                           const float (&f)[RG][NW][2])
 {
@@ -573,14 +561,8 @@ __device__ __forceinline__ void int_flush(float *__restrict__ t, int n, int rows
         if (row >= rows) continue;
 #pragma unroll
         for (int j = 0; j < NW; j++) {
-            float *p = t + (size_t)row * n + col0 + 16 * j + g;
-            if constexpr (STORE) {
-                p[0] = f[rg][j][0];
-                p[8] = f[rg][j][1];
-            } else {
-                atomicAdd(p, f[rg][j][0]);
-                atomicAdd(p + 8, f[rg][j][1]);
-            }
+            atomicAdd(t + (size_t)row * n + col0 + 16 * j + g, f[rg][j][0]);
+            atomicAdd(t + (size_t)row * n + col0 + 16 * j + g + 8, f[rg][j][1]);
         }
     }
 }
@@ -745,25 +727,12 @@ __global__ void k_tl_set(unsigned long long *p) { g_tl = p; }
  * previous launch (PDL) once its first words are in flight. One pass of the
  * outer loop per 128-block, or with INT_FLAT one pass over the whole range
  * converting at each block end (rounds 3–4; see INT_FLAT). */
-struct prev_wait { /* int2_segment's default wait: for the previous launch (PDL) */
-    __device__ void operator()() const { griddep_wait(); }
-};
-
-/* INT_SMEM: the B words, scales and prefix sums live in shared memory (plain
- * loads); else in global memory, read through the read-only path. */
-template <int V, typename T>
-__device__ __forceinline__ T int_ld(const T *p)
-{
-    if constexpr ((V & INT_SMEM) != 0) return *p;
-    else return __ldg(p);
-}
-
-template <int K, int RG, int V, int TLK = -1, typename W = prev_wait>
+template <int K, int RG, int V, int TLK = -1>
 __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
                                              const float *__restrict__ sa, const int *__restrict__ pc,
                                              float *__restrict__ t, int k, int n, int rows, int grp, int kt0,
                                              int kt1, const lane_ring &lr, uint32_t one, const bool (&bok)[RG],
-                                             bool &waited, int ldt = 0, const W &wait = W{})
+                                             bool &waited)
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
@@ -793,7 +762,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
         if constexpr (NWD == 3) w[j][2] = __ldg(p2 + j * TW);
     }
     if (!waited) {
-        wait();
+        griddep_wait();
         waited = true;
         if constexpr (TLK >= 0) {
             if (lane == 0) TL(TLK, (blockIdx.x * blockDim.x + threadIdx.x) >> 5, 1);
@@ -817,7 +786,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 #pragma unroll
         for (int rg = 0; rg < RG; rg++) {
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (bok[rg]) v = int_ld<V>((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
+            if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
             b[rg][0] = v.x;
             b[rg][1] = v.y;
             b[rg][2] = v.z;
@@ -840,8 +809,8 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 #pragma unroll
         for (int rg = 0; rg < RG; rg++) {
             const int *pcr = pc + ((4 * rg + c) * nb + be) * 9;
-            const uint32_t cq = (uint32_t)int_ld<V>(pcr + (s1 - 8 * be)) - (uint32_t)int_ld<V>(pcr + (s0 - 8 * be));
-            const float sc = int_ld<V>(sa + (4 * rg + c) * nb + be);
+            const uint32_t cq = (uint32_t)__ldg(pcr + (s1 - 8 * be)) - (uint32_t)__ldg(pcr + (s0 - 8 * be));
+            const float sc = __ldg(sa + (4 * rg + c) * nb + be);
 #pragma unroll
             for (int j = 0; j < NW; j++) {
                 const int i0 = (int)((acc[rg][j][0] << 8) + acc[rg][j][1] - cq);
@@ -869,7 +838,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
             convert(be, seg, kend);
         }
     }
-    int_flush<RG, NW, (V & INT_SMEM) != 0>(t, ldt ? ldt : n, rows, 16 * grp * NW, g, c, f);
+    int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
 }
 
 template <int K, int RG, int V, int MINB>
@@ -902,120 +871,6 @@ __global__ void __launch_bounds__(256, MINB)
         if constexpr ((V & INT_EPI) != 0)
             int_group_done(t, cnt, usb, svh, y, n, (k >> 7), rows, 16 * grp * NW, kt1 - kt0, ktiles * (8 / NW), lane);
     }
-}
-
-/* --- GEMV lab v41: the whole integer GEMV in one launch, k split over a cluster ---------
- * For 1..4 rows. Grid (C, n/128), clusters of C blocks along x (C divides
- * k/128). Block (r, cb) owns k range r·k/C .. (r+1)·k/C (nbp = k/128/C
- * Hadamard blocks) of the 128 columns of column block cb:
- *   1. its warps load their first trellis words (int2_segment), then wait for
- *      the previous launch (PDL) and quantise the block's own input range into
- *      shared memory (int_input_warp, one warp per 128-block and row: B words,
- *      A·s_β, prefix sums, Σu), then a barrier;
- *   2. int2_segment with one k sub-range per warp, partial sums added into an
- *      fp32 [4][128] array in shared memory (shared atomics);
- *   3. a cluster barrier; rank 0 adds the C partial arrays and Σu over the
- *      ranks' shared memory (distributed shared memory, in rank order), then
- *      one warp per row: y = had128(t + D·Σu) ⊙ svh; a second cluster barrier
- *      keeps the other blocks' shared memory alive until it has read them.
- * No workspace, no global atomics, no zeroing: one launch where v32/v33 take
- * three. Shared memory: gemm_cl_smem. */
-#define GCL_MAX_NBP 20 /* Hadamard blocks a block quantises at most (≈ 105 KB: two blocks a SM) */
-__host__ __device__ constexpr size_t gemm_cl_smem(int nbp)
-{
-    /* tb [4][128] floats (the block's sums), then per row: sa, usb (nbp), ch (2·nbp), pc (9·nbp); bq (8·nbp k
-     * tiles × 128 words); t [8 warps][4][128] floats */
-    return (size_t)512 * 4 + (size_t)4 * 13 * nbp * 4 + (size_t)nbp * 8 * 128 * 4 + (size_t)8 * 512 * 4;
-}
-
-struct gcl_input { /* int2_segment's wait for k_gemm_cl: the block's input transform */
-    const float *x;
-    const __half *suh;
-    uint32_t *bq;
-    float *sa, *usb;
-    int *ch, *pc;
-    int k, rows, nbp, beta0;
-    __device__ void operator()() const
-    {
-        griddep_wait();
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        for (int it = warp; it < nbp * rows; it += 8) {
-            const int b = it % nbp, r = it / nbp;
-            const size_t i0 = (size_t)(beta0 + b) * 128 + lane;
-            float u[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) u[e] = x[(size_t)r * k + i0 + 32 * e] * __half2float(suh[i0 + 32 * e]);
-            int_input_warp<INT_SMEM>(u, b, r, nbp * 128, bq, sa, ch, usb, pc);
-        }
-        __syncthreads();
-    }
-};
-
-template <int K, int V>
-__global__ void __launch_bounds__(256, 2)
-    k_gemm_cl(const uint32_t *__restrict__ trellis, const float *__restrict__ x, const __half *__restrict__ suh,
-              const __half *__restrict__ svh, float *__restrict__ y, int k, int n, int rows, uint32_t one)
-{
-    namespace cg = cooperative_groups;
-    extern __shared__ __align__(16) unsigned char gcl_sm[];
-    griddep_launch();
-    cg::cluster_group cl = cg::this_cluster();
-    const int C = gridDim.x, r = blockIdx.x, cb = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nbp = (k >> 7) / C, ktb = nbp * 8;
-    float *tb = (float *)gcl_sm;
-    float *sa = tb + 512, *usb = sa + 4 * nbp;
-    int *ch = (int *)(usb + 4 * nbp), *pc = ch + 8 * nbp;
-    uint32_t *bq = (uint32_t *)(pc + 36 * nbp);
-    float *t = (float *)(bq + (size_t)ktb * 128);
-    for (int i = threadIdx.x; i < 52 * nbp; i += 256) sa[i] = 0.0f; /* the rows ≥ rows' scales */
-    __syncthreads();
-    const gcl_input in = {x, suh, bq, sa, usb, ch, pc, k, rows, nbp, r * nbp};
-    const lane_ring lr = lane_ring_make(K, lane);
-    const bool bok[1] = {(lane >> 3) < rows}; /* lanes g = 2·row (hi), 2·row + 1 (lo) */
-    bool waited = false;
-    const size_t row_stride = (size_t)(n >> 4) * 8 * K;
-    int2_segment<K, 1, V | INT_SMEM, -1, gcl_input>(trellis + (size_t)r * ktb * row_stride, bq, sa, pc,
-                                                    t + (size_t)warp * 512 - (size_t)cb * 128, nbp * 128, n, rows,
-                                                    cb, ktb * warp / 8, ktb * (warp + 1) / 8, lr, one, bok, waited,
-                                                    128, in);
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows * 128; i += 256) { /* the warps' sums, in warp order */
-        float a = t[i];
-#pragma unroll
-        for (int w = 1; w < 8; w++) a += t[w * 512 + i];
-        tb[i] = a;
-    }
-    cl.sync();
-    if (r == 0) { /* the ranks' sums, every rank's loads in flight at once (C ≤ 8), into t */
-        for (int i = threadIdx.x; i < rows * 128; i += 256) {
-            float p[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) p[j] = j < C ? *(cl.map_shared_rank(tb, j) + i) : 0.0f;
-            float a = p[0];
-#pragma unroll
-            for (int j = 1; j < 8; j++) a += p[j];
-            t[i] = a;
-        }
-        if (threadIdx.x < 32 * rows) { /* Σu of row `warp`: lane l adds the ranks' entries b ≡ l mod 32 */
-            float su = 0.0f;
-            for (int q = lane; q < C * nbp; q += 32) su += *(cl.map_shared_rank(usb, q / nbp) + warp * nbp + q % nbp);
-#pragma unroll
-            for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-            if (lane == 0) t[512 + warp] = su; /* warp 1's sums, added into tb before cl.sync */
-        }
-    }
-    __syncthreads();
-    if (r == 0 && warp < rows) {
-        float v[4];
-        const float su = t[512 + warp];
-#pragma unroll
-        for (int e = 0; e < 4; e++) v[e] = t[warp * 128 + lane + 32 * e] + INT_D * su;
-        had128_warp(v, lane);
-        const size_t j0 = (size_t)cb * 128 + lane;
-#pragma unroll
-        for (int e = 0; e < 4; e++) y[(size_t)warp * n + j0 + 32 * e] = v[e] * __half2float(svh[j0 + 32 * e]);
-    }
-    cl.sync();
 }
 
 /* --- fused MoE decode layer, MoE lab v21+ (mul1): v24's balanced integer loop ---------
@@ -1058,23 +913,6 @@ __global__ void __launch_bounds__(128) k_moe_in_gu(moe_proj gate, moe_proj up, c
     if (i == 0) TL(0, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
-/* A MoE main-kernel warp's next segment: its range [q, q1) of items (job,
- * group of 8 tile columns, k tile) cut at job and group ends; advances q. */
-struct moe_seg {
-    int job, grp, kt0, kt1;
-};
-__device__ __forceinline__ moe_seg moe_seg_next(long long &q, long long q1, long long per_job, int ktiles)
-{
-    moe_seg s;
-    s.job = (int)(q / per_job);
-    const long long qj = q - (long long)s.job * per_job;
-    s.grp = (int)(qj / ktiles);
-    s.kt0 = (int)(qj - (long long)s.grp * ktiles);
-    s.kt1 = (int)(min(q1 - (long long)s.job * per_job, (long long)(s.grp + 1) * ktiles) - (long long)s.grp * ktiles);
-    q += s.kt1 - s.kt0;
-    return s;
-}
-
 /* The main kernel's body; k_moe_int2 and k_moe_int2_r120 below differ only in
  * their register budget. */
 template <int K, int V, bool GU>
@@ -1096,13 +934,18 @@ __device__ __forceinline__ void moe_int2_body(moe_proj pa, moe_proj pb, const in
     const bool bok[1] = {lane < 8}; /* one row: B lanes g = 0 (hi), 1 (lo) */
     bool waited = false;
     while (q < q1) {
-        const moe_seg sg = moe_seg_next(q, q1, per_job, ktiles);
-        const int job = sg.job;
+        const int job = (int)(q / per_job);
+        const long long qj = q - (long long)job * per_job;
+        const int grp = (int)(qj / ktiles);
+        const int kt0 = (int)(qj - (long long)grp * ktiles);
+        const int kt1 =
+            (int)(min(q1 - (long long)job * per_job, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
+        q += kt1 - kt0;
         const int e = __ldg(ids + (GU ? job >> 1 : job));
         const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
         int2_segment<K, 1, V, GU ? 1 : 3>(tr, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb,
-                                          pc + (size_t)job * nb * 9, t + (size_t)job * n, k, n, 1, sg.grp, sg.kt0,
-                                          sg.kt1, lr, one, bok, waited);
+                                          pc + (size_t)job * nb * 9, t + (size_t)job * n, k, n, 1, grp, kt0, kt1,
+                                          lr, one, bok, waited);
     }
     if (lane == 0) TL(GU ? 1 : 3, warp, 2);
 }
@@ -1125,150 +968,6 @@ __global__ void __maxnreg__(120)
                     int jobs, int total_warps, uint32_t one)
 {
     moe_int2_body<K, V, GU>(pa, pb, ids, bq, sa, pc, t, k, n, jobs, total_warps, one);
-}
-
-/* --- MoE v51–v53: the SwiGLU and output launches folded into the main kernels ---
- * Each main-kernel warp, once its whole range is done, counts the k tiles of
- * each of its segments on the segment's 128-column block (one counter per
- * pair and block; gate/up: the gate and the up job's together). The warp that
- * completes a block does, for those 128 values, what k_moe_mid (gate/up
- * kernel) or k_moe_out_par (down kernel) does for them, one warp per block
- * (had128_warp, int_input_warp), then zeroes its t and counter. The down
- * kernel then waits for the gate/up grid as it waited for the SwiGLU launch,
- * and the layer is three launches instead of five. */
-struct moe_epi {
-    moe_proj gate, up, down;
-    const float *usb_in; /* Σu per 128-block of this kernel's input, per job */
-    unsigned *cnt;       /* pairs × (n / 128), zero between calls */
-    uint32_t *bq;        /* gate/up: the down jobs' input (as k_moe_mid writes it) */
-    float *sa, *usb;
-    int *ch, *pc;
-    const float *weights; /* down: routing weights, and the output rows */
-    float *out;
-    int top_k;
-};
-
-/* block_sum128 by one warp, in its order (four 32-entry tree sums of the
- * entries b ≡ i mod 128, then (0 + 1) + (2 + 3)): bit-identical. */
-__device__ __forceinline__ float warp_sum128(const float *__restrict__ s, int nb, int lane)
-{
-    float r[4];
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        float v = 0.0f;
-        for (int b = lane + 32 * w; b < nb; b += 128) v += s[b];
-#pragma unroll
-        for (int h = 16; h > 0; h >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, h);
-        r[w] = v;
-    }
-    return (r[0] + r[1]) + (r[2] + r[3]);
-}
-
-/* k_moe_mid's work for 128-block beta of pair `pair` (expert e) by one warp:
- * t_gu holds the finished gate and up sums (other warps' atomics: read from L2). */
-template <int V>
-__device__ __forceinline__ void moe_mid_warp(const moe_epi &p, int pair, int e, int beta, float *t_gu, int hidden,
-                                             int inter)
-{
-    const int lane = threadIdx.x & 31, nbh = hidden >> 7, nbi = inter >> 7, kti = inter >> 4;
-    const size_t j0 = (size_t)beta * 128 + lane;
-    float *tg = t_gu + (size_t)2 * pair * inter + j0, *tu = tg + inter;
-    float g[4], u[4], sg[4], su[4], sd[4];
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        g[f] = __ldcg(tg + 32 * f);
-        u[f] = __ldcg(tu + 32 * f);
-        sg[f] = __half2float(p.gate.svh[e][j0 + 32 * f]);
-        su[f] = __half2float(p.up.svh[e][j0 + 32 * f]);
-        sd[f] = __half2float(p.down.suh[e][j0 + 32 * f]);
-    }
-    const float cg = warp_sum128(p.usb_in + (size_t)2 * pair * nbh, nbh, lane);
-    const float cu = warp_sum128(p.usb_in + (size_t)(2 * pair + 1) * nbh, nbh, lane);
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        tg[32 * f] = 0.0f;
-        tu[32 * f] = 0.0f;
-        g[f] += INT_D * cg;
-        u[f] += INT_D * cu;
-    }
-    had128_warp(g, lane);
-    had128_warp(u, lane);
-    float z[4];
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        const float a = g[f] * sg[f], b = u[f] * su[f];
-        z[f] = a / (1.0f + __expf(-a)) * b * sd[f];
-    }
-    int_input_warp<V>(z, beta, 0, inter, p.bq + (size_t)pair * kti * 128, p.sa + (size_t)pair * nbi,
-                      p.ch + (size_t)pair * 2 * nbi, p.usb + (size_t)pair * nbi, p.pc + (size_t)pair * nbi * 9);
-}
-
-/* k_moe_out_par's work for 128-block beta of pair `pair` (expert e) by one warp. */
-__device__ __forceinline__ void moe_out_warp(const moe_epi &p, int pair, int e, int beta, float *t_d, int hidden,
-                                             int inter)
-{
-    const int lane = threadIdx.x & 31, nbi = inter >> 7, token = pair / p.top_k;
-    const size_t j0 = (size_t)beta * 128 + lane;
-    float *tr = t_d + (size_t)pair * hidden + j0;
-    const float w = p.weights[pair];
-    float v[4], sv[4];
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        v[f] = __ldcg(tr + 32 * f);
-        sv[f] = w * __half2float(p.down.svh[e][j0 + 32 * f]);
-    }
-    const float su = warp_sum128(p.usb_in + (size_t)pair * nbi, nbi, lane);
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        tr[32 * f] = 0.0f;
-        v[f] += INT_D * su;
-    }
-    had128_warp(v, lane);
-#pragma unroll
-    for (int f = 0; f < 4; f++) atomicAdd(p.out + (size_t)token * hidden + j0 + 32 * f, v[f] * sv[f]);
-}
-
-/* After the warp's loop: count each of its segments (the same cut as
- * moe_int2_body's) and finish the blocks it completes. */
-template <int V, bool GU>
-__device__ __forceinline__ void moe_epi_warp(const moe_epi &p, const int *__restrict__ ids, float *t, int k, int n,
-                                          int jobs, int total_warps)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int ktiles = k >> 4, ngroups = n >> 7;
-    const long long per_job = (long long)ngroups * ktiles, total = per_job * jobs;
-    long long q = total * warp / total_warps;
-    const long long q1 = total * (warp + 1) / total_warps;
-    if (q >= q1) return;
-    /* timeline: the epilogues in the SwiGLU / output rows (start, past the fence, end) */
-    if (lane == 0) TL(GU ? 2 : 4, warp, 0);
-    __syncwarp();
-    __threadfence(); /* this warp's partial sums before its counts */
-    if (lane == 0) TL(GU ? 2 : 4, warp, 1);
-    while (q < q1) {
-        const moe_seg sg = moe_seg_next(q, q1, per_job, ktiles);
-        const int pair = GU ? sg.job >> 1 : sg.job;
-        unsigned *c = p.cnt + (size_t)pair * ngroups + sg.grp;
-        if (!warp_count_done(c, (unsigned)(sg.kt1 - sg.kt0), (unsigned)((GU ? 2 : 1) * ktiles), lane)) continue;
-        const int e = __ldg(ids + pair);
-        if constexpr (GU) moe_mid_warp<V>(p, pair, e, sg.grp, t, k, n);
-        else moe_out_warp(p, pair, e, sg.grp, t, n, k);
-        if (lane == 0) *c = 0;
-    }
-    if (lane == 0) TL(GU ? 2 : 4, warp, 2);
-}
-
-/* MoE v51: both main kernels with their epilogue, ≤ 120 registers as v40's. */
-template <int K, int V, bool GU>
-__global__ void __maxnreg__(120)
-    k_moe_int2_epi(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
-                   const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-                   int jobs, int total_warps, uint32_t one, moe_epi ep)
-{
-    static_assert(int2_nw<K, 1, V>() == 8, "a segment's columns are one 128-column block");
-    moe_int2_body<K, V, GU>(pa, pb, ids, bq, sa, pc, t, k, n, jobs, total_warps, one);
-    moe_epi_warp<V, GU>(ep, ids, t, k, n, jobs, total_warps);
 }
 
 /* Σ over the nb entries s[0..nb) by a 128-thread block (red: 4 floats). */
@@ -1684,29 +1383,15 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
  * blocks per SM, lost in run 28; 31–33, 35–39, 42–49, lost in runs 39–45
- * (kernels/cuda/lab/README.md, code in git at 66237c6); all removed). */
+ * (kernels/cuda/lab/README.md, code in git at 66237c6); 51–53, the SwiGLU
+ * and output launches folded into the main kernels, lost in run 51 (code in
+ * git at 9df8daa); all removed). */
 typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
                            int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
     return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || (version >= 50 && version <= 53) || (version >= 231 && version <= 233);
-}
-
-/* MoE v51–v53: the main kernels with their epilogue (moe_epi_warp): 51 both,
- * 52 gate/up only (+ v50's output launch), 53 down only (+ v50's SwiGLU launch). */
-typedef void (*moe_epi_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
-                           int, int, int, int, uint32_t, moe_epi);
-static void moe_epi_pick(int K, moe_epi_fn *gu, moe_epi_fn *down)
-{
-    *gu = NULL;
-    *down = NULL;
-    with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
-        constexpr int KK = decltype(k)::value;
-        *gu = k_moe_int2_epi<KK, INT_FMA | INT_FLAT, true>;
-        *down = k_moe_int2_epi<KK, INT_FMA | INT_FLAT, false>;
-        return 0;
-    });
+           version == 41 || version == 50 || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1722,7 +1407,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 34) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
             *down = k_moe_int2<KK, F | INT_B512, 1, false>;
-        } else if (version == 40 || (version >= 50 && version <= 53)) {
+        } else if (version == 40 || version == 50) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
         } else if (version == 41) {
@@ -1753,7 +1438,9 @@ typedef void (*int_fn)(const uint32_t *, const uint32_t *, const float *, const 
                        uint32_t, const __half *, float *, const float *, unsigned *);
 typedef void (*int_in_fn)(const float *, const __half *, uint32_t *, float *, int *, float *, int *, int, int);
 
-/* Integer lab options of version 20.. (-1: not an integer version). */
+/* Integer lab options of version 20.. (-1: not an integer version; 41, the
+ * whole op in one launch with k split over a thread-block cluster, lost in
+ * runs 53–55 and was removed: in git at 9df8daa). */
 static int int_version_opts(int version)
 {
     switch (version) {
@@ -2310,84 +1997,9 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     return SPARQ_OK;
 }
 
-/* GEMV lab v41 (k_gemm_cl): the cluster size C = the largest divisor of
- * k/128 up to 8 whose grid (C · n/128 blocks) fits the resident blocks (2 a
- * SM), with at most GCL_MAX_NBP Hadamard blocks a block; 0 if none. */
-static int gemm_cl_size(int k, int n)
-{
-    const int nb = k / 128, ncb = n / 128;
-    for (int c = 8; c >= 1; c--)
-        if (nb % c == 0 && nb / c <= GCL_MAX_NBP && ((long long)ncb * c <= 2LL * sm_count() || c == 1)) return c;
-    return 0;
-}
-
-typedef void (*gcl_fn)(const uint32_t *, const float *, const __half *, const __half *, float *, int, int, int,
-                       uint32_t);
-
-/* 1..4 rows on k_gemm_cl; more rows (or k beyond GCL_MAX_NBP·8 blocks) run
- * v33. One launch, so `parts` other than PART_ALL run the whole op too. */
-static cudaLaunchConfig_t gemm_cl_config(cudaLaunchAttribute *attr, cudaStream_t s, int C, int k, int n)
-{
-    cudaLaunchConfig_t cfg = pdl_config(attr, s);
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = (unsigned)C;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    cfg.numAttrs = 2;
-    cfg.gridDim = dim3(C, n / 128);
-    cfg.blockDim = dim3(256);
-    cfg.dynamicSmemBytes = gemm_cl_smem(k / 128 / C);
-    return cfg;
-}
-
-static sparq_status gemm_cl_run(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
-                                trellis_cuda_ws *ws, void *stream, unsigned parts, int *max_clusters = NULL)
-{
-    FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
-    RETURN_IF(lin->cb != CB_MUL1, SPARQ_E_UNSUPPORTED, "%s: the integer CUDA gemm (version 41) is for mul1 only",
-              lin->name);
-    const int C = gemm_cl_size(lin->k, lin->n);
-    if (!max_clusters && (rows > 4 || C == 0)) return gemm_int_run(lin, x, rows, y, ws, stream, 33, parts);
-    gcl_fn fn = NULL;
-    with_k_cb(lin->K, CB_MUL1, [&](auto kk, auto) -> int {
-        fn = k_gemm_cl<decltype(kk)::value, INT_FMA>;
-        return 0;
-    });
-    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no integer CUDA gemm version 41 for K=%d", lin->name, lin->K);
-    static bool smem_set[9];
-    if (!smem_set[lin->K]) {
-        CUDA_RETURN_IF(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)gemm_cl_smem(GCL_MAX_NBP)),
-                       "%s: cluster gemm shared memory", lin->name);
-        smem_set[lin->K] = true;
-    }
-    cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = gemm_cl_config(attr, (cudaStream_t)stream, C, lin->k, lin->n);
-    if (max_clusters) /* trellis_cuda_lab_cluster_info */
-        return cuda_status(cudaOccupancyMaxActiveClusters(max_clusters, fn, &cfg), "cluster occupancy query");
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, (const uint32_t *)lin->trellis, x, (const __half *)lin->suh,
-                                      (const __half *)lin->svh, y, lin->k, lin->n, rows, 1u),
-                   "%s: cluster gemm launch (%d × %d blocks, clusters of %d)", lin->name, C, lin->n / 128, C);
-    return SPARQ_OK;
-}
-
-sparq_status trellis_cuda_lab_cluster_info(const trellis_cuda_linear *lin, int *cluster, int *max_clusters)
-{
-    RETURN_IF(!lin || !cluster || !max_clusters, SPARQ_E_ARG, "cluster info: missing argument");
-    *cluster = gemm_cl_size(lin->k, lin->n);
-    *max_clusters = 0;
-    if (!*cluster) return SPARQ_OK;
-    float one = 0.0f;
-    trellis_cuda_ws ws = {};
-    ws.max_k = lin->k;
-    ws.max_n = lin->n;
-    return gemm_cl_run(lin, &one, 1, &one, &ws, NULL, TRELLIS_CUDA_PART_ALL, max_clusters);
-}
-
 sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                     trellis_cuda_ws *ws, void *stream, int version, unsigned parts)
 {
-    if (version == 41) return gemm_cl_run(lin, x, rows, y, ws, stream, parts);
     if (version == 9 || version == 11) return gemm_fused_run(lin, x, rows, y, ws, stream, 0, version);
     if (version >= 20) return gemm_int_run(lin, x, rows, y, ws, stream, version, parts);
     FORWARD_IF(gemm_args_check(lin, x, rows, y, ws));
@@ -2420,7 +2032,6 @@ int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows)
 
 int trellis_cuda_gemm_lab_allk(int version)
 {
-    if (version == 41) return 1;
     const int v = int_version_opts(version);
     return v >= 0 && int_allk(v);
 }
@@ -2502,7 +2113,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[33][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[30][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2687,11 +2298,11 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     if (err == cudaSuccess) err = cudaMalloc(&b->t_gu, pairs * 2 * inter * 4);
     if (err == cudaSuccess) err = cudaMalloc(&b->t_down, pairs * hidden * 4);
     if (err == cudaSuccess) err = cudaMalloc(&b->c_gu, pairs * 2 * nbc_gu * 4);
-    if (err == cudaSuccess) err = cudaMalloc(&b->c_down, pairs * 2 * nbc_d * 4); /* v51+: per 128 */
+    if (err == cudaSuccess) err = cudaMalloc(&b->c_down, pairs * nbc_d * 4);
     if (err == cudaSuccess) err = cudaMemset(b->t_gu, 0, pairs * 2 * inter * 4);
     if (err == cudaSuccess) err = cudaMemset(b->t_down, 0, pairs * hidden * 4);
     if (err == cudaSuccess) err = cudaMemset(b->c_gu, 0, pairs * 2 * nbc_gu * 4);
-    if (err == cudaSuccess) err = cudaMemset(b->c_down, 0, pairs * 2 * nbc_d * 4);
+    if (err == cudaSuccess) err = cudaMemset(b->c_down, 0, pairs * nbc_d * 4);
     const size_t gu_end = moe_int_carve(NULL, 0, 2 * (int)pairs, hidden, NULL, NULL, NULL, NULL, NULL);
     if (err == cudaSuccess && m->cb == CB_MUL1 && hidden % 128 == 0 && inter % 128 == 0) {
         const size_t bytes = moe_int_carve(NULL, gu_end, (int)pairs, inter, NULL, NULL, NULL, NULL, NULL);
@@ -2725,11 +2336,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     const bool pdl_in = version == 27 || version == 28; /* the input launch chained to the previous kernel */
     moe_int_fn fg, fd;
     moe_int_pick(m->K, version, &fg, &fd);
-    const bool epi_gu = version == 51 || version == 52, epi_d = version == 51 || version == 53;
-    moe_epi_fn eg = NULL, ed = NULL;
-    if (epi_gu || epi_d) moe_epi_pick(m->K, &eg, &ed);
-    const void *kfn[2] = {epi_gu ? (const void *)eg : (const void *)fg, epi_d ? (const void *)ed : (const void *)fd};
-    RETURN_IF(!kfn[0] || !kfn[1] || !m->iscr, SPARQ_E_UNSUPPORTED,
+    RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
               "cuda moe: no MoE lab version %d for K=%d codebook %d, %dx%d (mul1, multiples of 128)", version, m->K,
               m->cb, m->hidden, m->inter);
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
@@ -2742,7 +2349,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
         if (!wc[l]) {
             int per_sm = 0;
             CUDA_RETURN_IF(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kfn[l], tpb[l], 0),
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)(l ? fd : fg), tpb[l], 0),
                 "moe: occupancy query");
             wc[l] = (per_sm < 1 ? 1 : per_sm) * sm_count() * wpb[l];
         }
@@ -2767,14 +2374,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     }
     cfg.gridDim = dim3(blocks[0]);
     cfg.blockDim = dim3(tpb[0]);
-    moe_epi ep = {m->proj[0], m->proj[1], m->proj[2], m->usb_gu, m->c_gu, m->bq_d,  m->sa_d,
-                  m->usb_d,   m->ch_d,    m->pc_d,    weights,   out,     m->top_k};
-    if ((stages & 2u) && epi_gu)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, eg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
-                                          (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
-                                          warps[0], 1u, ep),
-                       "moe gate/up + SwiGLU launch (%d blocks, PDL)", blocks[0]);
-    else if (stages & 2u)
+    if (stages & 2u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
                                           (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
                                           warps[0], 1u),
@@ -2782,9 +2382,9 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.numAttrs = 1;
     cfg.gridDim = dim3(I / 128, pairs);
     cfg.blockDim = dim3(128);
-    if ((stages & 4u) && !epi_gu)
+    if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version >= 50   ? k_moe_mid<0, true, true>
+                                          version == 50   ? k_moe_mid<0, true, true>
                                           : version >= 23 ? k_moe_mid<0, true>
                                                           : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
@@ -2792,21 +2392,14 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
                        "moe SwiGLU launch (PDL)");
     cfg.gridDim = dim3(blocks[1]);
     cfg.blockDim = dim3(tpb[1]);
-    ep.usb_in = m->usb_d;
-    ep.cnt = m->c_down;
-    if ((stages & 8u) && epi_d)
-        CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, ed, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
-                                          (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
-                                          warps[1], 1u, ep),
-                       "moe down + output launch (%d blocks, PDL)", blocks[1]);
-    else if (stages & 8u)
+    if (stages & 8u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
                                           (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
                                           warps[1], 1u),
                        "moe down launch (%d blocks, PDL)", blocks[1]);
     cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
     cfg.blockDim = dim3(128);
-    if ((stages & 16u) && !epi_d)
+    if (stages & 16u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
                                           pdl_in          ? k_moe_out_par<true>
                                           : version >= 23 ? k_moe_out_par<false>

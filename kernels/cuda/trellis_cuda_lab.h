@@ -74,13 +74,11 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
  * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
- * and 36, per-block atomics, lost and were removed), 41 = the whole op in
- * one launch for 1..4 rows, k split over a thread-block cluster (each block
- * quantises its own k range into shared memory; rank 0 adds the ranks' sums
- * through distributed shared memory), v33 for more rows. mul1 only
+ * and 36, per-block atomics, and 41, one launch with k split over a
+ * thread-block cluster, lost and were removed). mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
- * 30..33, 35, 41) for every K at 1..4 rows. */
+ * 30..33, 35) for every K at 1..4 rows. */
 
 /* The lab version trellis_cuda_gemm runs for this linear and row count. */
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
@@ -111,16 +109,13 @@ int trellis_cuda_gemm_lab_allk(int version);
  * SM, 40 = 23 with both main kernels at ≤ 120 registers (so that a block of
  * the small launches fits beside two of theirs), 41 = 34's gate/up kernel
  * and 40's down kernel, 50 = 40 with the middle launch's gate and up
- * Hadamards through one set of barriers (every K), 51 = 50 with the SwiGLU
- * and output launches folded into the main kernels (the warp that completes
- * a 128-column block of a pair does their work for it), 52 = only the
- * SwiGLU launch folded, 53 = only the output launch (51–53 every K);
- * 21–24, 34, 40, 41, 50 run
+ * Hadamards through one set of barriers (every K); 21–24, 34, 40, 41, 50 run
  * the loop in round 4's form, 27–30 one pass per 128-block; 50 is the
  * default for mul1 (25,
  * 26 and the first 29, 30: in-warp input transform, warp-per-block small
  * launches, 4 tile columns per step; 31–33, 35–39, 42–49: L2 prefetches,
- * uneven shares, warp-per-block small launches again: lost, removed);
+ * uneven shares, warp-per-block small launches again; 51–53: the SwiGLU
+ * and output launches folded into the main kernels: lost, removed);
  * benchmark only (x = 0, they leave the scratch dirty
  * otherwise): 231 / 232 / 233 = 23's launches 1–2 / 3–5 / its two main
  * kernels alone. v17 exists for every K and codebook, the others for mul1 at
@@ -134,11 +129,6 @@ sparq_status trellis_cuda_decode_lab(const trellis_cuda_linear *lin, uint16_t *q
  * kernels queued on `stream`, the second and later chained to the previous
  * one by programmatic dependent launch as the GEMM's are. */
 sparq_status trellis_cuda_lab_empty(void *stream, int launches);
-
-/* GEMV lab v41 (one launch, k split over a thread-block cluster): the
- * cluster size it picks for lin (0: it runs v33 instead) and how many such
- * clusters the device holds at once (cudaOccupancyMaxActiveClusters). */
-sparq_status trellis_cuda_lab_cluster_info(const trellis_cuda_linear *lin, int *cluster, int *max_clusters);
 
 /* Lab timeline of the MoE v21+ layers (cuda_bench --moe-timeline): queues a
  * one-thread kernel that points the timeline marks of the calls queued after

@@ -39,10 +39,10 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 31, 32, 33, 34, 35, 41
+#define INTV_LIST 22, 24, 31, 32, 33, 34, 35
 #define INTV_SWEEP "v22/v24/v32/v35"
 #define INTV_SWEEP_LIST 22, 24, 32, 35
-enum { NINTV = 1 + 8, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -324,7 +324,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
     static const int mver[] = {0,  5,  13, 14, 15, 16, 17, 18, 19, 20,  21,  22,
-                               23, 24, 27, 28, 29, 30, 34, 40, 41, 50, 51, 52, 53, 231, 232, 233};
+                               23, 24, 27, 28, 29, 30, 34, 40, 41, 50, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -342,7 +342,6 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     if (g_moe_timeline) {
         moe_timeline(&o, name, nsets, 23);
         moe_timeline(&o, name, nsets, 50);
-        moe_timeline(&o, name, nsets, 51);
         goto done;
     }
     for (int v = 0; v < NMV; v++) {
@@ -645,12 +644,6 @@ int main(int argc, char **argv)
                 for (int vi = 0; vi < NINTV; vi++) printf(" %7.2f", tm_[vi]);
                 printf(" | %7.2f %7.2f | %5.2f v%-2d %7.2fx %7.2fx %8.2f\n", t_cublas, t_def, best, bestv,
                        t_cublas / best, t_cublas / t_def, tbytes / bw * 1e6);
-                if (K == 3) {
-                    int ccl = 0, mcl = 0;
-                    SK(trellis_cuda_lab_cluster_info(lins[0], &ccl, &mcl));
-                    printf("  v41 on %dx%d: %d blocks in clusters of %d, at most %d clusters resident\n", k, n,
-                           ccl * (n / 128), ccl, mcl);
-                }
                 fflush(stdout);
                 if (si == 0 && K == 3) {
                     printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v10/" INTV_SWEEP "/default µs:");

@@ -5,9 +5,10 @@
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v50 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v56 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
- * at once, see k_moe_in_gu; main kernels at ≤ 120 registers) and v17
+ * at once, see k_moe_in_gu; main kernels at ≤ 120 registers, in 16-warp
+ * blocks where they have enough work) and v17
  * otherwise, trellis_fused.cuh's block body in two launches with one-wave
  * grids).
  *
@@ -1320,14 +1321,22 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v50 = v23 (five PDL-chained launches, v24's balanced integer loop in round
- * 4's form; every K; round 5's variants v27–v30 lost to it in run 34) with both main
- * kernels at ≤ 120 registers (v40: k_moe_int2_r120; won in runs 43–48) and the middle
- * launch's two Hadamards through one set of barriers (run 49: 0.1 µs on Qwen3 shapes) */
-#define MOE_MUL1_VERSION 50
-/* ... or v20 (v17 with the integer arithmetic) where v50's scratch is absent
+/* mul1 layers: v56 = v50 with the main kernels in 16-warp blocks, one a SM (gate/up
+ * always, down from MOE_B512_ITEMS work items per resident warp), at ≤ 120 registers so
+ * that a block of the small launches still fits beside one (runs 56–57: 1.6–2.0 µs faster
+ * than v50 on DeepSeek shapes, equal on Qwen3's). v50 = v23 (five
+ * PDL-chained launches, v24's balanced integer loop in round 4's form; every K; round 5's
+ * variants v27–v30 lost to it in run 34) with both main kernels at ≤ 120 registers (v40:
+ * k_moe_int2_r120; won in runs 43–48) and the middle launch's two Hadamards through one set
+ * of barriers (run 49: 0.1 µs on Qwen3 shapes) */
+#define MOE_MUL1_VERSION 56
+/* ... or v20 (v17 with the integer arithmetic) where v56's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
+/* v56's down kernel runs 16-warp blocks from this many work items per resident warp
+ * (DeepSeek-V4.1 shapes: 16.4 at one token, where v55's 16-warp down blocks were 0.3–0.8 µs
+ * faster than v54's 8-warp ones; Qwen3-30B: 2.9, 0.05–0.1 µs slower; runs 56–57) */
+#define MOE_B512_ITEMS 8
 #define MOE_DEFAULT_D (DEC_2W | DEC_IMMA | DEC_PDL)
 
 template <int KK, int CC, int D>
@@ -1378,7 +1387,11 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * per SM (INT_B512), 40 = 23 with both main kernels at ≤ 120 registers
  * (k_moe_int2_r120; the default in runs 46–48), 41 = 34's gate/up kernel and 40's
  * down kernel, 50 = 40 with the gate and up Hadamards of the middle launch
- * through one set of barriers (the default since run 49) (every K); 21–24, 34, 40, 41, 50 run the loop as in round 4
+ * through one set of barriers (the default in runs 49–55), 54 / 55 = 50 with
+ * 40's gate/up / both main kernels in 16-warp blocks (the same kernels: only
+ * the block size differs), 56 = 54, and 55's down kernel where it has enough
+ * work (MOE_B512_ITEMS; the default since run 57) (every K); 21–24, 34, 40,
+ * 41, 50, 54–56 run the loop as in round 4
  * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
@@ -1391,7 +1404,7 @@ typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, co
 static bool moe_int_version(int version)
 {
     return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || version == 50 || (version >= 231 && version <= 233);
+           version == 41 || version == 50 || (version >= 54 && version <= 56) || (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1407,7 +1420,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 34) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
             *down = k_moe_int2<KK, F | INT_B512, 1, false>;
-        } else if (version == 40 || version == 50) {
+        } else if (version == 40 || version == 50 || (version >= 54 && version <= 56)) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
         } else if (version == 41) {
@@ -2113,7 +2126,7 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[30][2]; /* resident warps of [version − 21][gate/up, down] (0: not asked) */
+    int int_warps[36][3]; /* resident warps of [version − 21][gate/up, down, v56's down at 512] (0: not asked) */
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2341,21 +2354,26 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
               m->cb, m->hidden, m->inter);
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
     const int nw = int2_nw<1, 1, 0>();
-    const bool b512[2] = {version == 34 || version == 41, version == 34};
-    const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
+    /* 16-warp blocks: v34, v41, v54, v55; v56 (the default): always for gate/up, for down
+     * when it has at least MOE_B512_ITEMS work items per resident warp (2 blocks of 8 warps a SM) */
+    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56),
+                          version == 34 || version == 55 ||
+                              (version == 56 && items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
+    const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
     int *wc = m->int_warps[version - 21];
+    const int sl[2] = {0, version == 56 && b512[1] ? 2 : 1}; /* v56's down kernel has two block sizes */
     for (int l = 0; l < 2; l++)
-        if (!wc[l]) {
+        if (!wc[sl[l]]) {
             int per_sm = 0;
             CUDA_RETURN_IF(
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)(l ? fd : fg), tpb[l], 0),
                 "moe: occupancy query");
-            wc[l] = (per_sm < 1 ? 1 : per_sm) * sm_count() * wpb[l];
+            wc[sl[l]] = (per_sm < 1 ? 1 : per_sm) * sm_count() * wpb[l];
         }
     int warps[2], blocks[2];
     for (int l = 0; l < 2; l++) {
-        long long w = wc[l] < items[l] ? wc[l] : items[l];
+        long long w = wc[sl[l]] < items[l] ? wc[sl[l]] : items[l];
         blocks[l] = (int)((w + wpb[l] - 1) / wpb[l]);
         warps[l] = blocks[l] * wpb[l];
     }
@@ -2384,7 +2402,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version == 50   ? k_moe_mid<0, true, true>
+                                          version >= 50   ? k_moe_mid<0, true, true>
                                           : version >= 23 ? k_moe_mid<0, true>
                                                           : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
@@ -2465,9 +2483,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v50 for
- * mul1 layers (run 50: 61.6 / 19.5 µs on DeepSeek / Qwen3 shapes, 1.15× /
- * 1.45× one GEMV of the same weights; v23 63.1 / 20.0), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v56 for
+ * mul1 layers (run 57: 59.6 / 19.4 µs on DeepSeek / Qwen3 shapes, 1.11× /
+ * 1.45× one GEMV of the same weights; v50 61.0–61.3 / 19.4), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

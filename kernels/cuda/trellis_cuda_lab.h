@@ -109,9 +109,12 @@ int trellis_cuda_gemm_lab_allk(int version);
  * SM, 40 = 23 with both main kernels at ≤ 120 registers (so that a block of
  * the small launches fits beside two of theirs), 41 = 34's gate/up kernel
  * and 40's down kernel, 50 = 40 with the middle launch's gate and up
- * Hadamards through one set of barriers (every K); 21–24, 34, 40, 41, 50 run
- * the loop in round 4's form, 27–30 one pass per 128-block; 50 is the
- * default for mul1 (25,
+ * Hadamards through one set of barriers (every K), 54 / 55 = 50 with the
+ * gate/up / both main kernels in 16-warp blocks at ≤ 120 registers (one a SM,
+ * with room for a block of the small launches beside it), 56 = 54, and 55's
+ * down kernel when it has at least 8 work items per resident warp (every
+ * K); 21–24, 34, 40, 41, 50, 54–56 run the loop in round 4's form, 27–30 one
+ * pass per 128-block; 56 is the default for mul1 (25,
  * 26 and the first 29, 30: in-warp input transform, warp-per-block small
  * launches, 4 tile columns per step; 31–33, 35–39, 42–49: L2 prefetches,
  * uneven shares, warp-per-block small launches again; 51–53: the SwiGLU

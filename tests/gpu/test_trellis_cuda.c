@@ -629,11 +629,11 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    static const int versions[] = {0, 20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 12; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50 (mul1: every K) */
+                                        : 15; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);

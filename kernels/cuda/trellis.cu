@@ -842,12 +842,14 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
     int_flush<RG, NW>(t, n, rows, 16 * grp * NW, g, c, f);
 }
 
-template <int K, int RG, int V, int MINB>
-__global__ void __launch_bounds__(256, MINB)
-    k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
-                const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
-                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
-                unsigned *__restrict__ cnt)
+/* k_gemm_int2's body; k_gemm_int2 and k_gemm_int2_r120 differ only in their
+ * register budget. */
+template <int K, int RG, int V>
+__device__ __forceinline__ void gemm_int2_body(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                                               const float *__restrict__ sa, const int *__restrict__ pc,
+                                               float *__restrict__ t, int k, int n, int rows, int total_warps,
+                                               uint32_t one, const __half *__restrict__ svh, float *__restrict__ y,
+                                               const float *__restrict__ usb, unsigned *__restrict__ cnt)
 {
     constexpr int NW = int2_nw<K, RG, V>();
     griddep_launch();
@@ -872,6 +874,28 @@ __global__ void __launch_bounds__(256, MINB)
         if constexpr ((V & INT_EPI) != 0)
             int_group_done(t, cnt, usb, svh, y, n, (k >> 7), rows, 16 * grp * NW, kt1 - kt0, ktiles * (8 / NW), lane);
     }
+}
+
+template <int K, int RG, int V, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    k_gemm_int2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq, const float *__restrict__ sa,
+                const int *__restrict__ pc, float *__restrict__ t, int k, int n, int rows, int total_warps,
+                uint32_t one, const __half *__restrict__ svh, float *__restrict__ y, const float *__restrict__ usb,
+                unsigned *__restrict__ cnt)
+{
+    gemm_int2_body<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, total_warps, one, svh, y, usb, cnt);
+}
+
+/* GEMV lab v42: at most 120 registers a thread, launched in 16-warp blocks
+ * (one a SM, with room for a block of the small launches beside it; as MoE v56). */
+template <int K, int RG, int V>
+__global__ void __maxnreg__(120)
+    k_gemm_int2_r120(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                     const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+                     int rows, int total_warps, uint32_t one, const __half *__restrict__ svh,
+                     float *__restrict__ y, const float *__restrict__ usb, unsigned *__restrict__ cnt)
+{
+    gemm_int2_body<K, RG, V>(trellis, bq, sa, pc, t, k, n, rows, total_warps, one, svh, y, usb, cnt);
 }
 
 /* --- fused MoE decode layer, MoE lab v21+ (mul1): v24's balanced integer loop ---------
@@ -1472,6 +1496,7 @@ static int int_version_opts(int version)
     case 33: return INT_FMA | INT_WIO | INT_PDLIN;
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
     case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT;
+    case 42: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512;
     default: return -1;
     }
 }
@@ -1527,6 +1552,8 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT:
             return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB3 | INT_FLAT>(rg);
         case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
+        case INT_LOOP2 | INT_FMA | INT_B512: /* 1..4 rows; more run v32's kernel */
+            return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA> : int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
         case INT_FMA: return int_pick_rg<KK, INT_FMA>(rg);
@@ -1960,7 +1987,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     int_fn fn = v < 0 ? NULL : int_pick(lin->K, v, rg);
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no integer CUDA gemm version %d for K=%d at %d rows", lin->name, version,
               lin->K, rows);
-    const int tpb = 256, wpb = tpb / 32, nb = lin->k / 128;
+    const int tpb = (v & INT_B512) && rg == 1 ? 512 : 256, wpb = tpb / 32, nb = lin->k / 128;
     int per_sm = 0;
     CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
                    lin->name);

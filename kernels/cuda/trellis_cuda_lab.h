@@ -75,7 +75,9 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
  * and 36, per-block atomics, and 41, one launch with k split over a
- * thread-block cluster, lost and were removed). mul1 only
+ * thread-block cluster, lost and were removed), 42 = 32 with the main kernel
+ * in 16-warp blocks at ≤ 120 registers, one a SM (1..4 rows; more run 32's
+ * kernel). mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
  * 30..33, 35) for every K at 1..4 rows. */

@@ -38,11 +38,11 @@
 #include "kernels/cuda/trellis_cuda.h"
 #include "kernels/cuda/trellis_cuda_lab.h"
 
-/* --int's columns: the integer versions timed (5), and the two of the rows sweep */
-#define INTV_LIST 22, 24, 31, 32, 33, 34, 35
+/* --int's columns: the integer versions timed, and those of the rows sweep */
+#define INTV_LIST 22, 24, 31, 32, 33, 34, 35, 42
 #define INTV_SWEEP "v22/v24/v32/v35"
 #define INTV_SWEEP_LIST 22, 24, 32, 35
-enum { NINTV = 1 + 7, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+enum { NINTV = 1 + 8, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -788,7 +788,8 @@ int main(int argc, char **argv)
                "with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input "
                "launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main "
                "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
-               "a warp's k range, as v24; v30..v34 make one pass per 128-block); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "a warp's k range, as v24; v30..v34 make one pass per 128-block), v42 = v32 with the main kernel in "
+               "16-warp blocks at <= 120 registers (one a SM; 1..4 rows); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;

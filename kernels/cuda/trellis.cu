@@ -2388,6 +2388,8 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
                           version == 34 || version == 55 ||
                               (version == 56 && items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
     const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
+    RETURN_IF(version - 21 >= (int)(sizeof m->int_warps / sizeof m->int_warps[0]), SPARQ_E_STATE,
+              "cuda moe: no occupancy slot for MoE lab version %d", version);
     int *wc = m->int_warps[version - 21];
     const int sl[2] = {0, version == 56 && b512[1] ? 2 : 1}; /* v56's down kernel has two block sizes */
     for (int l = 0; l < 2; l++)

@@ -344,10 +344,10 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 42 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 43 };
 /* lost and removed (29 in runs 24–26, 36 in run 36, 38–40 in runs 39–41, 41 in
- * runs 53–55; 37 never kept): refused like an unknown version */
-static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41); }
+ * runs 53–55, 43 in run 60; 37 never kept): refused like an unknown version */
+static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41) || v == 43; }
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
  * default entry point for mul1 once it is promoted). */
@@ -653,7 +653,7 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
                   inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
     }
     /* unknown, and lost and removed (kernels/cuda/lab/README.md) */
-    static const int refused[] = {25, 26, 31, 33, 35, 36, 39, 42, 49, 51, 53, 99};
+    static const int refused[] = {25, 26, 31, 33, 35, 36, 39, 42, 49, 51, 53, 57, 99};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         CHECK(trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, refused[i]) == SPARQ_E_UNSUPPORTED);
     /* a second layer sharing the first one's scratch (as the backend's layers do): both

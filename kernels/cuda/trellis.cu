@@ -2153,7 +2153,8 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    int int_warps[36][3]; /* resident warps of [version − 21][gate/up, down, v56's down at 512] (0: not asked) */
+    /* resident warps of [version − 21][2 · (0 gate/up, 1 down) + (1: 16-warp blocks)] (0: not asked) */
+    int int_warps[36][4];
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2391,7 +2392,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     RETURN_IF(version - 21 >= (int)(sizeof m->int_warps / sizeof m->int_warps[0]), SPARQ_E_STATE,
               "cuda moe: no occupancy slot for MoE lab version %d", version);
     int *wc = m->int_warps[version - 21];
-    const int sl[2] = {0, version == 56 && b512[1] ? 2 : 1}; /* v56's down kernel has two block sizes */
+    const int sl[2] = {b512[0] ? 1 : 0, b512[1] ? 3 : 2}; /* by kernel and block size (v56's down has two) */
     for (int l = 0; l < 2; l++)
         if (!wc[sl[l]]) {
             int per_sm = 0;

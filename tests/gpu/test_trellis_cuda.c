@@ -726,6 +726,9 @@ static void test_moe(void)
     check_moe(1024, 768, 8, 8, 16, 4, TRELLIS_CB_MCG); /* every expert, 16 tokens */
     /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
     check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
+    /* enough down work (≥ 8 items per resident warp up to 160 SMs) for the default's
+     * 16-warp down blocks (MoE v56) */
+    check_moe(1024, 640, 8, 4, 16, 3, TRELLIS_CB_MUL1);
     check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
     check_moe(512, 256, 4, 2, 2, 6, TRELLIS_CB_MUL1); /* mul1 at K = 6: the default (v20) */
     /* mismatched expert shapes are refused, naming the tensor */

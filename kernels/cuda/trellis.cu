@@ -1,14 +1,14 @@
 /* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
  * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
  * README.md; trellis_cuda_gemm runs, for mul1 at 1..4 rows, the integer GEMM
- * v32 / v33 (the main loops of k_gemm_int2 / k_gemm_int below: no fp16
+ * v44 / v33 (the main loops of k_gemm_int2 / k_gemm_int below: no fp16
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v56 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v65 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
  * at once, see k_moe_in_gu; main kernels at ≤ 120 registers, in 16-warp
- * blocks where they have enough work) and v17
+ * blocks where they have enough work, two loop steps a pass) and v17
  * otherwise, trellis_fused.cuh's block body in two launches with one-wave
  * grids).
  *
@@ -266,12 +266,22 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * (same SASS: v24's loop 284 instructions + 104 per conversion, as in run
  * 17). Neither form wins everywhere: the per-block pass makes v32 0.4 µs
  * faster than v35 (= v32 flat), the flat one makes MoE v23 0.8 µs faster
- * than v30 (= v23 per block) on Qwen3 shapes (run 34). (4096: each block's
- * sums added to t by atomics instead of fp32 partials; lab v36, lost 2.4 µs
- * in run 36, removed: in git at 9bf7e6a.) (8192, 16384: each warp asking
+ * than v30 (= v23 per block) on Qwen3 shapes (run 34). (4096, before round
+ * 8: each block's sums added to t by atomics instead of fp32 partials; lab
+ * v36, lost 2.4 µs in run 36, removed: in git at 9bf7e6a.) INT_PP = the loop
+ * takes two steps a pass, the first loading the next words into w2, the
+ * second back into w, instead of one step a pass and a copy of the next
+ * words (12–20 MOVs a step at K = 3: ptxas does not rename across the
+ * back edge): 32 instructions a tile instead of 34 (GEMV v44, the default
+ * since run 69; v45). With INT_FLAT the pairs start at an even k tile (one
+ * step first where a range starts odd), so a 128-block ends only on a
+ * pair's second step and the conversion branch follows the pair: MoE v65,
+ * the default since run 70 (37 → 33 a tile); pairs from the range's start,
+ * with the branch after each step (MoE v62–v64), lost in runs 67–69. (8192, 16384: each warp asking
  * L2 for its whole range first, the MoE gate/up warps asking it for the
  * down weights; GEMV v38, MoE v31–v33, lost in run 39, removed: in git at
- * 66237c6.) INT_B512 = the main kernel in blocks of 16 warps, one per SM,
+ * 66237c6; 8192 in round 8: a block's warps taking ranges a grid apart,
+ * GEMV v46 / v47, lost in run 68, removed.) INT_B512 = the main kernel in blocks of 16 warps, one per SM,
  * instead of two blocks of 8: the schedulers favour the older of two blocks, so the
  * SM's second block fell behind and finished alone on half the warps
  * (cuda_bench --moe-timeline, run 40: MoE gate/up warps of the first grid
@@ -293,6 +303,7 @@ enum {
     INT_PDLIN = 128,
     INT_MINB1 = 256,
     INT_FLAT = 2048,
+    INT_PP = 4096,
     INT_B512 = 32768
 };
 
@@ -737,7 +748,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
-    constexpr bool FLAT = (V & INT_FLAT) != 0;
+    constexpr bool FLAT = (V & INT_FLAT) != 0, PP = (V & INT_PP) != 0;
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -769,14 +780,17 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
             if (lane == 0) TL(TLK, (blockIdx.x * blockDim.x + threadIdx.x) >> 5, 1);
         }
     }
-    /* k tile kt: load the next k tile's words (the last step reloads its own:
-     * no branch), the B words, and add 8 tiles' IMMAs into acc */
-    auto step = [&](int kt) {
+    /* k tile kt: load the next k tile's words into wn (the last step reloads
+     * its own: no branch), the B words, and add 8 tiles' IMMAs of w into acc.
+     * Without INT_PP the caller copies wn back into w after every step
+     * (ptxas emits 12–20 MOVs a step for it); with INT_PP it alternates w
+     * and w2 as (w, wn) two steps at a time. */
+    uint32_t w2[NW][NWD];
+    auto step = [&](int kt, const uint32_t (&w)[NW][NWD], uint32_t (&wn)[NW][NWD]) {
         const size_t adv = kt + 1 < kt1 ? row_stride : 0;
         p0 += adv;
         p1 += adv;
         if constexpr (NWD == 3) p2 += adv;
-        uint32_t wn[NW][NWD];
 #pragma unroll
         for (int j = 0; j < NW; j++) {
             wn[j][0] = __ldg(p0 + j * TW);
@@ -800,10 +814,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 #pragma unroll
             for (int rg = 0; rg < RG; rg++) tile_imma(x, b[rg], acc[rg][j], acc[rg][j]);
         }
-#pragma unroll
-        for (int j = 0; j < NW; j++)
-#pragma unroll
-            for (int e = 0; e < NWD; e++) w[j][e] = wn[j][e];
     };
     /* k tiles s0..s1-1 of block β: I = 256·Σb·hi + Σb·lo − 510·Σq, into f; acc = 0 */
     auto convert = [&](int be, int s0, int s1) {
@@ -823,19 +833,57 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
             }
         }
     };
+    auto keep = [&]() { /* w = w2: the next step starts from w */
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+#pragma unroll
+            for (int e = 0; e < NWD; e++) w[j][e] = w2[j][e];
+    };
     if constexpr (FLAT) { /* rounds 3–4: one pass, converting at each block end */
         int seg = kt0;
-        for (int kt = kt0; kt < kt1; kt++) {
-            step(kt);
+        auto ends = [&](int kt) {
             if (((kt + 1) & 7) == 0 || kt + 1 == kt1) {
                 convert(kt >> 3, seg, kt + 1);
                 seg = kt + 1;
+            }
+        };
+        if constexpr (PP) { /* pairs from an even k tile: a block ends only on a pair's second step */
+            int kt = kt0;
+            if (kt & 1) {
+                step(kt, w, w2);
+                keep();
+                ends(kt);
+                kt++;
+            }
+            for (; kt + 2 <= kt1; kt += 2) {
+                step(kt, w, w2);
+                step(kt + 1, w2, w);
+                ends(kt + 1);
+            }
+            if (kt < kt1) {
+                step(kt, w, w2);
+                ends(kt);
+            }
+        } else {
+            for (int kt = kt0; kt < kt1; kt++) {
+                step(kt, w, w2);
+                keep();
+                ends(kt);
             }
         }
     } else { /* round 5: one pass per 128-block */
         for (int kt = kt0; kt < kt1;) {
             const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
-            for (; kt < kend; kt++) step(kt);
+            if constexpr (PP) {
+                for (; kt + 2 <= kend; kt += 2) {
+                    step(kt, w, w2);
+                    step(kt + 1, w2, w);
+                }
+            }
+            for (; kt < kend; kt++) { /* PP: an odd count's last step */
+                step(kt, w, w2);
+                keep();
+            }
             convert(be, seg, kend);
         }
     }
@@ -1345,7 +1393,10 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v56 = v50 with the main kernels in 16-warp blocks, one a SM (gate/up
+/* mul1 layers: v65 = v56 with the loop taking two steps a pass from an even k tile
+ * (INT_PP with INT_FLAT: no copy of the next words, 37 → 33 instructions a tile; run 70:
+ * 0.4–0.7 µs faster on DeepSeek shapes, 0.1 on Qwen3's; v62, the same without the even
+ * start, lost in runs 67–69). v56 = v50 with the main kernels in 16-warp blocks, one a SM (gate/up
  * always, down from MOE_B512_ITEMS work items per resident warp), at ≤ 120 registers so
  * that a block of the small launches still fits beside one (runs 56–57: 1.6–2.0 µs faster
  * than v50 on DeepSeek shapes, equal on Qwen3's). v50 = v23 (five
@@ -1353,11 +1404,11 @@ static int moe_version_opts(int version)
  * variants v27–v30 lost to it in run 34) with both main kernels at ≤ 120 registers (v40:
  * k_moe_int2_r120; won in runs 43–48) and the middle launch's two Hadamards through one set
  * of barriers (run 49: 0.1 µs on Qwen3 shapes) */
-#define MOE_MUL1_VERSION 56
-/* ... or v20 (v17 with the integer arithmetic) where v56's scratch is absent
+#define MOE_MUL1_VERSION 65
+/* ... or v20 (v17 with the integer arithmetic) where v65's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
-/* v56's down kernel runs 16-warp blocks from this many work items per resident warp
+/* v56's and v65's down kernel runs 16-warp blocks from this many work items per resident warp
  * (DeepSeek-V4.1 shapes: 16.4 at one token, where v55's 16-warp down blocks were 0.3–0.8 µs
  * faster than v54's 8-warp ones; Qwen3-30B: 2.9, 0.05–0.1 µs slower; runs 56–57) */
 #define MOE_B512_ITEMS 8
@@ -1414,21 +1465,24 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * through one set of barriers (the default in runs 49–55), 54 / 55 = 50 with
  * 40's gate/up / both main kernels in 16-warp blocks (the same kernels: only
  * the block size differs), 56 = 54, and 55's down kernel where it has enough
- * work (MOE_B512_ITEMS; the default since run 57) (every K); 21–24, 34, 40,
- * 41, 50, 54–56 run the loop as in round 4
+ * work (MOE_B512_ITEMS; the default in runs 57–69), 65 = 56 with two loop
+ * steps a pass from an even k tile (INT_PP; the default since run
+ * 70) (every K); 21–24, 34, 40, 41, 50, 54–56, 65 run the loop as in round 4
  * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
  * blocks per SM, lost in run 28; 31–33, 35–39, 42–49, lost in runs 39–45
  * (kernels/cuda/lab/README.md, code in git at 66237c6); 51–53, the SwiGLU
  * and output launches folded into the main kernels, lost in run 51 (code in
- * git at 9df8daa); all removed). */
+ * git at 9df8daa); 62–64, two loop steps a pass, lost in runs 67–69; all
+ * removed). */
 typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
                            int, int, int, int, uint32_t);
 static bool moe_int_version(int version)
 {
     return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || version == 50 || (version >= 54 && version <= 56) || (version >= 231 && version <= 233);
+           version == 41 || version == 50 || (version >= 54 && version <= 56) || version == 65 ||
+           (version >= 231 && version <= 233);
 }
 
 static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
@@ -1447,6 +1501,10 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 40 || version == 50 || (version >= 54 && version <= 56)) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
+
+        } else if (version == 65) {
+            *gu = k_moe_int2_r120<KK, F | INT_PP, true>;
+            *down = k_moe_int2_r120<KK, F | INT_PP, false>;
         } else if (version == 41) {
             *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
             *down = k_moe_int2_r120<KK, F, false>;
@@ -1497,6 +1555,8 @@ static int int_version_opts(int version)
     case 34: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1;
     case 35: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_FLAT;
     case 42: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512;
+    case 44: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_PP;
+    case 45: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_PP;
     default: return -1;
     }
 }
@@ -1507,7 +1567,8 @@ static int int_version_opts(int version)
 static bool int_allk(int v)
 {
     v &= ~(INT_WIO | INT_PDLIN); /* the same main kernels */
-    return v == (INT_LOOP2 | INT_FMA) || v == (INT_LOOP2 | INT_FMA | INT_FLAT) || v == INT_FMA;
+    return v == (INT_LOOP2 | INT_FMA) || v == (INT_LOOP2 | INT_FMA | INT_FLAT) || v == INT_FMA ||
+           v == (INT_LOOP2 | INT_FMA | INT_PP);
 }
 
 template <int KK, int V>
@@ -1524,7 +1585,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PP);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1539,6 +1600,7 @@ static int_fn int_pick_k(int v, int rg)
     if constexpr (KK < 2 || KK > 4) {
         if (rg != 1) return NULL;
         if (v == (INT_LOOP2 | INT_FMA)) return k_gemm_int2<KK, 1, INT_FMA, 2>;
+        if (v == (INT_LOOP2 | INT_FMA | INT_PP)) return k_gemm_int2<KK, 1, INT_FMA | INT_PP, 2>;
         if (v == (INT_LOOP2 | INT_FMA | INT_FLAT)) return k_gemm_int2<KK, 1, INT_FMA | INT_FLAT, 2>;
         if (v == INT_FMA) return k_gemm_int<KK, 1, INT_FMA>;
     } else {
@@ -1554,6 +1616,10 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_MINB1: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_MINB1>(rg);
         case INT_LOOP2 | INT_FMA | INT_B512: /* 1..4 rows; more run v32's kernel */
             return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA> : int2_pick_rg<KK, INT_LOOP2 | INT_FMA>(rg);
+        case INT_LOOP2 | INT_FMA | INT_PP: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
+        case INT_LOOP2 | INT_FMA | INT_B512 | INT_PP:
+            return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_PP>
+                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
         case INT_FMA: return int_pick_rg<KK, INT_FMA>(rg);
@@ -2050,13 +2116,14 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
 }
 
 /* trellis_cuda_gemm runs trellis_cuda_gemm_version's choice: the integer
- * GEMM (v32 / v33, run 26 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
+ * GEMM (v44 / v33, runs 26 and 69 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
  * else lab version v10 (run 9): three launches overlapped by programmatic
  * dependent launch, a balanced main grid and v8's decode. */
-/* The default's choice (kernels/cuda/lab/README.md, runs 15–17 and 26): mul1
- * at 1..4 rows runs the integer GEMM, v32 (v24's loop: one k tile × 8 tile
- * columns per step) where there are at least INT_V24_ITEMS of its work items
- * per resident warp (the two large benchmark shapes), else v33 (v22's loop:
+/* The default's choice (kernels/cuda/lab/README.md, runs 15–17, 26 and 67–69):
+ * mul1 at 1..4 rows runs the integer GEMM, v44 (v24's loop: one k tile × 8
+ * tile columns per step, two steps a pass so that no step copies its next
+ * words) where there are at least INT_V24_ITEMS of its work items per
+ * resident warp (the two large benchmark shapes), else v33 (v22's loop:
  * 4 k tiles × 2 tile columns, 4× more items, better spread on small
  * linears); both with the input and output launches one warp per 128-block
  * and all three launches PDL-chained. 5..16 rows and the other codebooks run
@@ -2067,7 +2134,7 @@ int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows)
 {
     if (!lin || lin->cb != CB_MUL1 || rows > 4) return 10;
     const long long items = (long long)(lin->n / 128) * (lin->k / 16);
-    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 32 : 33;
+    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 44 : 33;
 }
 
 int trellis_cuda_gemm_lab_allk(int version)
@@ -2154,7 +2221,7 @@ struct trellis_cuda_moe {
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
     /* resident warps of [version − 21][2 · (0 gate/up, 1 down) + (1: 16-warp blocks)] (0: not asked) */
-    int int_warps[36][4];
+    int int_warps[45][4];
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2383,11 +2450,12 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
     const int nw = int2_nw<1, 1, 0>();
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
-    /* 16-warp blocks: v34, v41, v54, v55; v56 (the default): always for gate/up, for down
+    /* 16-warp blocks: v34, v41, v54, v55; v56 and v65 (the default): always for gate/up, for down
      * when it has at least MOE_B512_ITEMS work items per resident warp (2 blocks of 8 warps a SM) */
-    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56),
+    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56) || version == 65,
                           version == 34 || version == 55 ||
-                              (version == 56 && items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
+                              ((version == 56 || version == 65) &&
+                               items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
     const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
     RETURN_IF(version - 21 >= (int)(sizeof m->int_warps / sizeof m->int_warps[0]), SPARQ_E_STATE,
               "cuda moe: no occupancy slot for MoE lab version %d", version);
@@ -2513,9 +2581,10 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v56 for
- * mul1 layers (run 57: 59.6 / 19.4 µs on DeepSeek / Qwen3 shapes, 1.11× /
- * 1.45× one GEMV of the same weights; v50 61.0–61.3 / 19.4), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v65 for
+ * mul1 layers (run 70: 59.0 / 19.3–19.5 µs on DeepSeek / Qwen3 shapes,
+ * 1.17–1.18× / 1.47× one GEMV of the same weights, which v44 made 6 % faster;
+ * v56 59.4–59.7 / 19.4–19.6), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -344,10 +344,11 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 43 };
+enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 47 };
 /* lost and removed (29 in runs 24–26, 36 in run 36, 38–40 in runs 39–41, 41 in
- * runs 53–55, 43 in run 60; 37 never kept): refused like an unknown version */
-static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41) || v == 43; }
+ * runs 53–55, 43 in run 60, 46–47 in run 68; 37 never kept): refused like an
+ * unknown version */
+static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41) || v == 43 || v >= 46; }
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
  * default entry point for mul1 once it is promoted). */
@@ -530,12 +531,12 @@ static void test_gemm_lab_variants(void)
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
-    /* a large mul1 linear: the default runs v32 (v24's k tile × 8 columns)
-     * at 1..4 rows, v10 above; a small one v33 (v22's loop) */
+    /* a large mul1 linear: the default runs v44 (v24's k tile × 8 columns,
+     * two steps a pass) at 1..4 rows, v10 above; a small one v33 (v22's loop) */
     CHECK(trellis_cuda_ws_create(4096, 14336, &ws) == SPARQ_OK);
     host_lin_make(&h, 4096, 14336, 3, TRELLIS_CB_MUL1);
     CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x14336", &dl) == SPARQ_OK);
-    CHECK(trellis_cuda_gemm_version(dl, 1) == 32);
+    CHECK(trellis_cuda_gemm_version(dl, 1) == 44);
     CHECK(trellis_cuda_gemm_version(dl, 5) == 10);
     check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
@@ -629,11 +630,12 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
-    static const int versions[] = {0, 20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    static const int versions[] = {0,  20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54,
+                                   55, 56, 65, 5,  13, 14, 15, 16, 17, 18, 19, 22, 24};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 15; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56 (mul1: every K) */
+                                        : 16; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56, v65 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
@@ -653,7 +655,7 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
                   inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
     }
     /* unknown, and lost and removed (kernels/cuda/lab/README.md) */
-    static const int refused[] = {25, 26, 31, 33, 35, 36, 39, 42, 49, 51, 53, 57, 99};
+    static const int refused[] = {25, 26, 31, 33, 35, 36, 39, 42, 49, 51, 53, 57, 62, 63, 64, 99};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         CHECK(trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, refused[i]) == SPARQ_E_UNSUPPORTED);
     /* a second layer sharing the first one's scratch (as the backend's layers do): both
@@ -727,7 +729,7 @@ static void test_moe(void)
     /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
     check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
     /* enough down work (≥ 8 items per resident warp up to 160 SMs) for the default's
-     * 16-warp down blocks (MoE v56) */
+     * 16-warp down blocks (MoE v56, v65) */
     check_moe(1024, 640, 8, 4, 16, 3, TRELLIS_CB_MUL1);
     check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
     check_moe(512, 256, 4, 2, 2, 6, TRELLIS_CB_MUL1); /* mul1 at K = 6: the default (v20) */

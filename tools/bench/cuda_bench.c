@@ -12,13 +12,14 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick | --lab | --moe | --moe-profile | --moe-timeline | --profile]   (prints a table;
+ * Usage: cuda_bench [--quick | --lab | --int | --moe | --moe-profile | --moe-timeline | --profile [V,...]]   (prints a table;
  * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
  * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
  * default), no MoE; --moe: only the MoE section (every MoE lab version);
  * --int: lab round 3, the integer mul1 GEMM (v20..v23) against v10 (whole op and
  * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
- * --profile: a few launches of every version for ncu, no timing;
+ * --profile [V,V,...]: a few launches of every version (or of the versions listed)
+ *   on 4096x14336 K=3 for ncu, no timing;
  * --moe-profile: one plain call of MoE v20, v21, v23, v28 per MoE shape (for ncu's
  * per-kernel times), no timing; --moe-timeline: where each of the five
  * launches of MoE v56 and v65 (the default) starts, passes its wait and ends
@@ -524,6 +525,16 @@ int main(int argc, char **argv)
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 2, TRELLIS_CUDA_PART_ALL));
             SK(trellis_cuda_gemm_bal(lin, x, 1, y, ws, NULL, 6, TRELLIS_CUDA_PART_ALL));
             for (int v = 6; v <= 12; v++) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
+            if (argc > 2) { /* --profile V,V,...: only these versions (for ncu -k regex:k_gemm_int) */
+                for (const char *p = argv[2]; *p;) {
+                    char *e;
+                    const long v = strtol(p, &e, 10);
+                    if (e == p) break;
+                    SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, (int)v, TRELLIS_CUDA_PART_ALL));
+                    p = *e == ',' ? e + 1 : e;
+                }
+                continue;
+            }
             for (int v = 20; v <= 35; v++)
                 if (v != 29) SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, v, TRELLIS_CUDA_PART_ALL));
         }

@@ -277,11 +277,12 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * step first where a range starts odd), so a 128-block ends only on a
  * pair's second step and the conversion branch follows the pair: MoE v65,
  * the default since run 70 (37 → 33 a tile); pairs from the range's start,
- * with the branch after each step (MoE v62–v64), lost in runs 67–69. (8192, 16384: each warp asking
- * L2 for its whole range first, the MoE gate/up warps asking it for the
- * down weights; GEMV v38, MoE v31–v33, lost in run 39, removed: in git at
- * 66237c6; 8192 in round 8: a block's warps taking ranges a grid apart,
- * GEMV v46 / v47, lost in run 68, removed.) INT_B512 = the main kernel in blocks of 16 warps, one per SM,
+ * with the branch after each step (MoE v62–v64), lost in runs 67–69.
+ * (8192, 16384: each warp asking L2 for its whole range first, the MoE
+ * gate/up warps asking it for the down weights; GEMV v38, MoE v31–v33, lost
+ * in run 39, removed: in git at 66237c6; 8192 in round 8: a block's warps
+ * taking ranges a grid apart, GEMV v46 / v47, lost in run 68, removed.)
+ * INT_B512 = the main kernel in blocks of 16 warps, one per SM,
  * instead of two blocks of 8: the schedulers favour the older of two blocks, so the
  * SM's second block fell behind and finished alone on half the warps
  * (cuda_bench --moe-timeline, run 40: MoE gate/up warps of the first grid
@@ -1501,7 +1502,6 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 40 || version == 50 || (version >= 54 && version <= 56)) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
-
         } else if (version == 65) {
             *gu = k_moe_int2_r120<KK, F | INT_PP, true>;
             *down = k_moe_int2_r120<KK, F | INT_PP, false>;

@@ -529,7 +529,10 @@ int main(int argc, char **argv)
                 for (const char *p = argv[2]; *p;) {
                     char *e;
                     const long v = strtol(p, &e, 10);
-                    if (e == p) break;
+                    if (e == p || (*e && *e != ',')) {
+                        fprintf(stderr, "cuda_bench: --profile: bad version list '%s' (want e.g. 32,44)\n", argv[2]);
+                        return 2;
+                    }
                     SK(trellis_cuda_gemm_labv(lin, x, 1, y, ws, NULL, (int)v, TRELLIS_CUDA_PART_ALL));
                     p = *e == ',' ? e + 1 : e;
                 }

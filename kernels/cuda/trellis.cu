@@ -1,7 +1,7 @@
 /* kernels/cuda/trellis.cu — the EXL3 trellis kernels behind the C API of
  * trellis_cuda.h, and the lab versions next to them (kernels/cuda/lab/
  * README.md; trellis_cuda_gemm runs, for mul1 at 1..4 rows, the integer GEMM
- * v44 / v33 (the main loops of k_gemm_int2 / k_gemm_int below: no fp16
+ * v45 / v44 / v33 (the main loops of k_gemm_int2 / k_gemm_int below: no fp16
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
@@ -272,8 +272,8 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * takes two steps a pass, the first loading the next words into w2, the
  * second back into w, instead of one step a pass and a copy of the next
  * words (12–20 MOVs a step at K = 3: ptxas does not rename across the
- * back edge): 32 instructions a tile instead of 34 (GEMV v44, the default
- * since run 69; v45). With INT_FLAT the pairs start at an even k tile (one
+ * back edge): 32 instructions a tile instead of 34 (GEMV v44 and, in
+ * 16-warp blocks, v45: the defaults since runs 69 and 75). With INT_FLAT the pairs start at an even k tile (one
  * step first where a range starts odd), so a 128-block ends only on a
  * pair's second step and the conversion branch follows the pair: MoE v65,
  * the default since run 70 (37 → 33 a tile); pairs from the range's start,
@@ -2116,26 +2116,37 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
 }
 
 /* trellis_cuda_gemm runs trellis_cuda_gemm_version's choice: the integer
- * GEMM (v44 / v33, runs 26 and 69 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
+ * GEMM (v45 / v44 / v33, runs 26 and 69–75 in docs/benchmarks-cuda.md) for mul1 at 1..4 rows,
  * else lab version v10 (run 9): three launches overlapped by programmatic
  * dependent launch, a balanced main grid and v8's decode. */
-/* The default's choice (kernels/cuda/lab/README.md, runs 15–17, 26 and 67–69):
- * mul1 at 1..4 rows runs the integer GEMM, v44 (v24's loop: one k tile × 8
- * tile columns per step, two steps a pass so that no step copies its next
- * words) where there are at least INT_V24_ITEMS of its work items per
- * resident warp (the two large benchmark shapes), else v33 (v22's loop:
- * 4 k tiles × 2 tile columns, 4× more items, better spread on small
- * linears); both with the input and output launches one warp per 128-block
- * and all three launches PDL-chained. 5..16 rows and the other codebooks run
- * v10 (the integer loop's IMMA count grows with each group of 4 rows: 5 rows
- * already cost more than v10). */
+/* The default's choice (kernels/cuda/lab/README.md, runs 15–17, 26 and 67–77).
+ * mul1 at 1..4 rows runs the integer GEMM:
+ *  - at one row, v45 (v24's loop: one k tile × 8 tile columns per step, two
+ *    steps a pass so that no step copies its next words, 16-warp blocks at
+ *    ≤ 120 registers) where there are at least INT_V45_ITEMS of its work
+ *    items per resident warp: the fastest of v33/v32/v44/v45 on 14 of the 19
+ *    shapes of runs 74–76 from 5.8 items a warp up (0.4 µs behind v44 on
+ *    8192×8192, 0.2–0.5 behind v33 on 8192×3072 and 6144×4096);
+ *  - at 2..4 rows, v44 (the same loop in 8-warp blocks; v45's 16 adjacent
+ *    warps flush the same outputs' atomics for every row and lost 0.7–2.3 µs
+ *    at 2 and 4 rows) where there are at least INT_V24_ITEMS (run 75);
+ *  - else v33 (v22's loop: 4 k tiles × 2 tile columns, 4× more items, better
+ *    spread on small linears: 4096×4096 and smaller).
+ * All with the input and output launches one warp per 128-block and all
+ * three launches PDL-chained. 5..16 rows and the other codebooks run v10 (the
+ * integer loop's IMMA count grows with each group of 4 rows: 5 rows already
+ * cost more than v10). */
+#define INT_V45_ITEMS 5
 #define INT_V24_ITEMS 8
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows)
 {
     if (!lin || lin->cb != CB_MUL1 || rows > 4) return 10;
-    const long long items = (long long)(lin->n / 128) * (lin->k / 16);
-    return items >= (long long)INT_V24_ITEMS * sm_count() * 16 ? 44 : 33;
+    const long long items = (long long)(lin->n / 128) * (lin->k / 16), warps = (long long)sm_count() * 16;
+    if (rows == 1) return items >= INT_V45_ITEMS * warps ? 45 : 33;
+    return items >= INT_V24_ITEMS * warps ? 44 : 33;
 }
+
+int trellis_cuda_sm_count(void) { return sm_count(); }
 
 int trellis_cuda_gemm_lab_allk(int version)
 {

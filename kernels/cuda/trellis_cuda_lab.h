@@ -69,23 +69,29 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * output transform done by the warp that completes each 128-column block
  * (two launches, not three; lost), 30 = 24 and 31 = 22 with the input and
  * output launches one warp per 128-block, 32 = 30 and 33 = 31 with the input
- * launch chained to the previous kernel by PDL (what trellis_cuda_gemm runs
- * for mul1 at 1..4 rows: 32 on large linears, 33 on small ones), 34 = 32 with
+ * launch chained to the previous kernel by PDL (33: what trellis_cuda_gemm
+ * runs for mul1 at 1..4 rows on small linears; 32 ran on large ones before
+ * round 8), 34 = 32 with
  * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
  * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
  * and 36, per-block atomics, and 41, one launch with k split over a
  * thread-block cluster, lost and were removed), 42 = 32 with the main kernel
  * in 16-warp blocks at ≤ 120 registers, one a SM (1..4 rows; more run 32's
- * kernel). mul1 only
+ * kernel), 44 / 45 = 32 / 42 with the loop taking two steps a pass (no copy
+ * of the next words; trellis_cuda_gemm runs 45 at one row and 44 at 2..4 rows
+ * on large linears, trellis_cuda_gemm_version says which). mul1 only
  * (SPARQ_E_UNSUPPORTED for the other codebooks); every version exists for
  * K = 2..4 and 1..16 rows, those with trellis_cuda_gemm_lab_allk() (22, 24,
- * 30..33, 35) for every K at 1..4 rows. */
+ * 30..33, 35, 44) for every K at 1..4 rows. */
 
 /* The lab version trellis_cuda_gemm runs for this linear and row count. */
 int trellis_cuda_gemm_version(const trellis_cuda_linear *lin, int rows);
 /* 1 if integer lab version `version` exists for every K (at 1..4 rows). */
 int trellis_cuda_gemm_lab_allk(int version);
+/* Streaming multiprocessors of the current device (trellis_cuda_gemm_version
+ * counts 16 resident warps a SM when it weighs a linear's work). */
+int trellis_cuda_sm_count(void);
 
 /* trellis_cuda_decode_inner with the tile decode of lab version 6..12 (0 =
  * the real one), so the test can check each version's decode bit for bit. */

@@ -531,17 +531,31 @@ static void test_gemm_lab_variants(void)
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
-    /* a large mul1 linear: the default runs v44 (v24's k tile × 8 columns,
-     * two steps a pass) at 1..4 rows, v10 above; a small one v33 (v22's loop) */
+    /* a large mul1 linear: the default runs v45 (v24's k tile × 8 columns,
+     * two steps a pass, 16-warp blocks) at 1 row, v44 (8-warp blocks) at 2..4,
+     * v10 above; a small one v33 (v22's loop) */
     CHECK(trellis_cuda_ws_create(4096, 14336, &ws) == SPARQ_OK);
     host_lin_make(&h, 4096, 14336, 3, TRELLIS_CB_MUL1);
     CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x14336", &dl) == SPARQ_OK);
-    CHECK(trellis_cuda_gemm_version(dl, 1) == 44);
+    CHECK(trellis_cuda_gemm_version(dl, 1) == 45);
+    CHECK(trellis_cuda_gemm_version(dl, 2) == 44);
+    CHECK(trellis_cuda_gemm_version(dl, 4) == 44);
     CHECK(trellis_cuda_gemm_version(dl, 5) == 10);
     check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
     check_gemm(&h, dl, ws, 2, 0, 0, 0, LATE);
+    trellis_cuda_linear_free(dl);
+    trellis_rand_lin_free(&h);
+    /* a mid-size one (5.8 work items per resident warp on 132 SMs): v45 at one
+     * row from 5 items a warp, v44 at 2..4 rows from 8, else v33 */
+    host_lin_make(&h, 4096, 6144, 3, TRELLIS_CB_MUL1);
+    CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x6144", &dl) == SPARQ_OK);
+    const long long items = (6144 / 128) * (4096 / 16), warps = (long long)trellis_cuda_sm_count() * 16;
+    CHECK(trellis_cuda_gemm_version(dl, 1) == (items >= 5 * warps ? 45 : 33));
+    CHECK(trellis_cuda_gemm_version(dl, 3) == (items >= 8 * warps ? 44 : 33));
+    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
+    check_gemm(&h, dl, ws, 3, 0, 0, 0, DEFAULT);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);

@@ -12,12 +12,14 @@
  * alone (no input/output transform), the lab kernel shapes, and 1..16 rows;
  * then the fused MoE decode layer against one GEMV of the same weight count.
  *
- * Usage: cuda_bench [--quick | --lab | --int | --moe | --moe-profile | --moe-timeline | --profile [V,...]]   (prints a table;
+ * Usage: cuda_bench [--quick | --lab | --int [KxN,...] | --moe | --moe-profile | --moe-timeline | --profile [V,...]]
+ * (prints a table;
  * exit 77 without a GPU). --lab: only the lab round-2 columns (v3, v4,
  * v6..v12 and the default, whole op and main kernel, + a rows sweep of the
  * default), no MoE; --moe: only the MoE section (every MoE lab version);
  * --int: lab round 3, the integer mul1 GEMM (v20..v23) against v10 (whole op and
- * main kernel), cuBLAS and the default, + a rows sweep; no MoE.
+ * main kernel), cuBLAS and the default, + a rows sweep; no MoE; with a list of
+ * in x out shapes, those instead of the six benchmark shapes.
  * --profile [V,V,...]: a few launches of every version (or of the versions listed)
  *   on 4096x14336 K=3 for ncu, no timing;
  * --moe-profile: one plain call of MoE v20, v21, v23, v28 per MoE shape (for ncu's
@@ -499,9 +501,26 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read+write)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
 
-    static const int shapes[][2] = {{4096, 14336}, {8192, 8192}, {5120, 2304},
-                                    {2304, 5120},  {2048, 768},  {768, 2048}};
-    const int nshapes = moe_only ? 0 : quick ? 2 : 6;
+    int shapes[16][2] = {{4096, 14336}, {8192, 8192}, {5120, 2304}, {2304, 5120}, {2048, 768}, {768, 2048}};
+    int nshapes = moe_only ? 0 : quick ? 2 : 6;
+    if (intm && argc > 2) { /* --int KxN,KxN,...: these shapes instead (multiples of 128) */
+        nshapes = 0;
+        for (const char *p = argv[2]; *p && nshapes < 16;) {
+            char *e, *f;
+            const long kk = strtol(p, &e, 10), nn = *e == 'x' ? strtol(e + 1, &f, 10) : 0;
+            if (*e != 'x' || f == e + 1 || (*f && *f != ',') || kk < 128 || nn < 128 || kk % 128 || nn % 128 ||
+                kk > 65536 || nn > 65536) {
+                fprintf(stderr, "cuda_bench: --int: bad shape list '%s' (want e.g. 4096x9216,5120x8192: in x out, "
+                                "multiples of 128)\n",
+                        argv[2]);
+                return 2;
+            }
+            shapes[nshapes][0] = (int)kk;
+            shapes[nshapes][1] = (int)nn;
+            nshapes++;
+            p = *f == ',' ? f + 1 : f;
+        }
+    }
     if (profile) {
         /* a few launches of each version on 4096x14336 K=3, for ncu */
         const int k = 4096, n = 14336;
@@ -660,7 +679,7 @@ int main(int argc, char **argv)
                        t_cublas / best, t_cublas / t_def, tbytes / bw * 1e6);
                 fflush(stdout);
                 if (si == 0 && K == 3) {
-                    printf("  rows sweep (4096x14336 K=3, cold, whole op), rows:v10/" INTV_SWEEP "/default µs:");
+                    printf("  rows sweep (%dx%d K=3, cold, whole op), rows:v10/" INTV_SWEEP "/default µs:", k, n);
                     static const int rl[] = {1, 2, 4, 5, 8, 16};
                     for (int r = 0; r < 6; r++) {
                         o.rows = rl[r];

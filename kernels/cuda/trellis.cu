@@ -2124,11 +2124,12 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  *  - at one row, v45 (v24's loop: one k tile × 8 tile columns per step, two
  *    steps a pass so that no step copies its next words, 16-warp blocks at
  *    ≤ 120 registers) where there are at least INT_V45_ITEMS of its work
- *    items per resident warp: the fastest of v33/v32/v44/v45 on 14 of the 19
- *    shapes of runs 74–76 from 5.8 items a warp up (0.4 µs behind v44 on
- *    8192×8192, 0.2–0.5 behind v33 on 8192×3072 and 6144×4096);
+ *    items per resident warp: the fastest of v33/v32/v44/v45 on 13 of the 17
+ *    shapes of runs 74–77 from 5.8 items a warp up, and within 0.2–0.5 µs
+ *    on the other four (8192×8192, 8192×3072, 6144×4096, 5120×5120); at
+ *    4.8 items a warp v33 and v45 each won one of three shapes;
  *  - at 2..4 rows, v44 (the same loop in 8-warp blocks; v45's 16 adjacent
- *    warps flush the same outputs' atomics for every row and lost 0.7–2.3 µs
+ *    warps flush the same outputs' atomics for every row and lost 0.7–2.5 µs
  *    at 2 and 4 rows) where there are at least INT_V24_ITEMS (run 75);
  *  - else v33 (v22's loop: 4 k tiles × 2 tile columns, 4× more items, better
  *    spread on small linears: 4096×4096 and smaller).

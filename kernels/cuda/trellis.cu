@@ -273,11 +273,12 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * second back into w, instead of one step a pass and a copy of the next
  * words (12–20 MOVs a step at K = 3: ptxas does not rename across the
  * back edge): 32 instructions a tile instead of 34 (GEMV v44 and, in
- * 16-warp blocks, v45: the defaults since runs 69 and 75). With INT_FLAT the pairs start at an even k tile (one
- * step first where a range starts odd), so a 128-block ends only on a
- * pair's second step and the conversion branch follows the pair: MoE v65,
- * the default since run 70 (37 → 33 a tile); pairs from the range's start,
- * with the branch after each step (MoE v62–v64), lost in runs 67–69.
+ * 16-warp blocks, v45: defaults since runs 69 and 76). With INT_FLAT the
+ * pairs start at an even k tile (one step first where a range starts
+ * odd), so a 128-block ends only on a pair's second step and the
+ * conversion branch follows the pair: MoE v65, the default since run 70
+ * (37 → 33 a tile); pairs from the range's start, with the branch after
+ * each step (MoE v62–v64), lost in runs 67–69.
  * (8192, 16384: each warp asking L2 for its whole range first, the MoE
  * gate/up warps asking it for the down weights; GEMV v38, MoE v31–v33, lost
  * in run 39, removed: in git at 66237c6; 8192 in round 8: a block's warps

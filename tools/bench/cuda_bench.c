@@ -43,9 +43,9 @@
 
 /* --int's columns: the integer versions timed, and those of the rows sweep */
 #define INTV_LIST 22, 24, 31, 32, 33, 34, 35, 42, 44, 45
-#define INTV_SWEEP "v22/v24/v32/v35"
-#define INTV_SWEEP_LIST 22, 24, 32, 35
-enum { NINTV = 1 + 10, NSWEEP = 4 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+#define INTV_SWEEP "v22/v24/v32/v33/v35/v44/v45"
+#define INTV_SWEEP_LIST 22, 24, 32, 33, 35, 44, 45
+enum { NINTV = 1 + 10, NSWEEP = 7 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25

@@ -495,7 +495,11 @@ __global__ void __launch_bounds__(128) k_input_int_w(const float *__restrict__ x
 }
 
 /* INT_WIO: k_output_int with one warp per 128 columns; grid (⌈n/512⌉, rows),
- * 128 threads; svh is loaded before the wait for the main kernel. */
+ * 128 threads. svh is loaded before the wait for the main kernel in the
+ * source, but ptxas moves the wait above those loads. The t loads are issued
+ * before the Σu loop: behind it (until run 79) they waited for its loads and
+ * adds, a second L2 round trip after the main kernel (lab v49–v51, run 79:
+ * 0.06–0.32 µs faster on every shape, K and version). */
 template <bool PDL>
 __global__ void __launch_bounds__(128) k_output_int_w(float *__restrict__ t, const float *__restrict__ usb,
                                                       const __half *__restrict__ svh, float *__restrict__ y, int n,
@@ -508,15 +512,17 @@ __global__ void __launch_bounds__(128) k_output_int_w(float *__restrict__ t, con
 #pragma unroll
     for (int e = 0; e < 4; e++) sv[e] = __half2float(svh[cb * 128 + lane + 32 * e]);
     if constexpr (PDL) griddep_wait();
+    float *tr = t + (size_t)r * n + cb * 128;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = tr[lane + 32 * e];
     float su = 0.0f;
     for (int b = lane; b < nb; b += 32) su += usb[r * nb + b];
 #pragma unroll
     for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-    float *tr = t + (size_t)r * n + cb * 128;
-    float v[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        v[e] = tr[lane + 32 * e] + INT_D * su;
+        v[e] += INT_D * su;
         tr[lane + 32 * e] = 0.0f;
     }
     had128_warp(v, lane);

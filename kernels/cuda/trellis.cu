@@ -5,7 +5,7 @@
  * weight values, int32 sums on the tensor core; warp-per-block input and
  * output launches, all three PDL-chained), otherwise v10, the balanced kernel
  * below with the lab options of trellis_decode.cuh and programmatic dependent
- * launch; trellis_cuda_moe_forward runs MoE lab v65 for mul1 (five
+ * launch; trellis_cuda_moe_forward runs MoE lab v66 for mul1 (five
  * PDL-chained launches: v24's balanced integer loop over all routed experts
  * at once, see k_moe_in_gu; main kernels at ≤ 120 registers, in 16-warp
  * blocks where they have enough work, two loop steps a pass) and v17
@@ -1093,8 +1093,11 @@ __device__ __forceinline__ void had128_block2(float &v0, float &v1, float2 *sm)
  * expert id, its svh / suh values) is issued before griddep_wait, and both
  * jobs' t and Σu loads before either reduction; v21, v22: one job after the
  * other, loads after the wait. PAIR (MoE v50): the gate and up Hadamards
- * through one set of barriers (had128_block2). */
-template <int V, bool PRE, bool PAIR = false>
+ * through one set of barriers (had128_block2). T1 (MoE v66): both jobs' t
+ * loads first, then one Σu loop loading both jobs' terms; before, the second
+ * job's t load and its Σu loop came after the first job's loop, whose adds
+ * wait for its loads: three L2 round trips after the wait, not one. */
+template <int V, bool PRE, bool PAIR = false, bool T1 = false>
 __global__ void __launch_bounds__(128)
     k_moe_mid(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids, float *__restrict__ t_gu,
               const float *__restrict__ usb_gu, uint32_t *__restrict__ bq, float *__restrict__ sa,
@@ -1115,10 +1118,19 @@ __global__ void __launch_bounds__(128)
         griddep_wait();
         if (i == 0) TL(2, blockIdx.y * gridDim.x + blockIdx.x, 1);
         float a[2], us[2] = {0.0f, 0.0f};
+        if constexpr (T1) {
+            a[0] = t_gu[(size_t)(2 * pair) * inter + j];
+            a[1] = t_gu[(size_t)(2 * pair + 1) * inter + j];
+            for (int b = i; b < nbh; b += 128) {
+                us[0] += usb_gu[(size_t)(2 * pair) * nbh + b];
+                us[1] += usb_gu[(size_t)(2 * pair + 1) * nbh + b];
+            }
+        } else {
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
-            a[w] = t_gu[(size_t)(2 * pair + w) * inter + j];
-            for (int b = i; b < nbh; b += 128) us[w] += usb_gu[(size_t)(2 * pair + w) * nbh + b];
+            for (int w = 0; w < 2; w++) {
+                a[w] = t_gu[(size_t)(2 * pair + w) * inter + j];
+                for (int b = i; b < nbh; b += 128) us[w] += usb_gu[(size_t)(2 * pair + w) * nbh + b];
+            }
         }
 #pragma unroll
         for (int w = 0; w < 2; w++) t_gu[(size_t)(2 * pair + w) * inter + j] = 0.0f;
@@ -1401,7 +1413,9 @@ static int moe_version_opts(int version)
 /* The version trellis_cuda_moe_forward runs, and its options (instantiated
  * for every K and codebook; the other versions for mul1 at K = 2..4 only). */
 #define MOE_DEFAULT_VERSION 17
-/* mul1 layers: v65 = v56 with the loop taking two steps a pass from an even k tile
+/* mul1 layers: v66 = v65 with the SwiGLU launch's t loads issued before its Σu loop
+ * (k_moe_mid's T1: one L2 round trip after the wait, not three; run 81: 0.3 µs faster on
+ * DeepSeek shapes, 0.2–0.25 on Qwen3's). v65 = v56 with the loop taking two steps a pass from an even k tile
  * (INT_PP with INT_FLAT: no copy of the next words, 37 → 33 instructions a tile; run 70:
  * 0.4–0.7 µs faster on DeepSeek shapes, 0.1 on Qwen3's; v62, the same without the even
  * start, lost in runs 67–69). v56 = v50 with the main kernels in 16-warp blocks, one a SM (gate/up
@@ -1412,8 +1426,8 @@ static int moe_version_opts(int version)
  * variants v27–v30 lost to it in run 34) with both main kernels at ≤ 120 registers (v40:
  * k_moe_int2_r120; won in runs 43–48) and the middle launch's two Hadamards through one set
  * of barriers (run 49: 0.1 µs on Qwen3 shapes) */
-#define MOE_MUL1_VERSION 65
-/* ... or v20 (v17 with the integer arithmetic) where v65's scratch is absent
+#define MOE_MUL1_VERSION 66
+/* ... or v20 (v17 with the integer arithmetic) where v66's scratch is absent
  * (hidden or inter not a multiple of 128) */
 #define MOE_MUL1_FALLBACK 20
 /* v56's and v65's down kernel runs 16-warp blocks from this many work items per resident warp
@@ -1474,8 +1488,10 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
  * 40's gate/up / both main kernels in 16-warp blocks (the same kernels: only
  * the block size differs), 56 = 54, and 55's down kernel where it has enough
  * work (MOE_B512_ITEMS; the default in runs 57–69), 65 = 56 with two loop
- * steps a pass from an even k tile (INT_PP; the default since run
- * 70) (every K); 21–24, 34, 40, 41, 50, 54–56, 65 run the loop as in round 4
+ * steps a pass from an even k tile (INT_PP; the default in runs 70–80), 66
+ * = 65 with the SwiGLU launch's t loads before its Σu loop (k_moe_mid's T1;
+ * the default since run 82) (every K); 21–24, 34, 40, 41, 50, 54–56, 65, 66
+ * run the loop as in round 4
  * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
  * another version (25, 26: in-warp input transform and warp-per-block small
  * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
@@ -1489,7 +1505,7 @@ typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, co
 static bool moe_int_version(int version)
 {
     return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || version == 50 || (version >= 54 && version <= 56) || version == 65 ||
+           version == 41 || version == 50 || (version >= 54 && version <= 56) || version == 65 || version == 66 ||
            (version >= 231 && version <= 233);
 }
 
@@ -1509,7 +1525,7 @@ static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
         } else if (version == 40 || version == 50 || (version >= 54 && version <= 56)) {
             *gu = k_moe_int2_r120<KK, F, true>;
             *down = k_moe_int2_r120<KK, F, false>;
-        } else if (version == 65) {
+        } else if (version == 65 || version == 66) {
             *gu = k_moe_int2_r120<KK, F | INT_PP, true>;
             *down = k_moe_int2_r120<KK, F | INT_PP, false>;
         } else if (version == 41) {
@@ -2240,7 +2256,7 @@ struct trellis_cuda_moe {
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
     /* resident warps of [version − 21][2 · (0 gate/up, 1 down) + (1: 16-warp blocks)] (0: not asked) */
-    int int_warps[45][4];
+    int int_warps[46][4];
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2469,11 +2485,11 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
     const int nw = int2_nw<1, 1, 0>();
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
-    /* 16-warp blocks: v34, v41, v54, v55; v56 and v65 (the default): always for gate/up, for down
+    /* 16-warp blocks: v34, v41, v54, v55; v56, v65 and v66 (the default): always for gate/up, for down
      * when it has at least MOE_B512_ITEMS work items per resident warp (2 blocks of 8 warps a SM) */
-    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56) || version == 65,
+    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56) || version == 65 || version == 66,
                           version == 34 || version == 55 ||
-                              ((version == 56 || version == 65) &&
+                              ((version == 56 || version == 65 || version == 66) &&
                                items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
     const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
     RETURN_IF(version - 21 >= (int)(sizeof m->int_warps / sizeof m->int_warps[0]), SPARQ_E_STATE,
@@ -2519,7 +2535,8 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version >= 50   ? k_moe_mid<0, true, true>
+                                          version == 66   ? k_moe_mid<0, true, true, true>
+                                          : version >= 50 ? k_moe_mid<0, true, true>
                                           : version >= 23 ? k_moe_mid<0, true>
                                                           : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
@@ -2600,10 +2617,9 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     return SPARQ_OK;
 }
 
-/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v65 for
- * mul1 layers (run 70: 59.0 / 19.3–19.5 µs on DeepSeek / Qwen3 shapes,
- * 1.17–1.18× / 1.47× one GEMV of the same weights, which v44 made 6 % faster;
- * v56 59.4–59.7 / 19.4–19.6), v20 for mul1 layers
+/* trellis_cuda_moe_forward runs MoE lab version MOE_MUL1_VERSION = v66 for
+ * mul1 layers (run 81: 58.8 / 19.1 µs on DeepSeek / Qwen3 shapes; v65
+ * 59.0–59.2 / 19.3–19.4, v56 in run 70 59.4–59.7 / 19.4–19.6), v20 for mul1 layers
  * whose widths are not multiples of 128, and MOE_DEFAULT_VERSION = v17 for the
  * other codebooks (kernels/cuda/lab/README.md, docs/benchmarks-cuda.md): v9's
  * decode, the down launch overlapped by PDL, k tiles per block fitted to one

@@ -646,11 +646,11 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
      * twice: the scratch must come back to zero */
     static const int versions[] = {0,  20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54,
-                                   55, 56, 65, 5,  13, 14, 15, 16, 17, 18, 19, 22, 24};
+                                   55, 56, 65, 66, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
     const int nver = cb != TRELLIS_CB_MUL1                ? 1
                      : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 16; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56, v65 (mul1: every K) */
+                                        : 17; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56, v65, v66 (mul1: every K) */
     for (int run = 0; run < 2 * nver; run++) {
         const int version = versions[run / 2];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
@@ -744,7 +744,7 @@ static void test_moe(void)
     /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
     check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
     /* enough down work (≥ 8 items per resident warp up to 160 SMs) for the default's
-     * 16-warp down blocks (MoE v56, v65) */
+     * 16-warp down blocks (MoE v56, v65, v66) */
     check_moe(1024, 640, 8, 4, 16, 3, TRELLIS_CB_MUL1);
     check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
     check_moe(512, 256, 4, 2, 2, 6, TRELLIS_CB_MUL1); /* mul1 at K = 6: the default (v20) */

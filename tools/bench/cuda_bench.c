@@ -24,7 +24,7 @@
  *   on 4096x14336 K=3 for ncu, no timing;
  * --moe-profile: one plain call of MoE v20, v21, v23, v28 per MoE shape (for ncu's
  * per-kernel times), no timing; --moe-timeline: where each of the five
- * launches of MoE v56 and v65 (the default) starts, passes its wait and ends
+ * launches of MoE v56 and v66 (the default) starts, passes its wait and ends
  * within a call, and which main-kernel warps end last (%globaltimer marks;
  * needs trellis.cu built with -DSPARQ_MOE_TIMELINE, see moe_timeline). */
 #include <cublas_v2.h>
@@ -327,7 +327,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     CK(cudaMemset(out, 0, (size_t)hidden * 4));
     /* the default (version 0), then every MoE lab version, cold */
     static const int mver[] = {0,  5,  13, 14, 15, 16, 17, 18, 19, 20,  21,  22,
-                               23, 24, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 65, 231, 232, 233};
+                               23, 24, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 65, 66, 231, 232, 233};
     enum { NMV = sizeof mver / sizeof mver[0] };
     double t_ver[NMV];
     op o = {.call = call_moe, .s = s, .moe = moe, .ids = ids, .rw = rw, .x = x, .y = out};
@@ -344,7 +344,7 @@ static void bench_moe(cudaStream_t s, double bw, const char *name, int hidden, i
     }
     if (g_moe_timeline) {
         moe_timeline(&o, name, nsets, 56);
-        moe_timeline(&o, name, nsets, 65);
+        moe_timeline(&o, name, nsets, 66);
         goto done;
     }
     for (int v = 0; v < NMV; v++) {
@@ -847,7 +847,7 @@ int main(int argc, char **argv)
     printf("layer = trellis_cuda_moe_forward (the default MoE version); gemv-v10 / gemv-v3 = one GEMV (default v10 / "
            "round-1 v3) of hidden x (k·3·inter) weights (the same count), cold; ratio = layer / gemv-v10; MoE lab: "
            "v5 = round 1 (v3 body), v13 = v9's decode, v14 = v13 + PDL down launch, v15 = v11's decode + PDL, "
-           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch, v34 = v23 with 16-warp blocks (one per SM), v40 = v23 with both main kernels at <= 120 registers (room for a small launch's block beside two), v41 = v34's gate/up + v40's down, v50 = v40 with the middle launch's gate and up Hadamards through one set of barriers, v54 / v55 = v50 with the gate/up / both main kernels in 16-warp blocks (one a SM), v56 = v54 + v55's down kernel from 8 work items per resident warp, v65 = v56 with two loop steps a pass from an even k tile (no copy of the next words), the default (21-24, 34, 40, 41, 50, 54-56, 65: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
+           "v16 = v5 + PDL, v17 / v18 = v14 with k tiles per block fitted to one / two waves of resident blocks, v19 = v16 with v17's k tiles per block, v20 = v17 with the integer mul1 arithmetic, v21 = five PDL-chained launches with v24's balanced integer loop over all routed experts (gate/up, then down; SwiGLU + down input quantisation in one middle launch), v22 = v21 without FMA masks, v23 = v21 with the middle launch's loads before its wait and the output launch parallel over pairs, v24 = v23 at 1 block per SM, v27 = v23 with the input launch PDL-chained to the previous kernel, v28 = v27 with v24's main kernels, v29 / v30 = v28 / v27 without the PDL-chained input launch, v34 = v23 with 16-warp blocks (one per SM), v40 = v23 with both main kernels at <= 120 registers (room for a small launch's block beside two), v41 = v34's gate/up + v40's down, v50 = v40 with the middle launch's gate and up Hadamards through one set of barriers, v54 / v55 = v50 with the gate/up / both main kernels in 16-warp blocks (one a SM), v56 = v54 + v55's down kernel from 8 work items per resident warp, v65 = v56 with two loop steps a pass from an even k tile (no copy of the next words), v66 = v65 with the middle launch's t loads before its sums of usb, the default (21-24, 34, 40, 41, 50, 54-56, 65, 66: round 4's loop, 27-30: one pass per 128-block); v231 / v232 / v233 = v23's launches 1-2 / 3-5 / the two main kernels alone (timing only)\n");
     if (moe_only) {
         cublasDestroy(h);
         return 0;

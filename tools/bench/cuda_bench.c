@@ -505,13 +505,13 @@ int main(int argc, char **argv)
     int nshapes = moe_only ? 0 : quick ? 2 : 6;
     if (intm && argc > 2) { /* --int KxN,KxN,...: these shapes instead (multiples of 128) */
         nshapes = 0;
-        for (const char *p = argv[2]; *p && nshapes < 16;) {
+        for (const char *p = argv[2]; *p;) {
             char *e, *f;
             const long kk = strtol(p, &e, 10), nn = *e == 'x' ? strtol(e + 1, &f, 10) : 0;
-            if (*e != 'x' || f == e + 1 || (*f && *f != ',') || kk < 128 || nn < 128 || kk % 128 || nn % 128 ||
-                kk > 65536 || nn > 65536) {
+            if (nshapes == 16 || *e != 'x' || f == e + 1 || (*f && *f != ',') || kk < 128 || nn < 128 || kk % 128 ||
+                nn % 128 || kk > 65536 || nn > 65536) {
                 fprintf(stderr, "cuda_bench: --int: bad shape list '%s' (want e.g. 4096x9216,5120x8192: in x out, "
-                                "multiples of 128)\n",
+                                "multiples of 128, at most 16)\n",
                         argv[2]);
                 return 2;
             }

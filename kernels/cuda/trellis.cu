@@ -1474,78 +1474,105 @@ static void moe_pick(int K, int cb, int version, moe_gu_fn *gu, moe_down_fn *dow
     });
 }
 
-/* MoE lab v21+ (mul1 only): the balanced integer launches' main kernel for
- * gate/up (GU) and down. 21 = INT_FMA (every K), 22 = no FMA masks (K =
- * 2..4), 23 = 21 with k_moe_mid's loads before its wait and k_moe_out_par
- * (every K), 24 = 23 compiled for 1 block of 8 warps per SM (K = 2..4),
- * 27 = 23 with the input launch chained to the previous kernel by PDL (every
- * K), 28 = 27 with 24's main kernels (every K), 29 / 30 = 28 / 27 without
- * the PDL-chained input launch (every K); 34 = 23 with 16-warp blocks, one
- * per SM (INT_B512), 40 = 23 with both main kernels at ≤ 120 registers
- * (k_moe_int2_r120; the default in runs 46–48), 41 = 34's gate/up kernel and 40's
- * down kernel, 50 = 40 with the gate and up Hadamards of the middle launch
- * through one set of barriers (the default in runs 49–55), 54 / 55 = 50 with
- * 40's gate/up / both main kernels in 16-warp blocks (the same kernels: only
- * the block size differs), 56 = 54, and 55's down kernel where it has enough
- * work (MOE_B512_ITEMS; the default in runs 57–69), 65 = 56 with two loop
- * steps a pass from an even k tile (INT_PP; the default in runs 70–80), 66
- * = 65 with the SwiGLU launch's t loads before its Σu loop (k_moe_mid's T1;
- * the default since run 82) (every K); 21–24, 34, 40, 41, 50, 54–56, 65, 66
- * run the loop as in round 4
- * (INT_FLAT), 27–30 round 5's (one pass per 128-block); NULL for
- * another version (25, 26: in-warp input transform and warp-per-block small
- * launches, lost in runs 25–26; 29, 30: 4 tile columns per step at 3 / 4
- * blocks per SM, lost in run 28; 31–33, 35–39, 42–49, lost in runs 39–45
- * (kernels/cuda/lab/README.md, code in git at 66237c6); 51–53, the SwiGLU
- * and output launches folded into the main kernels, lost in run 51 (code in
- * git at 9df8daa); 62–64, two loop steps a pass, lost in runs 67–69; all
- * removed). */
-typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
-                           int, int, int, int, uint32_t);
-static bool moe_int_version(int version)
+/* MoE lab v21+ (mul1 only): five PDL-chained launches (input, gate/up,
+ * SwiGLU, down, output; see k_moe_in_gu). Each version is one row of
+ * moe_labs, which names its two main kernels' form (moe_int_form), their
+ * block size, the SwiGLU and output launches' generation and whether the
+ * input launch is chained to the previous kernel. The versions:
+ * 21 = INT_FMA; 22 = no FMA masks (K = 2..4); 23 = 21 with k_moe_mid's
+ * loads before its wait and k_moe_out_par; 24 = 23 compiled for 1 block of
+ * 8 warps per SM (K = 2..4); 27 = 23 with the input launch chained to the
+ * previous kernel by PDL; 28 = 27 with 24's main kernels; 29 / 30 = 28 / 27
+ * without the PDL-chained input launch; 34 = 23 with 16-warp blocks, one per
+ * SM (INT_B512); 40 = 23 with both main kernels at ≤ 120 registers
+ * (k_moe_int2_r120; the default in runs 46–48); 41 = 34's gate/up kernel and
+ * 40's down kernel; 50 = 40 with the gate and up Hadamards of the middle
+ * launch through one set of barriers (the default in runs 49–55); 54 / 55 =
+ * 50 with 40's gate/up / both main kernels in 16-warp blocks (the same
+ * kernels: only the block size differs); 56 = 54, and 55's down kernel where
+ * it has enough work (MOE_B512_ITEMS; the default in runs 57–69); 65 = 56
+ * with two loop steps a pass from an even k tile (INT_PP; the default in runs
+ * 70–80); 66 = 65 with the SwiGLU launch's t loads before its Σu loop
+ * (k_moe_mid's T1; the default since run 82). Every K unless noted. 21–24,
+ * 34, 40, 41, 50, 54–56, 65, 66 run the loop as in round 4 (INT_FLAT), 27–30
+ * round 5's (one pass per 128-block). Refused (lost and removed; the lab
+ * README has the runs and the commit that still has their code): 25, 26
+ * (in-warp input transform, warp-per-block small launches), 31–33, 35–39,
+ * 42–49, 51–53 (the SwiGLU and output launches folded into the main
+ * kernels), 57–64. */
+enum moe_int_form {
+    MF_2,       /* k_moe_int2<INT_FMA | INT_FLAT>, 2 blocks a SM */
+    MF_NOFMA,   /* k_moe_int2<INT_FLAT>, 2 blocks a SM (K = 2..4) */
+    MF_1,       /* k_moe_int2<INT_FMA | INT_FLAT>, 1 block a SM (K = 2..4) */
+    MF_B512,    /* k_moe_int2<INT_FMA | INT_FLAT | INT_B512>: 16-warp blocks */
+    MF_R120,    /* k_moe_int2_r120<INT_FMA | INT_FLAT> */
+    MF_R120_PP, /* k_moe_int2_r120<INT_FMA | INT_FLAT | INT_PP> */
+    MF_R5_2,    /* k_moe_int2<INT_FMA> (round 5's loop), 2 blocks a SM */
+    MF_R5_1,    /* k_moe_int2<INT_FMA>, 1 block a SM */
+};
+typedef struct {
+    short version;
+    signed char gu, down; /* moe_int_form of the two main kernels */
+    /* 16-warp blocks for gate/up, down: 0 no, 1 yes, 2 (down) from
+     * MOE_B512_ITEMS work items per resident warp */
+    signed char b512_gu, b512_down;
+    /* the small launches: 0 = v21's (k_moe_mid<0, false>, k_moe_out), 1 =
+     * v23's (k_moe_mid PRE, k_moe_out_par), 2 = + PAIR, 3 = + T1 */
+    signed char small;
+    signed char pdl_in; /* the input launch chained to the previous kernel (and k_moe_out_par<true>) */
+} moe_lab;
+static const moe_lab moe_labs[] = {
+    {21, MF_2, MF_2, 0, 0, 0, 0},           {22, MF_NOFMA, MF_NOFMA, 0, 0, 0, 0},
+    {23, MF_2, MF_2, 0, 0, 1, 0},           {24, MF_1, MF_1, 0, 0, 1, 0},
+    {27, MF_R5_2, MF_R5_2, 0, 0, 1, 1},     {28, MF_R5_1, MF_R5_1, 0, 0, 1, 1},
+    {29, MF_R5_1, MF_R5_1, 0, 0, 1, 0},     {30, MF_R5_2, MF_R5_2, 0, 0, 1, 0},
+    {34, MF_B512, MF_B512, 1, 1, 1, 0},     {40, MF_R120, MF_R120, 0, 0, 1, 0},
+    {41, MF_B512, MF_R120, 1, 0, 1, 0},     {50, MF_R120, MF_R120, 0, 0, 2, 0},
+    {54, MF_R120, MF_R120, 1, 0, 2, 0},     {55, MF_R120, MF_R120, 1, 1, 2, 0},
+    {56, MF_R120, MF_R120, 1, 2, 2, 0},     {65, MF_R120_PP, MF_R120_PP, 1, 2, 2, 0},
+    {66, MF_R120_PP, MF_R120_PP, 1, 2, 3, 0},
+};
+enum { N_MOE_LABS = sizeof moe_labs / sizeof moe_labs[0] };
+
+/* The row of an integer MoE version, or -1. */
+static int moe_lab_index(int version)
 {
-    return (version >= 21 && version <= 30 && version != 25 && version != 26) || version == 34 || version == 40 ||
-           version == 41 || version == 50 || (version >= 54 && version <= 56) || version == 65 || version == 66 ||
-           (version >= 231 && version <= 233);
+    for (int i = 0; i < N_MOE_LABS; i++)
+        if (moe_labs[i].version == version) return i;
+    return -1;
 }
 
-static void moe_int_pick(int K, int version, moe_int_fn *gu, moe_int_fn *down)
+typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
+                           int, int, int, int, uint32_t);
+
+template <int KK, bool GU>
+static moe_int_fn moe_int_kernel(int form)
+{
+    constexpr int F = INT_FMA | INT_FLAT;
+    switch (form) {
+    case MF_2: return k_moe_int2<KK, F, 2, GU>;
+    case MF_B512: return k_moe_int2<KK, F | INT_B512, 1, GU>;
+    case MF_R120: return k_moe_int2_r120<KK, F, GU>;
+    case MF_R120_PP: return k_moe_int2_r120<KK, F | INT_PP, GU>;
+    case MF_R5_2: return k_moe_int2<KK, INT_FMA, 2, GU>;
+    case MF_R5_1: return k_moe_int2<KK, INT_FMA, 1, GU>;
+    default: break;
+    }
+    if constexpr (KK >= 2 && KK <= 4) {
+        if (form == MF_NOFMA) return k_moe_int2<KK, INT_FLAT, 2, GU>;
+        if (form == MF_1) return k_moe_int2<KK, INT_FMA | INT_FLAT, 1, GU>;
+    }
+    return NULL;
+}
+
+static void moe_int_pick(int K, const moe_lab &v, moe_int_fn *gu, moe_int_fn *down)
 {
     *gu = NULL;
     *down = NULL;
     with_k_cb(K, CB_MUL1, [&](auto k, auto) -> int {
         constexpr int KK = decltype(k)::value;
-        constexpr int F = INT_FMA | INT_FLAT;
-        if (version == 21 || version == 23) {
-            *gu = k_moe_int2<KK, F, 2, true>;
-            *down = k_moe_int2<KK, F, 2, false>;
-        } else if (version == 34) {
-            *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
-            *down = k_moe_int2<KK, F | INT_B512, 1, false>;
-        } else if (version == 40 || version == 50 || (version >= 54 && version <= 56)) {
-            *gu = k_moe_int2_r120<KK, F, true>;
-            *down = k_moe_int2_r120<KK, F, false>;
-        } else if (version == 65 || version == 66) {
-            *gu = k_moe_int2_r120<KK, F | INT_PP, true>;
-            *down = k_moe_int2_r120<KK, F | INT_PP, false>;
-        } else if (version == 41) {
-            *gu = k_moe_int2<KK, F | INT_B512, 1, true>;
-            *down = k_moe_int2_r120<KK, F, false>;
-        } else if (version == 27 || version == 30) {
-            *gu = k_moe_int2<KK, INT_FMA, 2, true>;
-            *down = k_moe_int2<KK, INT_FMA, 2, false>;
-        } else if (version == 28 || version == 29) {
-            *gu = k_moe_int2<KK, INT_FMA, 1, true>;
-            *down = k_moe_int2<KK, INT_FMA, 1, false>;
-        } else if constexpr (KK >= 2 && KK <= 4) {
-            if (version == 22) {
-                *gu = k_moe_int2<KK, INT_FLAT, 2, true>;
-                *down = k_moe_int2<KK, INT_FLAT, 2, false>;
-            } else if (version == 24) {
-                *gu = k_moe_int2<KK, INT_FMA | INT_FLAT, 1, true>;
-                *down = k_moe_int2<KK, INT_FMA | INT_FLAT, 1, false>;
-            }
-        }
+        *gu = moe_int_kernel<KK, true>(v.gu);
+        *down = moe_int_kernel<KK, false>(v.down);
         return 0;
     });
 }
@@ -2255,8 +2282,8 @@ struct trellis_cuda_moe {
     uint32_t *bq_gu, *bq_d;
     float *sa_gu, *sa_d, *usb_gu, *usb_d;
     int *ch_gu, *ch_d, *pc_gu, *pc_d;
-    /* resident warps of [version − 21][2 · (0 gate/up, 1 down) + (1: 16-warp blocks)] (0: not asked) */
-    int int_warps[46][4];
+    /* resident warps of [moe_labs row][2 · (0 gate/up, 1 down) + (1: 16-warp blocks)] (0: not asked) */
+    int int_warps[N_MOE_LABS][4];
 };
 
 /* Carve the v21+ scratch for `jobs` jobs of k inputs out of *p (or only
@@ -2476,25 +2503,23 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
      * main kernels alone */
     const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
     if (version > 100) version = 23;
-    const bool pdl_in = version == 27 || version == 28; /* the input launch chained to the previous kernel */
+    const int row = moe_lab_index(version);
+    const moe_lab &v = moe_labs[row];
+    const bool pdl_in = v.pdl_in != 0; /* the input launch chained to the previous kernel */
     moe_int_fn fg, fd;
-    moe_int_pick(m->K, version, &fg, &fd);
+    moe_int_pick(m->K, v, &fg, &fd);
     RETURN_IF(!fg || !fd || !m->iscr, SPARQ_E_UNSUPPORTED,
               "cuda moe: no MoE lab version %d for K=%d codebook %d, %dx%d (mul1, multiples of 128)", version, m->K,
               m->cb, m->hidden, m->inter);
     const int pairs = tokens * m->top_k, H = m->hidden, I = m->inter;
     const int nw = int2_nw<1, 1, 0>();
     const long long items[2] = {2LL * pairs * (I / 16 / nw) * (H / 16), (long long)pairs * (H / 16 / nw) * (I / 16)};
-    /* 16-warp blocks: v34, v41, v54, v55; v56, v65 and v66 (the default): always for gate/up, for down
-     * when it has at least MOE_B512_ITEMS work items per resident warp (2 blocks of 8 warps a SM) */
-    const bool b512[2] = {version == 34 || version == 41 || (version >= 54 && version <= 56) || version == 65 || version == 66,
-                          version == 34 || version == 55 ||
-                              ((version == 56 || version == 65 || version == 66) &&
-                               items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
+    /* 16-warp blocks; b512_down 2 (v56, v65, v66): when down has at least MOE_B512_ITEMS work
+     * items per resident warp (2 blocks of 8 warps a SM) */
+    const bool b512[2] = {v.b512_gu != 0, v.b512_down == 1 || (v.b512_down == 2 &&
+                                                                items[1] >= (long long)MOE_B512_ITEMS * sm_count() * 16)};
     const int tpb[2] = {b512[0] ? 512 : 256, b512[1] ? 512 : 256}, wpb[2] = {tpb[0] / 32, tpb[1] / 32};
-    RETURN_IF(version - 21 >= (int)(sizeof m->int_warps / sizeof m->int_warps[0]), SPARQ_E_STATE,
-              "cuda moe: no occupancy slot for MoE lab version %d", version);
-    int *wc = m->int_warps[version - 21];
+    int *wc = m->int_warps[row];
     const int sl[2] = {b512[0] ? 1 : 0, b512[1] ? 3 : 2}; /* by kernel and block size (v56's down has two) */
     for (int l = 0; l < 2; l++)
         if (!wc[sl[l]]) {
@@ -2535,10 +2560,10 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     cfg.blockDim = dim3(128);
     if (stages & 4u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          version == 66   ? k_moe_mid<0, true, true, true>
-                                          : version >= 50 ? k_moe_mid<0, true, true>
-                                          : version >= 23 ? k_moe_mid<0, true>
-                                                          : k_moe_mid<0, false>,
+                                          v.small == 3   ? k_moe_mid<0, true, true, true>
+                                          : v.small == 2 ? k_moe_mid<0, true, true>
+                                          : v.small == 1 ? k_moe_mid<0, true>
+                                                         : k_moe_mid<0, false>,
                                           m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu, (const float *)m->usb_gu,
                                           m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                        "moe SwiGLU launch (PDL)");
@@ -2549,13 +2574,13 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
                                           (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs,
                                           warps[1], 1u),
                        "moe down launch (%d blocks, PDL)", blocks[1]);
-    cfg.gridDim = dim3(H / 128, version >= 23 ? pairs : tokens);
+    cfg.gridDim = dim3(H / 128, v.small ? pairs : tokens);
     cfg.blockDim = dim3(128);
     if (stages & 16u)
         CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg,
-                                          pdl_in          ? k_moe_out_par<true>
-                                          : version >= 23 ? k_moe_out_par<false>
-                                                          : k_moe_out,
+                                          pdl_in    ? k_moe_out_par<true>
+                                          : v.small ? k_moe_out_par<false>
+                                                    : k_moe_out,
                                           m->proj[2], ids,
                                           weights, m->t_down, (const float *)m->usb_d, out, H, I, m->top_k),
                        "moe output launch (PDL)");
@@ -2568,7 +2593,8 @@ sparq_status trellis_cuda_moe_forward_lab(trellis_cuda_moe *m, const float *x, i
     RETURN_IF(!m || !x || !ids || !weights || !out, SPARQ_E_ARG, "cuda moe forward: missing argument");
     RETURN_IF(tokens < 1 || tokens > m->max_tokens, SPARQ_E_ARG, "cuda moe forward: %d tokens, created for 1..%d",
               tokens, m->max_tokens);
-    if (moe_int_version(version)) return moe_int_run(m, x, tokens, ids, weights, out, stream, version);
+    if (moe_lab_index(version) >= 0 || (version >= 231 && version <= 233))
+        return moe_int_run(m, x, tokens, ids, weights, out, stream, version);
     moe_gu_fn gu;
     moe_down_fn dn;
     moe_pick(m->K, m->cb, version, &gu, &dn);

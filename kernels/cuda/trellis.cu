@@ -295,14 +295,12 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * previous launch's blocks to leave the SM, nor the next launch's first
  * block for it; at most 112, room for two: MoE v43, lost in run 44, removed:
  * in git at 66237c6.)
- * INT_SWP = the loop software-pipelined by hand (GEMV lab v52: one row,
- * one pass per 128-block, one 8-warp block a SM: 190 registers; at 2
- * blocks a SM, 128 registers, it spills): step s hashes its words into one of two
- * operand arrays while the IMMAs read the other, which step s − 1 filled.
- * ptxas otherwise stages every IMMA's A operand through two register quads
- * in a chain (cut, shift, hash IMAD, IMMA) with 7-cycle stalls on both sides
- * of each IMMA, even with 255 registers allowed (v34 takes 125); the hashes
- * carried across the step boundary cannot be moved next to their IMMAs. */
+ * (65536: the loop software-pipelined by hand, each step hashing the
+ * operands of the next step's IMMAs while its IMMAs read the ones the
+ * previous step made; GEMV lab v52, 190 registers, one 8-warp block a SM:
+ * ptxas then interleaves the hashes with the IMMAs, stall counts −10 %, but
+ * it lost 2 µs to v45 on the large shapes in run 84, removed: in git at
+ * 1eae14c.) */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -314,8 +312,7 @@ enum {
     INT_MINB1 = 256,
     INT_FLAT = 2048,
     INT_PP = 4096,
-    INT_B512 = 32768,
-    INT_SWP = 65536
+    INT_B512 = 32768
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -765,8 +762,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
-    constexpr bool FLAT = (V & INT_FLAT) != 0, PP = (V & INT_PP) != 0, SWP = (V & INT_SWP) != 0;
-    static_assert(!SWP || !FLAT, "INT_SWP runs one pass per 128-block");
+    constexpr bool FLAT = (V & INT_FLAT) != 0, PP = (V & INT_PP) != 0;
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -888,58 +884,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
                 keep();
                 ends(kt);
             }
-        }
-    } else if constexpr (SWP) { /* one pass per 128-block, the hashes one step ahead of their IMMAs */
-        uint32_t xa[NW][8], xb[NW][8], ba[RG][4], bb[RG][4];
-        /* k tile kt: the next k tile's words into wn, kt's B words into bo, the hashes of wc into xo */
-        auto stage = [&](int kt, const uint32_t (&wc)[NW][NWD], uint32_t (&wn)[NW][NWD], uint32_t (&xo)[NW][8],
-                         uint32_t (&bo)[RG][4]) {
-            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
-            p0 += adv;
-            p1 += adv;
-            if constexpr (NWD == 3) p2 += adv;
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                wn[j][0] = __ldg(p0 + j * TW);
-                wn[j][1] = __ldg(p1 + j * TW);
-                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
-            }
-#pragma unroll
-            for (int rg = 0; rg < RG; rg++) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-                bo[rg][0] = v.x;
-                bo[rg][1] = v.y;
-                bo[rg][2] = v.z;
-                bo[rg][3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++) lane_hash_w<K, D, NWD>(wc[j], lr.r, one, xo[j]);
-        };
-        auto mma = [&](const uint32_t (&xi)[NW][8], const uint32_t (&bi)[RG][4]) {
-#pragma unroll
-            for (int j = 0; j < NW; j++)
-#pragma unroll
-                for (int rg = 0; rg < RG; rg++) tile_imma(xi[j], bi[rg], acc[rg][j], acc[rg][j]);
-        };
-        for (int kt = kt0; kt < kt1;) {
-            const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
-            stage(kt++, w, w2, xa, ba); /* the next words are in w2 */
-            for (; kt + 2 <= kend; kt += 2) {
-                stage(kt, w2, w, xb, bb);
-                mma(xa, ba);
-                stage(kt + 1, w, w2, xa, ba);
-                mma(xb, bb);
-            }
-            if (kt < kend) {
-                stage(kt++, w2, w, xb, bb); /* the next block's words are in w */
-                mma(xa, ba);
-                mma(xb, bb);
-            } else {
-                mma(xa, ba);
-                keep();
-            }
-            convert(be, seg, kend);
         }
     } else { /* round 5: one pass per 128-block */
         for (int kt = kt0; kt < kt1;) {
@@ -1669,7 +1613,6 @@ static int int_version_opts(int version)
     case 42: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512;
     case 44: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_PP;
     case 45: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_PP;
-    case 52: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1 | INT_SWP;
     default: return -1;
     }
 }
@@ -1698,7 +1641,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PP | INT_SWP);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PP);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1732,9 +1675,6 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_PP: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
         case INT_LOOP2 | INT_FMA | INT_B512 | INT_PP:
             return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_PP>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        case INT_LOOP2 | INT_FMA | INT_MINB1 | INT_SWP: /* one row; more run v44's kernel */
-            return rg == 1 ? k_gemm_int2<KK, 1, INT_FMA | INT_SWP, 1>
                            : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);

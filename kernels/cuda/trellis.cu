@@ -2510,6 +2510,7 @@ static sparq_status moe_int_run(trellis_cuda_moe *m, const float *x, int tokens,
     const unsigned stages = version == 231 ? 3u : version == 232 ? 28u : version == 233 ? 10u : 31u;
     if (version > 100) version = 23;
     const int row = moe_lab_index(version);
+    RETURN_IF(row < 0, SPARQ_E_UNSUPPORTED, "cuda moe: no MoE lab version %d", version);
     const moe_lab &v = moe_labs[row];
     const bool pdl_in = v.pdl_in != 0; /* the input launch chained to the previous kernel */
     moe_int_fn fg, fd;

@@ -295,15 +295,17 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * previous launch's blocks to leave the SM, nor the next launch's first
  * block for it; at most 112, room for two: MoE v43, lost in run 44, removed:
  * in git at 66237c6.)
- * INT_SWP = the loop software-pipelined by hand (one row, one pass per
- * 128-block): each step hashes the operands of the next step's IMMAs while
- * its IMMAs read the ones the previous step made, so ptxas cannot chain
- * each IMMA to its hashes through one register quad (190 registers: one
- * 8-warp block a SM). Alone (GEMV lab v52, run 84) it lost 2 µs to v45 on
- * the large shapes: with 8 warps a SM a step's next words (one step ahead)
- * arrive later than the step ends. INT_L2PF / INT_L2PF4 = each step asks L2
- * for the words of the k tile 2 / 4 steps ahead (prefetch.global.L2, one
- * 128-byte line a lane), so the loads one step ahead hit L2. */
+ * (Round 9, lost to v45 on the large shapes and removed: the options are in
+ * git at 035cc97, v53, v54 and v56 as combinations of them.
+ * 65536 = the loop software-pipelined by hand, each step hashing the operands
+ * of the next step's IMMAs while its IMMAs read the set the step before
+ * made (ptxas then interleaves them: stall counts −10 %), at 190 registers
+ * in one 8-warp block a SM (v52, v55) or with 4 tile columns a step in 8- or
+ * 16-warp blocks (v57, v58); 131072 / 262144 = each step asking L2 for the
+ * words 2 / 4 steps ahead (v53, v55, v59, v60). Runs 84 and 86–88: the
+ * main kernel 0.4–2.2 µs slower on 4096×14336; ncu: issue 56–65 % active in
+ * every one, the stall mix moving between fixed-latency waits and long
+ * scoreboard.) */
 enum {
     INT_PACK = 1,
     INT_FMA = 2,
@@ -315,11 +317,7 @@ enum {
     INT_MINB1 = 256,
     INT_FLAT = 2048,
     INT_PP = 4096,
-    INT_B512 = 32768,
-    INT_SWP = 65536,
-    INT_L2PF = 131072,
-    INT_L2PF4 = 262144,
-    INT_NW4 = 524288
+    INT_B512 = 32768
 };
 
 /* B operand storage per row group (4 batch rows) and k tile: 32 lanes × 4
@@ -728,7 +726,7 @@ __global__ void __launch_bounds__(256, RG <= 2 ? 2 : 1)
 template <int K, int RG, int V>
 __host__ __device__ constexpr int int2_nw()
 {
-    return (V & INT_NW4) != 0 ? 4 : RG == 1 ? 8 : RG == 2 ? 4 : 2;
+    return RG == 1 ? 8 : RG == 2 ? 4 : 2;
 }
 
 /* Lab timeline of the MoE layer's five launches (cuda_bench --moe-timeline):
@@ -769,9 +767,7 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
 {
     constexpr int NW = int2_nw<K, RG, V>(), TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | ((V & INT_FMA) ? DEC_FMA : 0);
-    constexpr bool FLAT = (V & INT_FLAT) != 0, PP = (V & INT_PP) != 0, SWP = (V & INT_SWP) != 0;
-    constexpr int PFD = (V & INT_L2PF4) ? 4 : (V & INT_L2PF) ? 2 : 0;
-    static_assert(!SWP || !FLAT, "INT_SWP runs one pass per 128-block");
+    constexpr bool FLAT = (V & INT_FLAT) != 0, PP = (V & INT_PP) != 0;
     const int lane = threadIdx.x & 31;
     const int ntiles = n >> 4, ktiles = k >> 4, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
@@ -779,14 +775,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
     const uint32_t *p0 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o0;
     const uint32_t *p1 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o1;
     const uint32_t *p2 = trellis + (size_t)kt0 * row_stride + (size_t)grp * NW * TW + lr.o2;
-    /* INT_L2PF: lane l < NW·K/4 asks L2 for 128-byte line l of the group's k tile kt + PFD (NW
-     * tiles of 32K bytes, 128-byte aligned: every row and group offset is a multiple of 128K bytes) */
-    const int pfo = PFD * (int)row_stride + lane * 32 - (int)lr.o0; /* from p0 (at k tile kt) */
-    auto prefetch = [&](int kt) { /* before p0 advances past kt */
-        if constexpr (PFD > 0) {
-            if (lane < NW * K / 4 && kt + PFD < ktiles) asm volatile("prefetch.global.L2 [%0];" ::"l"(p0 + pfo));
-        }
-    };
     float f[RG][NW][2];
     uint32_t acc[RG][NW][4];
 #pragma unroll
@@ -818,7 +806,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
      * and w2 as (w, wn) two steps at a time. */
     uint32_t w2[NW][NWD];
     auto step = [&](int kt, const uint32_t (&w)[NW][NWD], uint32_t (&wn)[NW][NWD]) {
-        prefetch(kt);
         const size_t adv = kt + 1 < kt1 ? row_stride : 0;
         p0 += adv;
         p1 += adv;
@@ -902,59 +889,6 @@ __device__ __forceinline__ void int2_segment(const uint32_t *__restrict__ trelli
                 keep();
                 ends(kt);
             }
-        }
-    } else if constexpr (SWP) { /* one pass per 128-block, the hashes one step ahead of their IMMAs */
-        uint32_t xa[NW][8], xb[NW][8], ba[RG][4], bb[RG][4];
-        /* k tile kt: the next k tile's words into wn, kt's B words into bo, the hashes of wc into xo */
-        auto stage = [&](int kt, const uint32_t (&wc)[NW][NWD], uint32_t (&wn)[NW][NWD], uint32_t (&xo)[NW][8],
-                         uint32_t (&bo)[RG][4]) {
-            prefetch(kt);
-            const size_t adv = kt + 1 < kt1 ? row_stride : 0;
-            p0 += adv;
-            p1 += adv;
-            if constexpr (NWD == 3) p2 += adv;
-#pragma unroll
-            for (int j = 0; j < NW; j++) {
-                wn[j][0] = __ldg(p0 + j * TW);
-                wn[j][1] = __ldg(p1 + j * TW);
-                if constexpr (NWD == 3) wn[j][2] = __ldg(p2 + j * TW);
-            }
-#pragma unroll
-            for (int rg = 0; rg < RG; rg++) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (bok[rg]) v = __ldg((const uint4 *)(bq + ((size_t)(rg * ktiles + kt) * 32 + lane) * 4));
-                bo[rg][0] = v.x;
-                bo[rg][1] = v.y;
-                bo[rg][2] = v.z;
-                bo[rg][3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < NW; j++) lane_hash_w<K, D, NWD>(wc[j], lr.r, one, xo[j]);
-        };
-        auto mma = [&](const uint32_t (&xi)[NW][8], const uint32_t (&bi)[RG][4]) {
-#pragma unroll
-            for (int j = 0; j < NW; j++)
-#pragma unroll
-                for (int rg = 0; rg < RG; rg++) tile_imma(xi[j], bi[rg], acc[rg][j], acc[rg][j]);
-        };
-        for (int kt = kt0; kt < kt1;) {
-            const int be = kt >> 3, seg = kt, kend = min(kt1, 8 * be + 8);
-            stage(kt++, w, w2, xa, ba); /* the next words are in w2 */
-            for (; kt + 2 <= kend; kt += 2) {
-                stage(kt, w2, w, xb, bb);
-                mma(xa, ba);
-                stage(kt + 1, w, w2, xa, ba);
-                mma(xb, bb);
-            }
-            if (kt < kend) {
-                stage(kt++, w2, w, xb, bb); /* the next block's words are in w */
-                mma(xa, ba);
-                mma(xb, bb);
-            } else {
-                mma(xa, ba);
-                keep();
-            }
-            convert(be, seg, kend);
         }
     } else { /* round 5: one pass per 128-block */
         for (int kt = kt0; kt < kt1;) {
@@ -1684,11 +1618,6 @@ static int int_version_opts(int version)
     case 42: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512;
     case 44: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_PP;
     case 45: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_PP;
-    case 55: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_MINB1 | INT_SWP | INT_L2PF;
-    case 57: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_SWP | INT_NW4;
-    case 58: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_SWP | INT_NW4;
-    case 59: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_SWP | INT_NW4 | INT_L2PF;
-    case 60: return INT_LOOP2 | INT_FMA | INT_WIO | INT_PDLIN | INT_B512 | INT_SWP | INT_NW4 | INT_L2PF4;
     default: return -1;
     }
 }
@@ -1717,7 +1646,7 @@ static int_fn int_pick_rg(int rg)
 template <int KK, int V>
 static int_fn int2_pick_rg(int rg)
 {
-    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PP | INT_SWP | INT_L2PF | INT_L2PF4 | INT_NW4);
+    constexpr int MB = (V & INT_MINB3) ? 3 : (V & INT_MINB1) ? 1 : 2, VV = V & (INT_FMA | INT_EPI | INT_FLAT | INT_PP);
     switch (rg) {
     case 1: return k_gemm_int2<KK, 1, VV, MB>;
     case 2: return k_gemm_int2<KK, 2, VV, MB>;
@@ -1751,23 +1680,6 @@ static int_fn int_pick_k(int v, int rg)
         case INT_LOOP2 | INT_FMA | INT_PP: return int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
         case INT_LOOP2 | INT_FMA | INT_B512 | INT_PP:
             return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_PP>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        /* round 9 (one row; more rows run v44's kernel): v53 = v45 + INT_L2PF, v54 = 8-warp
-         * blocks + INT_PP + INT_L2PF, v55 / v56 = INT_SWP + INT_L2PF / INT_L2PF4 */
-        case INT_LOOP2 | INT_FMA | INT_MINB1 | INT_SWP | INT_L2PF:
-            return rg == 1 ? k_gemm_int2<KK, 1, INT_FMA | INT_SWP | INT_L2PF, 1>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        case INT_LOOP2 | INT_FMA | INT_SWP | INT_NW4:
-            return rg == 1 ? k_gemm_int2<KK, 1, INT_FMA | INT_SWP | INT_NW4, 2>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        case INT_LOOP2 | INT_FMA | INT_B512 | INT_SWP | INT_NW4:
-            return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_SWP | INT_NW4>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        case INT_LOOP2 | INT_FMA | INT_B512 | INT_SWP | INT_NW4 | INT_L2PF:
-            return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_SWP | INT_NW4 | INT_L2PF>
-                           : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
-        case INT_LOOP2 | INT_FMA | INT_B512 | INT_SWP | INT_NW4 | INT_L2PF4:
-            return rg == 1 ? k_gemm_int2_r120<KK, 1, INT_FMA | INT_SWP | INT_NW4 | INT_L2PF4>
                            : int2_pick_rg<KK, INT_LOOP2 | INT_FMA | INT_PP>(rg);
         case 0: return int_pick_rg<KK, 0>(rg);
         case INT_PACK: return int_pick_rg<KK, INT_PACK>(rg);
@@ -2207,7 +2119,7 @@ static sparq_status gemm_int_run(const trellis_cuda_linear *lin, const float *x,
     CUDA_RETURN_IF(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, tpb, 0), "%s: occupancy query",
                    lin->name);
     if (per_sm < 1) per_sm = 1;
-    const int nw2 = rg == 1 ? ((v & INT_NW4) ? 4 : 8) : rg == 2 ? 4 : 2; /* int2_nw */
+    const int nw2 = rg == 1 ? 8 : rg == 2 ? 4 : 2; /* int2_nw */
     const long long items = (v & INT_LOOP2) ? (long long)(lin->n / 16 / nw2) * (lin->k / 16)
                                             : (long long)(lin->n / 32) * (lin->k / 64);
     long long warps = (long long)per_sm * sm_count() * wpb;

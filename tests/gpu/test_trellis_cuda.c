@@ -347,12 +347,9 @@ static double worst_nmse = 0;
 enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 61 };
 /* lost and removed (29 in runs 24–26, 36 in run 36, 38–40 in runs 39–41, 41 in
  * runs 53–55, 43 in run 60, 46–47 in run 68, 48 in run 72; 49–51, measured in
- * run 79, became the warp-per-block output launch of every version; 52 in
- * run 84; 37 never kept): refused like an unknown version */
-static int vint_removed(int v)
-{
-    return v == 29 || (v >= 36 && v <= 41) || v == 43 || (v >= 46 && v <= 54) || v == 56 || v > 60;
-}
+ * run 79, became the warp-per-block output launch of every version; 52–60 in
+ * runs 84–88; 37 never kept): refused like an unknown version */
+static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41) || v == 43 || v >= 46; }
 
 /* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
  * default entry point for mul1 once it is promoted). */

@@ -42,10 +42,10 @@
 #include "kernels/cuda/trellis_cuda_lab.h"
 
 /* --int's columns: the integer versions timed, and those of the rows sweep */
-#define INTV_LIST 22, 24, 31, 32, 33, 34, 35, 42, 44, 45, 55, 57, 58, 59, 60
+#define INTV_LIST 22, 24, 31, 32, 33, 34, 35, 42, 44, 45
 #define INTV_SWEEP "v22/v24/v32/v33/v35/v44/v45"
 #define INTV_SWEEP_LIST 22, 24, 32, 33, 35, 44, 45
-enum { NINTV = 1 + 15, NSWEEP = 7 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
+enum { NINTV = 1 + 10, NSWEEP = 7 + 2 }; /* v10 + INTV_LIST; v10 + INTV_SWEEP_LIST + default */
 
 #define G 20
 #define REPS 25
@@ -823,9 +823,7 @@ int main(int argc, char **argv)
                "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
                "a warp's k range, as v24; v30..v34 make one pass per 128-block), v42 = v32 with the main kernel in "
                "16-warp blocks at <= 120 registers (one a SM; 1..4 rows), v44 / v45 = v32 / v42 with the main loop "
-               "unrolled by two (the next step's words loaded into the other of two word arrays, not copied; the default on large linears: v45 at one row, v44 at 2..4 rows), v55 = the loop software-pipelined by hand (each step hashes the next step's IMMA operands; "
-               "one 8-warp block a SM) + L2 prefetch 2 steps ahead, v57 / v58 = the same without the prefetch, 4 tile columns a step, "
-               "2 blocks of 8 warps / one of 16 a SM, v59 / v60 = v58 + L2 prefetch 2 / 4 steps ahead (55-60: one row); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
+               "unrolled by two (the next step's words loaded into the other of two word arrays, not copied; the default on large linears: v45 at one row, v44 at 2..4 rows); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "
                "default), cold; membound = trellis bytes / copy bandwidth\n");
         cublasDestroy(h);
         return 0;

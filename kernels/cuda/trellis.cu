@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(TPB, MINB) k_gemm_bal(const uint32_t *__restri
  * made (ptxas then interleaves them: stall counts −10 %), at 190 registers
  * in one 8-warp block a SM (v52, v55) or with 4 tile columns a step in 8- or
  * 16-warp blocks (v57, v58); 131072 / 262144 = each step asking L2 for the
- * words 2 / 4 steps ahead (v53, v55, v59, v60). Runs 84 and 86–88: the
+ * words 2 / 4 steps ahead (v53–v56, v59, v60). Runs 84 and 86–88: the
  * main kernel 0.4–2.2 µs slower on 4096×14336; ncu: issue 56–65 % active in
  * every one, the stall mix moving between fixed-latency waits and long
  * scoreboard.) */

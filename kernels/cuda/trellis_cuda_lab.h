@@ -72,7 +72,8 @@ sparq_status trellis_cuda_gemm_labv(const trellis_cuda_linear *lin, const float 
  * launch chained to the previous kernel by PDL (33: what trellis_cuda_gemm
  * runs for mul1 at 1..4 rows on small linears; 32 ran on large ones before
  * round 8), 34 = 32 with
- * the main kernel at 1 block of 8 warps per SM, 35 = 32 with v24's loop as
+ * the main kernel compiled for 1 block of 8 warps per SM (it uses 125
+ * registers, so two still fit and run), 35 = 32 with v24's loop as
  * in round 4 (30–34 convert once per 128-block pass) (29, an in-warp input
  * transform, the first 35–37, 4 tile columns per step at 2–4 blocks per SM,
  * and 36, per-block atomics, and 41, one launch with k split over a

@@ -643,16 +643,16 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dx, x, (size_t)tokens * hidden * 4) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dids, ids, pairs * sizeof(int)) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
-    /* the default, then every MoE lab version (mul1 at K = 2..4 only), each
-     * twice: the scratch must come back to zero */
-    static const int versions[] = {0,  20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54,
-                                   55, 56, 65, 66, 5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    /* the default, then every MoE lab version, each twice: the scratch must
+     * come back to zero. Other codebooks: the default only; mul1: the versions
+     * that exist for every K, and at K = 2..4 the rest too. */
+    static const int every_k[] = {0, 20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 65, 66};
+    static const int k2to4[] = {5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
+    enum { NALL = sizeof every_k / sizeof every_k[0], NK24 = sizeof k2to4 / sizeof k2to4[0] };
     const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
-    const int nver = cb != TRELLIS_CB_MUL1                ? 1
-                     : K >= 2 && K <= 4 ? (int)(sizeof versions / sizeof versions[0])
-                                        : 17; /* the default, v20, v21, v23, v27..v30, v34, v40, v41, v50, v54..v56, v65, v66 (mul1: every K) */
+    const int nver = cb != TRELLIS_CB_MUL1 ? 1 : K >= 2 && K <= 4 ? NALL + NK24 : NALL;
     for (int run = 0; run < 2 * nver; run++) {
-        const int version = versions[run / 2];
+        const int version = run / 2 < NALL ? every_k[run / 2] : k2to4[run / 2 - NALL];
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
         sparq_status st = version == 0 ? trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL)
                                        : trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, version);

@@ -820,7 +820,7 @@ int main(int argc, char **argv)
                "in the main kernel (by the warp that completes each 128-column block), v30 = v24 and v31 = v22 "
                "with the input and output launches one warp per 128-block, v32 = v30 and v33 = v31 with the input "
                "launch PDL-chained to the previous kernel (suh loaded before its wait), v34 = v32 with the main "
-               "kernel at 1 block of 8 warps per SM, v35 = v32 with round 4's loop (conversion inside one pass over "
+               "kernel compiled for 1 block of 8 warps per SM (125 registers: two still run), v35 = v32 with round 4's loop (conversion inside one pass over "
                "a warp's k range, as v24; v30..v34 make one pass per 128-block), v42 = v32 with the main kernel in "
                "16-warp blocks at <= 120 registers (one a SM; 1..4 rows), v44 / v45 = v32 / v42 with the main loop "
                "unrolled by two (the next step's words loaded into the other of two word arrays, not copied; the default on large linears: v45 at one row, v44 at 2..4 rows); -m: main kernel alone (v27/v28: + the output transform); default = trellis_cuda_gemm; spd = cublas / (best | "

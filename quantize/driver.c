@@ -38,12 +38,10 @@
 #include "formats/tokenizer.h"
 #include "formats/weights.h"
 #include "kernels/cpu/ops.h"
+#include "quantize/job.h"
 #include "quantize/ldlq.h"
 #include "runtime/model.h"
 #include "sparq_version.h"
-
-#define MUL1_MULT 0x83DCD12Du
-#define MCG_MULT 0xCBAC1FEDu
 
 const char *qz_method_name(qz_method m)
 {
@@ -86,21 +84,6 @@ void qz_report_free(qz_report *r)
     sparq_free(r->tensors);
     sparq_free(r->layers);
     memset(r, 0, sizeof *r);
-}
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static uint64_t hash_str(uint64_t seed, const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull ^ mix64(seed);
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return mix64(h);
 }
 
 static sparq_status report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy)
@@ -220,9 +203,9 @@ static sparq_status build_calib_tokens(const qz_opts *o, int vocab, int32_t **ou
     /* Spread the text rows over the whole text. */
     size_t stride = n_ids / (size_t)n_text;
     for (int r = 0; r < n_text; r++) memcpy(tk + (size_t)r * T, ids + (size_t)r * stride, (size_t)T * sizeof *tk);
-    uint64_t s = mix64(o->seed ^ 0xCA11B4A7ull);
+    uint64_t s = qz_mix64(o->seed ^ 0xCA11B4A7ull);
     for (size_t i = (size_t)n_text * T; i < (size_t)rows * T; i++) {
-        s = mix64(s);
+        s = qz_mix64(s);
         tk[i] = (int32_t)(s % (uint64_t)vocab);
     }
     sparq_free(ids);
@@ -231,49 +214,6 @@ static sparq_status build_calib_tokens(const qz_opts *o, int vocab, int32_t **ou
     *random_out = n_random;
     return SPARQ_OK;
 }
-
-/* --- job state ------------------------------------------------------------------- */
-
-typedef struct hess_acc {
-    float *h;   /* k×k, upper triangle accumulated (ssyrk) */
-    int k;
-    uint64_t count;
-} hess_acc;
-
-typedef struct layer_capture {
-    int layer;
-    hess_acc attn, o, mlp;
-    hess_acc *down; /* n_down */
-    int n_down;
-    sparq_status st;
-} layer_capture;
-
-typedef struct qjob {
-    const qz_opts *o;
-    qz_report *rep;
-    sq_model *m;
-    const sq_model_config *cfg;
-    sf_model *src;
-    sparq_pool *pool;
-    viterbi_enc *enc[TRELLIS_K_MAX + 1];
-    int d, n_layers, rows, T, batch_seqs;
-    int32_t *tokens;
-    float *hq, *href, *tmp;
-    int *pos;
-    char *work;
-    double t_quant;
-    /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: the
-     * source's other tensors + 1-bit zero placeholders for those linears) and the
-     * driver binds each layer's linears as fp32 (dequantised) while the layer runs. */
-    bool skeleton;
-    sf_model *skel;         /* the skeleton, opened for the output assembly */
-    size_t page;
-    /* Address spans of each finished layer's tensors in the source and model
-     * mappings, released again after every layer: the kernel's fault-around
-     * maps up to 64 KB of neighbouring (already released) pages on each fault. */
-    uintptr_t (*spans)[2];
-    int n_spans, cap_spans;
-} qjob;
 
 /* Drop the pages of a read-only file mapping from this process (they stay in
  * the page cache; a later read faults them back in). This is what keeps the
@@ -464,15 +404,6 @@ static int bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, 
 
 /* --- one linear --------------------------------------------------------------- */
 
-typedef struct qlin {
-    char *key;
-    int K, k, n;          /* k = in, n = out */
-    uint16_t *trellis, *suh, *svh; /* EXL3 */
-    uint16_t *bf16;       /* RTN: [out, in] */
-    trellis_linear tl;
-    double proxy;
-} qlin;
-
 static void qlin_free(qlin *q)
 {
     sparq_free(q->key);
@@ -601,7 +532,7 @@ static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_
         ldlq_opts lo;
         ldlq_opts_default(&lo, K);
         lo.cb = j->o->cb;
-        lo.seed = hash_str(j->o->seed, key);
+        lo.seed = qz_hash_str(j->o->seed, key);
         lo.out_scales = 1; /* exllamav3 1.4.1: "always" */
         lo.g_fixed = j->o->scale_search == QZ_SCALE_FIXED ? ldlq_default_g(K, j->o->cb) : g_fixed;
         ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
@@ -930,7 +861,7 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
             char hname[600];
             snprintf(hname, sizeof hname, "%s (input Hessian)", key);
             st = ldlq_hessian_prepare(&hs, calibrated ? refs[i].h->h : NULL, k, 0.0f,
-                                      hash_str(j->o->seed, hname), hname);
+                                      qz_hash_str(j->o->seed, hname), hname);
             if (st != SPARQ_OK) break;
         }
         double *gs = NULL, g_fixed = 0.0;
@@ -1028,7 +959,7 @@ static sparq_status do_head(qjob *j)
     ldlq_hessian *hs = NULL;
     qlin q = {0};
     if (st == SPARQ_OK && j->o->method != QZ_METHOD_RTN)
-        st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, hash_str(j->o->seed, "lm_head (input)"),
+        st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, qz_hash_str(j->o->seed, "lm_head (input)"),
                                   "lm_head (input Hessian)");
     if (st == SPARQ_OK) {
         int K = bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
@@ -1058,12 +989,6 @@ static sparq_status do_head(qjob *j)
 }
 
 /* --- output assembly ---------------------------------------------------------------- */
-
-typedef struct out_entry {
-    const sf_tensor *t;
-    size_t shard;
-    bool owned; /* t->data is heap memory (skeleton placeholders, dequantised tensors) */
-} out_entry;
 
 static int cmp_entry(const void *a, const void *b)
 {

@@ -1,0 +1,109 @@
+/* quantize/job.h — what the files of the quantization driver share (not a
+ * public interface; quantize/driver.h is): the job state `qjob` that
+ * qz_run sets up and every stage reads, the per-layer Hessian accumulators,
+ * one quantized linear `qlin`, an output tensor entry, and the entry points
+ * the files give each other. */
+#ifndef SPARQ_QUANTIZE_JOB_H
+#define SPARQ_QUANTIZE_JOB_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "common/threadpool.h"
+#include "formats/safetensors.h"
+#include "formats/weights.h"
+#include "kernels/cpu/trellis.h"
+#include "quantize/driver.h"
+#include "quantize/viterbi.h"
+#include "runtime/model.h"
+
+/* The trellis codebooks' multipliers, stored with every EXL3 linear (and in
+ * quantization_config.json). */
+#define MUL1_MULT 0x83DCD12Du
+#define MCG_MULT 0xCBAC1FEDu
+
+/* Seeds: a tensor's random draws derive from opts.seed and its name, not
+ * from the order of the work, so a resumed run draws what an uninterrupted
+ * one would. */
+static inline uint64_t qz_mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static inline uint64_t qz_hash_str(uint64_t seed, const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ qz_mix64(seed);
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return qz_mix64(h);
+}
+
+/* One Hessian: the sum of xᵀx over the rows seen, then (qz_hess_finish) their mean. */
+typedef struct hess_acc {
+    float *h;   /* k×k, upper triangle accumulated (ssyrk) */
+    int k;
+    uint64_t count;
+} hess_acc;
+
+/* A layer's Hessians while its capture forward runs (the observer's user data);
+ * st keeps the first failure, which the callback cannot return. */
+typedef struct layer_capture {
+    int layer;
+    hess_acc attn, o, mlp;
+    hess_acc *down; /* n_down */
+    int n_down;
+    sparq_status st;
+} layer_capture;
+
+/* The job: set up by qz_run, read and advanced by every stage. */
+typedef struct qjob {
+    const qz_opts *o;
+    qz_report *rep;
+    sq_model *m;
+    const sq_model_config *cfg;
+    sf_model *src;
+    sparq_pool *pool;
+    viterbi_enc *enc[TRELLIS_K_MAX + 1];
+    int d, n_layers, rows, T, batch_seqs;
+    int32_t *tokens;
+    float *hq, *href, *tmp;
+    int *pos;
+    char *work;
+    double t_quant;
+    /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: the
+     * source's other tensors + 1-bit zero placeholders for those linears) and the
+     * driver binds each layer's linears as fp32 (dequantised) while the layer runs. */
+    bool skeleton;
+    sf_model *skel;         /* the skeleton, opened for the output assembly */
+    size_t page;
+    /* Address spans of each finished layer's tensors in the source and model
+     * mappings, released again after every layer: the kernel's fault-around
+     * maps up to 64 KB of neighbouring (already released) pages on each fault. */
+    uintptr_t (*spans)[2];
+    int n_spans, cap_spans;
+} qjob;
+
+/* One quantized linear, as stored (EXL3 trellis + scales, or RTN's bf16) and
+ * as the runtime runs it (tl). */
+typedef struct qlin {
+    char *key;
+    int K, k, n;          /* k = in, n = out */
+    uint16_t *trellis, *suh, *svh; /* EXL3 */
+    uint16_t *bf16;       /* RTN: [out, in] */
+    trellis_linear tl;
+    double proxy;
+} qlin;
+
+/* One tensor of an output (or skeleton) shard. */
+typedef struct out_entry {
+    const sf_tensor *t;
+    size_t shard;
+    bool owned; /* t->data is heap memory (skeleton placeholders, dequantised tensors) */
+} out_entry;
+
+#endif

@@ -106,4 +106,8 @@ typedef struct out_entry {
     bool owned; /* t->data is heap memory (skeleton placeholders, dequantised tensors) */
 } out_entry;
 
+/* calib.c */
+sparq_status qz_build_calib_tokens(const qz_opts *o, int vocab, int32_t **out, int *rows_out,
+                                   int *random_out);
+
 #endif

@@ -191,71 +191,6 @@ static uint64_t peak_rss_bytes(void)
 /* Current resident set (VmRSS), bytes; 0 if unknown. */
 static uint64_t cur_rss_bytes(void) { return proc_status_bytes("VmRSS"); }
 
-static void hess_free(hess_acc *h)
-{
-    sparq_aligned_free(h->h);
-    h->h = NULL;
-}
-
-static sparq_status hess_init(hess_acc *h, int k)
-{
-    h->k = k;
-    h->count = 0;
-    h->h = sparq_aligned_alloc(64, (size_t)k * k * sizeof(float));
-    RETURN_IF(!h->h, SPARQ_E_NOMEM, "out of memory for a %d x %d Hessian", k, k);
-    memset(h->h, 0, (size_t)k * k * sizeof(float));
-    return SPARQ_OK;
-}
-
-static void hess_add(hess_acc *h, const float *x, int rows, int in)
-{
-    if (!h->h || in != h->k) return;
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, in, rows, 1.0f, x, in, 1.0f, h->h, in);
-    h->count += (uint64_t)rows;
-}
-
-/* Symmetrise and divide by the count (the mean of xᵀx). */
-static void hess_finish(hess_acc *h)
-{
-    if (!h->h) return;
-    float inv = h->count ? 1.0f / (float)h->count : 0.0f;
-    for (int r = 0; r < h->k; r++)
-        for (int c = r; c < h->k; c++) {
-            float v = h->h[(size_t)r * h->k + c] * inv;
-            h->h[(size_t)r * h->k + c] = v;
-            h->h[(size_t)c * h->k + r] = v;
-        }
-}
-
-static void capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in)
-{
-    layer_capture *c = user;
-    if (layer != c->layer) return;
-    switch (which) {
-    case SQ_LIN_Q: hess_add(&c->attn, x, rows, in); break;
-    case SQ_LIN_O: hess_add(&c->o, x, rows, in); break;
-    case SQ_LIN_GATE:
-        if (expert <= 0) hess_add(&c->mlp, x, rows, in);
-        break;
-    case SQ_LIN_DOWN:
-        if (expert >= 0 && expert < c->n_down) {
-            if (!c->down[expert].h && c->st == SPARQ_OK) c->st = hess_init(&c->down[expert], in);
-            hess_add(&c->down[expert], x, rows, in);
-        }
-        break;
-    default: break;
-    }
-}
-
-static void capture_free(layer_capture *c)
-{
-    hess_free(&c->attn);
-    hess_free(&c->o);
-    hess_free(&c->mlp);
-    for (int e = 0; e < c->n_down; e++) hess_free(&c->down[e]);
-    sparq_free(c->down);
-}
-
 /* Run `hidden` (all rows) through layer L in batches. */
 static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer *obs)
 {
@@ -687,17 +622,17 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     }
     if (calibrated && st == SPARQ_OK) {
         int qdim = (int)(c->num_attention_heads * c->head_dim);
-        st = hess_init(&cap.attn, j->d);
-        if (st == SPARQ_OK) st = hess_init(&cap.o, qdim);
-        if (st == SPARQ_OK) st = hess_init(&cap.mlp, j->d);
+        st = qz_hess_init(&cap.attn, j->d);
+        if (st == SPARQ_OK) st = qz_hess_init(&cap.o, qdim);
+        if (st == SPARQ_OK) st = qz_hess_init(&cap.mlp, j->d);
         if (st == SPARQ_OK) {
             memcpy(j->tmp, j->hq, nh * sizeof(float));
-            sq_observer obs = {.user = &cap, .linear_input = capture_cb, .all_experts = true};
+            sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .all_experts = true};
             st = forward_all(j, L, j->tmp, &obs);
             if (st == SPARQ_OK) st = cap.st;
         }
-        hess_finish(&cap.attn), hess_finish(&cap.o), hess_finish(&cap.mlp);
-        for (int e = 0; e < n_exp; e++) hess_finish(&cap.down[e]);
+        qz_hess_finish(&cap.attn), qz_hess_finish(&cap.o), qz_hess_finish(&cap.mlp);
+        for (int e = 0; e < n_exp; e++) qz_hess_finish(&cap.down[e]);
     }
     memdbg("after capture", L);
     /* Reference path through the original layer. */
@@ -765,7 +700,7 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     }
     sparq_progress_end(&pb);
     ldlq_hessian_free(hs);
-    capture_free(&cap);
+    qz_capture_free(&cap);
 
     /* Swap in and advance the quantized path with normal routing. */
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
@@ -827,7 +762,7 @@ static sparq_status do_head(qjob *j)
     sparq_status st = norm ? sf_to_f32(nw, norm) : sparq_err(SPARQ_E_NOMEM, "out of memory");
     bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
     if (st == SPARQ_OK && calibrated) {
-        st = hess_init(&h, j->d);
+        st = qz_hess_init(&h, j->d);
         for (size_t r = 0; r < rows && st == SPARQ_OK; r++) {
             const float *x = j->hq + r * j->d;
             float *y = j->tmp + r * j->d;
@@ -838,8 +773,8 @@ static sparq_status do_head(qjob *j)
         }
         if (st == SPARQ_OK) {
             for (size_t r0 = 0; r0 < rows; r0 += 4096)
-                hess_add(&h, j->tmp + r0 * j->d, (int)(rows - r0 < 4096 ? rows - r0 : 4096), j->d);
-            hess_finish(&h);
+                qz_hess_add(&h, j->tmp + r0 * j->d, (int)(rows - r0 < 4096 ? rows - r0 : 4096), j->d);
+            qz_hess_finish(&h);
         }
     }
     sparq_free(norm);
@@ -858,7 +793,7 @@ static sparq_status do_head(qjob *j)
         }
     }
     ldlq_hessian_free(hs);
-    hess_free(&h);
+    qz_hess_free(&h);
     if (st == SPARQ_OK) st = report_add_tensor(j->rep, "lm_head", q.K, q.k, q.n, q.proxy);
     if (st == SPARQ_OK) {
         char *path = work_file(j, -1);

@@ -110,4 +110,12 @@ typedef struct out_entry {
 sparq_status qz_build_calib_tokens(const qz_opts *o, int vocab, int32_t **out, int *rows_out,
                                    int *random_out);
 
+/* capture.c */
+void qz_hess_free(hess_acc *h);
+sparq_status qz_hess_init(hess_acc *h, int k);
+void qz_hess_add(hess_acc *h, const float *x, int rows, int in);
+void qz_hess_finish(hess_acc *h);
+void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
+void qz_capture_free(layer_capture *c);
+
 #endif

@@ -118,4 +118,10 @@ void qz_hess_finish(hess_acc *h);
 void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
 
+/* report.c */
+sparq_status qz_report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy);
+
+/* still in driver.c (until its stage has a file) */
+sparq_status qz_write_json(const char *path, json_t *v);
+
 #endif

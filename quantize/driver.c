@@ -10,7 +10,7 @@
  *   hidden.bin               hidden states (quantized path, reference path)
  *                            after the last finished layer: the checkpoint
  *   skeleton/                FP8/MXFP4 sources only: what the runtime model is
- *                            loaded from (build_skeleton; rebuilt on every start)
+ *                            loaded from (qz_build_skeleton; rebuilt on every start)
  *
  * Memory: see release_mapped / spans_release / mem_estimate and
  * docs/quantization.md "Memory". */
@@ -133,7 +133,7 @@ static void spans_release(qjob *j)
         release_mapped(j, (const void *)j->spans[i][0], j->spans[i][1] - j->spans[i][0]);
 }
 
-static void release_weight(qjob *j, const sf_weight *w)
+void qz_release_weight(qjob *j, const sf_weight *w)
 {
     release_mapped(j, w->w->data, w->w->nbytes);
     span_add(j, w->w->data, w->w->nbytes);
@@ -227,7 +227,7 @@ static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n,
     float *a = sparq_malloc(numel * sizeof(float));
     RETURN_IF(!a, SPARQ_E_NOMEM, "%s: out of memory", key);
     sparq_status st = sf_weight_to_f32(&sw, a);
-    release_weight(j, &sw);
+    qz_release_weight(j, &sw);
     if (st != SPARQ_OK) {
         sparq_free(a);
         return sparq_err_context(st, "%s", key);
@@ -789,7 +789,7 @@ static sparq_status do_head(qjob *j)
 
 /* --- output assembly ---------------------------------------------------------------- */
 
-static int cmp_entry(const void *a, const void *b)
+int qz_cmp_entry(const void *a, const void *b)
 {
     return strcmp(((const out_entry *)a)->t->name, ((const out_entry *)b)->t->name);
 }
@@ -853,7 +853,7 @@ sparq_status qz_write_json(const char *path, json_t *v)
     return st;
 }
 
-static sparq_status copy_file(const char *src_dir, const char *dst_dir, const char *name)
+sparq_status qz_copy_file(const char *src_dir, const char *dst_dir, const char *name)
 {
     char *src = sparq_path_join(src_dir, name), *dst = sparq_path_join(dst_dir, name);
     sparq_status st = SPARQ_OK;
@@ -871,7 +871,7 @@ static sparq_status copy_file(const char *src_dir, const char *dst_dir, const ch
 }
 
 /* Remove the files (not subdirectories) of a directory this job owns. */
-static void clear_dir_files(const char *dir)
+void qz_clear_dir_files(const char *dir)
 {
     DIR *dd = opendir(dir);
     struct dirent *de;
@@ -886,7 +886,7 @@ static void clear_dir_files(const char *dir)
 
 /* With --max-mem, a shard is at most a quarter of the bound: writing a shard
  * maps (touches) all its source tensors, which are released after it. */
-static uint64_t shard_cap(const qjob *j)
+uint64_t qz_shard_cap(const qjob *j)
 {
     uint64_t cap = j->o->shard_bytes ? j->o->shard_bytes : (4ull << 30);
     if (j->o->max_mem) {
@@ -900,7 +900,7 @@ static uint64_t shard_cap(const qjob *j)
  * model-0000i-of-0000n.safetensors + model.safetensors.index.json when they
  * exceed `cap` bytes. Each shard's tensors are released from their mappings
  * once it is written. */
-static sparq_status write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap)
+sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap)
 {
     size_t n_shards = 1;
     uint64_t acc = 0, total = 0;
@@ -944,179 +944,6 @@ static sparq_status write_shards(const qjob *j, const char *dir, out_entry *ent,
     }
     json_decref(wmap);
     return st;
-}
-
-/* --- FP8 / MXFP4 sources: the skeleton ------------------------------------------ */
-
-/* The linears the driver quantizes (and binds itself when they are FP8/MXFP4). */
-static bool is_quant_linear(const char *key)
-{
-    static const char *const pats[] = {"model.layers.*.self_attn.[qkvo]_proj", "model.layers.*.mlp.experts.*_proj",
-                                       "model.layers.*.mlp.*_proj", "lm_head"};
-    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
-        if (fnmatch(pats[i], key, 0) == 0) return true;
-    return false;
-}
-
-static bool ends_with(const char *s, const char *sfx, size_t *stem)
-{
-    size_t n = strlen(s), m = strlen(sfx);
-    if (n <= m || strcmp(s + n - m, sfx) != 0) return false;
-    if (stem) *stem = n - m;
-    return true;
-}
-
-/* Is x a scale / block tensor of an FP8/MXFP4 weight (stored with that weight)? */
-static bool is_weight_companion(const sf_model *src, const sf_tensor *x)
-{
-    char key[512];
-    size_t n;
-    static const char *const sfx[] = {".weight_scale_inv", ".scale", "_scales"};
-    for (size_t i = 0; i < 3; i++)
-        if (ends_with(x->name, sfx[i], &n)) {
-            snprintf(key, sizeof key, "%.*s", (int)n, x->name);
-            sf_weight w;
-            if (sf_weight_find(src, key, &w) == SPARQ_OK && w.kind != SF_WEIGHT_DENSE && w.scale &&
-                strcmp(w.scale->name, x->name) == 0)
-                return true;
-            sparq_err_clear();
-        }
-    return false;
-}
-
-/* If the source stores any tensor in a form the runtime does not read (FP8,
- * MXFP4), write work/skeleton: config.json and the source's tensors, where
- * each FP8/MXFP4 linear the driver quantizes is an all-zero 1-bit EXL3
- * placeholder (k·n/8 bytes; the driver binds the dequantised fp32 weight over
- * it while its layer runs) and any other FP8/MXFP4 tensor (an embedding, a
- * router) is stored dequantised as F32. *dir_out is NULL when the source
- * needs no skeleton. */
-static sparq_status build_skeleton(qjob *j, char **dir_out)
-{
-    *dir_out = NULL;
-    const sf_model *src = j->src;
-    size_t n = sf_count(src);
-    bool need = false;
-    for (size_t i = 0; i < n && !need; i++) {
-        const sf_tensor *x = sf_at(src, i);
-        need = ends_with(x->name, "_blocks", NULL) ||
-               (ends_with(x->name, ".weight", NULL) && x->dtype != SF_BF16 && x->dtype != SF_F16 &&
-                x->dtype != SF_F32);
-    }
-    if (!need) return SPARQ_OK;
-    char *dir = sparq_path_join(j->work, "skeleton");
-    RETURN_IF(!dir, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = sparq_mkdirs(dir);
-    /* every placeholder / dequantised tensor needs an sf_tensor of its own */
-    sf_tensor *own = sparq_calloc(3 * n + 1, sizeof *own);
-    out_entry *ent = sparq_calloc(3 * n + 1, sizeof *ent);
-    void **heap = sparq_calloc(3 * n + 2, sizeof *heap);
-    size_t ne = 0, no = 0, nheap = 0;
-    uint64_t zero_bytes = 0;
-    if (st == SPARQ_OK && (!own || !ent || !heap)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-    /* pass 1: the size of the largest placeholder part */
-    for (int pass = 0; pass < 2 && st == SPARQ_OK; pass++) {
-        void *zero = NULL;
-        if (pass == 1) {
-            zero = sparq_calloc(zero_bytes ? zero_bytes : 1, 1); /* never written: stays on the zero page */
-            if (!zero) {
-                st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-                break;
-            }
-            heap[nheap++] = zero;
-        }
-        for (size_t i = 0; i < n && st == SPARQ_OK; i++) {
-            const sf_tensor *x = sf_at(src, i);
-            size_t stem;
-            bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
-            bool blocks = ends_with(x->name, "_blocks", &stem);
-            bool weight = !blocks && ends_with(x->name, ".weight", &stem) && !dense;
-            if (!blocks && !weight) {
-                if (pass == 1 && !is_weight_companion(src, x)) ent[ne++].t = x;
-                continue;
-            }
-            char key[512];
-            snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
-            sf_weight w;
-            st = sf_weight_find(src, key, &w);
-            if (st != SPARQ_OK) break;
-            if (is_quant_linear(key)) {
-                uint64_t k = w.in, nn = w.out;
-                if (k % 128 || nn % 128) {
-                    st = sparq_err(SPARQ_E_SHAPE, "%s: linear '%s' is %llu -> %llu; quantizable sizes are multiples of 128",
-                                   sf_file_path(src, x->file), key, (unsigned long long)k, (unsigned long long)nn);
-                    break;
-                }
-                uint64_t tb = k * nn / 8;
-                if (pass == 0) {
-                    if (tb > zero_bytes) zero_bytes = tb;
-                    continue;
-                }
-                static const char *const part[3] = {".trellis", ".suh", ".svh"};
-                for (int p3 = 0; p3 < 3; p3++) {
-                    sf_tensor *t = &own[no++];
-                    char nm[600];
-                    snprintf(nm, sizeof nm, "%s%s", key, part[p3]);
-                    t->name = sparq_strdup(nm);
-                    if (!t->name) {
-                        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-                        break;
-                    }
-                    heap[nheap++] = (void *)t->name;
-                    if (p3 == 0) {
-                        t->dtype = SF_I16, t->ndim = 3;
-                        t->shape[0] = k / 16, t->shape[1] = nn / 16, t->shape[2] = 16;
-                        t->nbytes = tb;
-                    } else {
-                        t->dtype = SF_F16, t->ndim = 1;
-                        t->shape[0] = p3 == 1 ? k : nn;
-                        t->nbytes = 2 * t->shape[0];
-                    }
-                    t->numel = t->nbytes / 2;
-                    t->data = zero;
-                    ent[ne].t = t;
-                    ent[ne++].owned = true;
-                }
-            } else if (pass == 1) {
-                /* an FP8/MXFP4 tensor the runtime reads directly: store it as F32 */
-                float *f = sparq_malloc((size_t)(w.out * w.in) * sizeof(float));
-                sf_tensor *t = &own[no++];
-                char nm[600];
-                snprintf(nm, sizeof nm, "%s.weight", key);
-                t->name = sparq_strdup(nm);
-                if (!f || !t->name) {
-                    sparq_free(f);
-                    sparq_free((void *)t->name);
-                    st = sparq_err(SPARQ_E_NOMEM, "out of memory dequantising '%s'", key);
-                    break;
-                }
-                heap[nheap++] = f;
-                heap[nheap++] = (void *)t->name;
-                st = sf_weight_to_f32(&w, f);
-                release_weight(j, &w);
-                t->dtype = SF_F32, t->ndim = 2, t->shape[0] = w.out, t->shape[1] = w.in;
-                t->numel = w.out * w.in, t->nbytes = 4 * t->numel, t->data = f;
-                ent[ne].t = t;
-                ent[ne++].owned = true;
-            }
-        }
-    }
-    if (st == SPARQ_OK) {
-        clear_dir_files(dir); /* a stale skeleton of an interrupted run */
-        qsort(ent, ne, sizeof *ent, cmp_entry);
-        st = write_shards(j, dir, ent, ne, shard_cap(j));
-    }
-    if (st == SPARQ_OK) st = copy_file(j->o->model_dir, dir, "config.json");
-    for (size_t i = 0; heap && i < nheap; i++) sparq_free(heap[i]);
-    sparq_free(heap);
-    sparq_free(own);
-    sparq_free(ent);
-    if (st != SPARQ_OK) {
-        sparq_free(dir);
-        return st;
-    }
-    *dir_out = dir;
-    return SPARQ_OK;
 }
 
 static sparq_status assemble_output(qjob *j)
@@ -1179,7 +1006,7 @@ static sparq_status assemble_output(qjob *j)
             if (dup) continue;
             ent[ne++].t = x;
         }
-        qsort(ent, ne, sizeof *ent, cmp_entry);
+        qsort(ent, ne, sizeof *ent, qz_cmp_entry);
     }
     char *partial = NULL;
     if (st == SPARQ_OK) {
@@ -1190,9 +1017,9 @@ static sparq_status assemble_output(qjob *j)
     }
     if (st == SPARQ_OK) st = sparq_mkdirs(partial);
     if (st == SPARQ_OK) {
-        clear_dir_files(partial); /* leftovers of an interrupted assembly */
+        qz_clear_dir_files(partial); /* leftovers of an interrupted assembly */
     }
-    if (st == SPARQ_OK) st = write_shards(j, partial, ent, ne, shard_cap(j));
+    if (st == SPARQ_OK) st = qz_write_shards(j, partial, ent, ne, qz_shard_cap(j));
     /* config.json + quantization_config.json */
     if (st == SPARQ_OK) {
         char *sp = sparq_path_join(o->model_dir, "config.json");
@@ -1244,7 +1071,7 @@ static sparq_status assemble_output(qjob *j)
                                         "chat_template.jinja", "special_tokens_map.json", "vocab.json",
                                         "merges.txt", "tokenizer.model"};
     for (size_t i = 0; i < sizeof extra / sizeof *extra && st == SPARQ_OK; i++)
-        st = copy_file(o->model_dir, partial, extra[i]);
+        st = qz_copy_file(o->model_dir, partial, extra[i]);
     if (st == SPARQ_OK && rename(partial, o->out_dir) != 0)
         st = sparq_err(SPARQ_E_IO, "%s: cannot rename to %s", partial, o->out_dir);
     sparq_free(partial);
@@ -1387,7 +1214,7 @@ static void mem_estimate(qjob *j, uint64_t base_rss)
         bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
         out_upper += dense ? x->nbytes : 8 * x->numel;
     }
-    uint64_t shard = shard_cap(j);
+    uint64_t shard = qz_shard_cap(j);
     if (out_upper < shard) shard = out_upper;
     const char *what = "largest layer (weights, Hessians, quantization work, its output)";
     uint64_t big = worst_layer;
@@ -1466,7 +1293,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     j.page = (size_t)sysconf(_SC_PAGESIZE);
     if (j.page == 0 || (j.page & (j.page - 1))) j.page = 4096;
     char *skel_dir = NULL;
-    if (st == SPARQ_OK) st = build_skeleton(&j, &skel_dir);
+    if (st == SPARQ_OK) st = qz_build_skeleton(&j, &skel_dir);
     j.skeleton = rep->skeleton = skel_dir != NULL;
     if (st == SPARQ_OK && skel_dir) st = sf_open(&j.skel, skel_dir);
 
@@ -1500,10 +1327,10 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             st = mem_refuse(&j);
             if (new_work) { /* refused before any work: leave nothing behind */
                 if (skel_dir) {
-                    clear_dir_files(skel_dir);
+                    qz_clear_dir_files(skel_dir);
                     rmdir(skel_dir);
                 }
-                clear_dir_files(j.work);
+                qz_clear_dir_files(j.work);
                 rmdir(j.work);
             }
         }

@@ -118,10 +118,19 @@ void qz_hess_finish(hess_acc *h);
 void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
 
+/* skeleton.c */
+sparq_status qz_build_skeleton(qjob *j, char **dir_out);
+
 /* report.c */
 sparq_status qz_report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy);
 
 /* still in driver.c (until its stage has a file) */
+void qz_release_weight(qjob *j, const sf_weight *w);
+int qz_cmp_entry(const void *a, const void *b);
 sparq_status qz_write_json(const char *path, json_t *v);
+sparq_status qz_copy_file(const char *src_dir, const char *dst_dir, const char *name);
+void qz_clear_dir_files(const char *dir);
+uint64_t qz_shard_cap(const qjob *j);
+sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap);
 
 #endif

@@ -1,0 +1,185 @@
+/* quantize/skeleton.c — sources the runtime cannot load as they are (FP8
+ * with block scales, MXFP4): qz_build_skeleton writes work/skeleton, the
+ * source's tensors in a form the runtime reads, with an all-zero 1-bit EXL3
+ * placeholder for each linear the driver quantizes (the layer loop binds the
+ * dequantised fp32 weight over it while its layer runs). The output writer
+ * takes the unquantized tensors from the skeleton too. */
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "quantize/job.h"
+
+/* The linears the driver quantizes (and binds itself when they are FP8/MXFP4). */
+static bool is_quant_linear(const char *key)
+{
+    static const char *const pats[] = {"model.layers.*.self_attn.[qkvo]_proj", "model.layers.*.mlp.experts.*_proj",
+                                       "model.layers.*.mlp.*_proj", "lm_head"};
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
+        if (fnmatch(pats[i], key, 0) == 0) return true;
+    return false;
+}
+
+static bool ends_with(const char *s, const char *sfx, size_t *stem)
+{
+    size_t n = strlen(s), m = strlen(sfx);
+    if (n <= m || strcmp(s + n - m, sfx) != 0) return false;
+    if (stem) *stem = n - m;
+    return true;
+}
+
+/* Is x a scale / block tensor of an FP8/MXFP4 weight (stored with that weight)? */
+static bool is_weight_companion(const sf_model *src, const sf_tensor *x)
+{
+    char key[512];
+    size_t n;
+    static const char *const sfx[] = {".weight_scale_inv", ".scale", "_scales"};
+    for (size_t i = 0; i < 3; i++)
+        if (ends_with(x->name, sfx[i], &n)) {
+            snprintf(key, sizeof key, "%.*s", (int)n, x->name);
+            sf_weight w;
+            if (sf_weight_find(src, key, &w) == SPARQ_OK && w.kind != SF_WEIGHT_DENSE && w.scale &&
+                strcmp(w.scale->name, x->name) == 0)
+                return true;
+            sparq_err_clear();
+        }
+    return false;
+}
+
+/* If the source stores any tensor in a form the runtime does not read (FP8,
+ * MXFP4), write work/skeleton: config.json and the source's tensors, where
+ * each FP8/MXFP4 linear the driver quantizes is an all-zero 1-bit EXL3
+ * placeholder (k·n/8 bytes; the driver binds the dequantised fp32 weight over
+ * it while its layer runs) and any other FP8/MXFP4 tensor (an embedding, a
+ * router) is stored dequantised as F32. *dir_out is NULL when the source
+ * needs no skeleton. */
+sparq_status qz_build_skeleton(qjob *j, char **dir_out)
+{
+    *dir_out = NULL;
+    const sf_model *src = j->src;
+    size_t n = sf_count(src);
+    bool need = false;
+    for (size_t i = 0; i < n && !need; i++) {
+        const sf_tensor *x = sf_at(src, i);
+        need = ends_with(x->name, "_blocks", NULL) ||
+               (ends_with(x->name, ".weight", NULL) && x->dtype != SF_BF16 && x->dtype != SF_F16 &&
+                x->dtype != SF_F32);
+    }
+    if (!need) return SPARQ_OK;
+    char *dir = sparq_path_join(j->work, "skeleton");
+    RETURN_IF(!dir, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = sparq_mkdirs(dir);
+    /* every placeholder / dequantised tensor needs an sf_tensor of its own */
+    sf_tensor *own = sparq_calloc(3 * n + 1, sizeof *own);
+    out_entry *ent = sparq_calloc(3 * n + 1, sizeof *ent);
+    void **heap = sparq_calloc(3 * n + 2, sizeof *heap);
+    size_t ne = 0, no = 0, nheap = 0;
+    uint64_t zero_bytes = 0;
+    if (st == SPARQ_OK && (!own || !ent || !heap)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    /* pass 1: the size of the largest placeholder part */
+    for (int pass = 0; pass < 2 && st == SPARQ_OK; pass++) {
+        void *zero = NULL;
+        if (pass == 1) {
+            zero = sparq_calloc(zero_bytes ? zero_bytes : 1, 1); /* never written: stays on the zero page */
+            if (!zero) {
+                st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                break;
+            }
+            heap[nheap++] = zero;
+        }
+        for (size_t i = 0; i < n && st == SPARQ_OK; i++) {
+            const sf_tensor *x = sf_at(src, i);
+            size_t stem;
+            bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
+            bool blocks = ends_with(x->name, "_blocks", &stem);
+            bool weight = !blocks && ends_with(x->name, ".weight", &stem) && !dense;
+            if (!blocks && !weight) {
+                if (pass == 1 && !is_weight_companion(src, x)) ent[ne++].t = x;
+                continue;
+            }
+            char key[512];
+            snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
+            sf_weight w;
+            st = sf_weight_find(src, key, &w);
+            if (st != SPARQ_OK) break;
+            if (is_quant_linear(key)) {
+                uint64_t k = w.in, nn = w.out;
+                if (k % 128 || nn % 128) {
+                    st = sparq_err(SPARQ_E_SHAPE, "%s: linear '%s' is %llu -> %llu; quantizable sizes are multiples of 128",
+                                   sf_file_path(src, x->file), key, (unsigned long long)k, (unsigned long long)nn);
+                    break;
+                }
+                uint64_t tb = k * nn / 8;
+                if (pass == 0) {
+                    if (tb > zero_bytes) zero_bytes = tb;
+                    continue;
+                }
+                static const char *const part[3] = {".trellis", ".suh", ".svh"};
+                for (int p3 = 0; p3 < 3; p3++) {
+                    sf_tensor *t = &own[no++];
+                    char nm[600];
+                    snprintf(nm, sizeof nm, "%s%s", key, part[p3]);
+                    t->name = sparq_strdup(nm);
+                    if (!t->name) {
+                        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+                        break;
+                    }
+                    heap[nheap++] = (void *)t->name;
+                    if (p3 == 0) {
+                        t->dtype = SF_I16, t->ndim = 3;
+                        t->shape[0] = k / 16, t->shape[1] = nn / 16, t->shape[2] = 16;
+                        t->nbytes = tb;
+                    } else {
+                        t->dtype = SF_F16, t->ndim = 1;
+                        t->shape[0] = p3 == 1 ? k : nn;
+                        t->nbytes = 2 * t->shape[0];
+                    }
+                    t->numel = t->nbytes / 2;
+                    t->data = zero;
+                    ent[ne].t = t;
+                    ent[ne++].owned = true;
+                }
+            } else if (pass == 1) {
+                /* an FP8/MXFP4 tensor the runtime reads directly: store it as F32 */
+                float *f = sparq_malloc((size_t)(w.out * w.in) * sizeof(float));
+                sf_tensor *t = &own[no++];
+                char nm[600];
+                snprintf(nm, sizeof nm, "%s.weight", key);
+                t->name = sparq_strdup(nm);
+                if (!f || !t->name) {
+                    sparq_free(f);
+                    sparq_free((void *)t->name);
+                    st = sparq_err(SPARQ_E_NOMEM, "out of memory dequantising '%s'", key);
+                    break;
+                }
+                heap[nheap++] = f;
+                heap[nheap++] = (void *)t->name;
+                st = sf_weight_to_f32(&w, f);
+                qz_release_weight(j, &w);
+                t->dtype = SF_F32, t->ndim = 2, t->shape[0] = w.out, t->shape[1] = w.in;
+                t->numel = w.out * w.in, t->nbytes = 4 * t->numel, t->data = f;
+                ent[ne].t = t;
+                ent[ne++].owned = true;
+            }
+        }
+    }
+    if (st == SPARQ_OK) {
+        qz_clear_dir_files(dir); /* a stale skeleton of an interrupted run */
+        qsort(ent, ne, sizeof *ent, qz_cmp_entry);
+        st = qz_write_shards(j, dir, ent, ne, qz_shard_cap(j));
+    }
+    if (st == SPARQ_OK) st = qz_copy_file(j->o->model_dir, dir, "config.json");
+    for (size_t i = 0; heap && i < nheap; i++) sparq_free(heap[i]);
+    sparq_free(heap);
+    sparq_free(own);
+    sparq_free(ent);
+    if (st != SPARQ_OK) {
+        sparq_free(dir);
+        return st;
+    }
+    *dir_out = dir;
+    return SPARQ_OK;
+}

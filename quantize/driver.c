@@ -364,143 +364,6 @@ static sparq_status swap_in(qjob *j, sq_linear *l, qlin *q)
     return sq_cpu_linear_exl3_bind(l, &q->tl, q->key);
 }
 
-/* Add q's stored tensors to writer w (data referenced: q must outlive the finish). */
-static sparq_status add_qlin_tensors(sf_writer *w, const qlin *q, trellis_codebook cb)
-{
-    char name[512];
-    static const int32_t mul1 = (int32_t)MUL1_MULT, mcg = (int32_t)MCG_MULT;
-    if (q->bf16) {
-        snprintf(name, sizeof name, "%s.weight", q->key);
-        uint64_t shape[2] = {(uint64_t)q->n, (uint64_t)q->k};
-        return sf_writer_add_ref(w, name, SF_BF16, 2, shape, q->bf16, (uint64_t)q->k * q->n * 2);
-    }
-    uint64_t ts[3] = {(uint64_t)q->k / 16, (uint64_t)q->n / 16, (uint64_t)16 * q->K};
-    snprintf(name, sizeof name, "%s.trellis", q->key);
-    FORWARD_IF(sf_writer_add_ref(w, name, SF_I16, 3, ts, q->trellis, ts[0] * ts[1] * ts[2] * 2));
-    uint64_t ks = (uint64_t)q->k, ns = (uint64_t)q->n;
-    snprintf(name, sizeof name, "%s.suh", q->key);
-    FORWARD_IF(sf_writer_add_ref(w, name, SF_F16, 1, &ks, q->suh, ks * 2));
-    snprintf(name, sizeof name, "%s.svh", q->key);
-    FORWARD_IF(sf_writer_add_ref(w, name, SF_F16, 1, &ns, q->svh, ns * 2));
-    if (cb == TRELLIS_CB_MUL1) {
-        snprintf(name, sizeof name, "%s.mul1", q->key);
-        FORWARD_IF(sf_writer_add_ref(w, name, SF_I32, 0, NULL, &mul1, 4));
-    } else if (cb == TRELLIS_CB_MCG) {
-        snprintf(name, sizeof name, "%s.mcg", q->key);
-        FORWARD_IF(sf_writer_add_ref(w, name, SF_I32, 0, NULL, &mcg, 4));
-    }
-    return SPARQ_OK;
-}
-
-static sparq_status meta_num(sf_writer *w, const char *prefix, const char *key, double v)
-{
-    char k[512], val[64];
-    snprintf(k, sizeof k, "%s%s", prefix, key);
-    snprintf(val, sizeof val, "%.17g", v);
-    return sf_writer_set_metadata(w, k, val);
-}
-
-/* --- hidden-state checkpoint ------------------------------------------------------ */
-
-#define HID_MAGIC "SQHIDv1\n"
-
-static sparq_status save_hidden(qjob *j, int layer)
-{
-    size_t n = (size_t)j->rows * j->T * j->d;
-    char *path = sparq_path_join(j->work, "hidden.bin");
-    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    sparq_atomic_file f = {0};
-    sparq_status st = sparq_atomic_open(&f, path);
-    int32_t hdr[4] = {layer, j->rows, j->T, j->d};
-    if (st == SPARQ_OK) st = sparq_atomic_write(&f, HID_MAGIC, 8);
-    if (st == SPARQ_OK) st = sparq_atomic_write(&f, hdr, sizeof hdr);
-    if (st == SPARQ_OK) st = sparq_atomic_write(&f, j->hq, n * sizeof(float));
-    if (st == SPARQ_OK) st = sparq_atomic_write(&f, j->href, n * sizeof(float));
-    if (st == SPARQ_OK) st = sparq_atomic_commit(&f);
-    else sparq_atomic_abort(&f);
-    sparq_free(path);
-    return st;
-}
-
-/* Returns the last finished layer in *layer (-1: nothing usable). Read
- * straight into hq/href (no second copy: the hidden states are the largest
- * buffers of a run with many calibration rows). */
-static sparq_status load_hidden(qjob *j, int *layer)
-{
-    *layer = -1;
-    size_t n = (size_t)j->rows * j->T * j->d;
-    char *path = sparq_path_join(j->work, "hidden.bin");
-    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = SPARQ_OK;
-    FILE *f = sparq_path_exists(path) ? fopen(path, "rb") : NULL;
-    if (f) {
-        char magic[8];
-        int32_t hdr[4];
-        struct stat sb;
-        if (fstat(fileno(f), &sb) != 0 || (uint64_t)sb.st_size != 8 + sizeof hdr + 2 * n * sizeof(float) ||
-            fread(magic, 1, 8, f) != 8 || memcmp(magic, HID_MAGIC, 8) != 0 || fread(hdr, sizeof hdr, 1, f) != 1)
-            st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (size or magic differ)", path);
-        else if (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d)
-            st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
-        else if (fread(j->hq, sizeof(float), n, f) != n || fread(j->href, sizeof(float), n, f) != n)
-            st = sparq_err(SPARQ_E_IO, "%s: short read", path);
-        else
-            *layer = hdr[0];
-        fclose(f);
-    } else if (sparq_path_exists(path)) {
-        st = sparq_err(SPARQ_E_IO, "%s: cannot open", path);
-    }
-    sparq_free(path);
-    return st;
-}
-
-static char *work_file(const qjob *j, int layer)
-{
-    char name[64];
-    if (layer < 0) snprintf(name, sizeof name, "head.safetensors");
-    else snprintf(name, sizeof name, "layer-%04d.safetensors", layer);
-    return sparq_path_join(j->work, name);
-}
-
-/* Read a finished layer's stats back from its work file (on --resume). */
-static sparq_status restore_layer_stats(qjob *j, int layer)
-{
-    char *path = work_file(j, layer);
-    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    sf_model *sf = NULL;
-    sparq_status st = sf_open(&sf, path);
-    sparq_free(path);
-    FORWARD_IF(st);
-    qz_layer_stat *ls = &j->rep->layers[layer];
-    const char *v;
-    ls->layer = layer;
-    ls->resumed = true;
-    if ((v = sf_metadata(sf, "layer.rel_err"))) ls->rel_err = atof(v);
-    if ((v = sf_metadata(sf, "layer.cosine"))) ls->cosine = atof(v);
-    if ((v = sf_metadata(sf, "layer.sqnr_db"))) ls->sqnr_db = atof(v);
-    if ((v = sf_metadata(sf, "layer.mean_proxy"))) ls->mean_proxy = atof(v);
-    if ((v = sf_metadata(sf, "layer.max_proxy"))) ls->max_proxy = atof(v);
-    for (size_t i = 0; i < sf_count(sf) && st == SPARQ_OK; i++) {
-        const sf_tensor *t = sf_at(sf, i);
-        size_t nl = strlen(t->name);
-        bool tr = nl > 8 && strcmp(t->name + nl - 8, ".trellis") == 0;
-        bool wt = nl > 7 && strcmp(t->name + nl - 7, ".weight") == 0;
-        if (!tr && !wt) continue;
-        char key[512], mk[600];
-        snprintf(key, sizeof key, "%.*s", (int)(nl - (tr ? 8 : 7)), t->name);
-        snprintf(mk, sizeof mk, "proxy.%s", key);
-        double p = (v = sf_metadata(sf, mk)) ? atof(v) : 0.0;
-        snprintf(mk, sizeof mk, "K.%s", key);
-        int K = (v = sf_metadata(sf, mk)) ? atoi(v) : 0;
-        int k = tr ? (int)t->shape[0] * 16 : (int)t->shape[1];
-        int n = tr ? (int)t->shape[1] * 16 : (int)t->shape[0];
-        st = qz_report_add_tensor(j->rep, key, K, k, n, p);
-    }
-    sf_close(sf);
-    j->rep->resumed_layers++;
-    return st;
-}
-
 /* --- the layer loop --------------------------------------------------------------- */
 
 static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
@@ -700,24 +563,24 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     }
     /* Checkpoint: the layer's tensors, then the hidden states. */
     if (st == SPARQ_OK) {
-        char *path = work_file(j, L);
+        char *path = qz_work_file(j, L);
         sf_writer *w = NULL;
         st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
-            st = add_qlin_tensors(w, &ql[i], j->o->cb);
-            if (st == SPARQ_OK) st = meta_num(w, "proxy.", ql[i].key, ql[i].proxy);
-            if (st == SPARQ_OK) st = meta_num(w, "K.", ql[i].key, ql[i].K);
+            st = qz_add_qlin_tensors(w, &ql[i], j->o->cb);
+            if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", ql[i].key, ql[i].proxy);
+            if (st == SPARQ_OK) st = qz_meta_num(w, "K.", ql[i].key, ql[i].K);
         }
-        if (st == SPARQ_OK) st = meta_num(w, "layer.", "rel_err", ls->rel_err);
-        if (st == SPARQ_OK) st = meta_num(w, "layer.", "cosine", ls->cosine);
-        if (st == SPARQ_OK) st = meta_num(w, "layer.", "sqnr_db", ls->sqnr_db);
-        if (st == SPARQ_OK) st = meta_num(w, "layer.", "mean_proxy", ls->mean_proxy);
-        if (st == SPARQ_OK) st = meta_num(w, "layer.", "max_proxy", ls->max_proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "rel_err", ls->rel_err);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "cosine", ls->cosine);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "sqnr_db", ls->sqnr_db);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "mean_proxy", ls->mean_proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "max_proxy", ls->max_proxy);
         if (st == SPARQ_OK) st = sf_writer_finish(w);
         else sf_writer_free(w);
         sparq_free(path);
     }
-    if (st == SPARQ_OK) st = save_hidden(j, L);
+    if (st == SPARQ_OK) st = qz_save_hidden(j, L);
     /* The model keeps pointing at ql's buffers until the next layer is run;
      * layer L is never run again, so they can go now. */
     for (int i = 0; i < n_lin && ql; i++) qlin_free(&ql[i]);
@@ -773,12 +636,12 @@ static sparq_status do_head(qjob *j)
     qz_hess_free(&h);
     if (st == SPARQ_OK) st = qz_report_add_tensor(j->rep, "lm_head", q.K, q.k, q.n, q.proxy);
     if (st == SPARQ_OK) {
-        char *path = work_file(j, -1);
+        char *path = qz_work_file(j, -1);
         sf_writer *w = NULL;
         st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
-        if (st == SPARQ_OK) st = add_qlin_tensors(w, &q, j->o->cb);
-        if (st == SPARQ_OK) st = meta_num(w, "proxy.", "lm_head", q.proxy);
-        if (st == SPARQ_OK) st = meta_num(w, "K.", "lm_head", q.K);
+        if (st == SPARQ_OK) st = qz_add_qlin_tensors(w, &q, j->o->cb);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", "lm_head", q.proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "K.", "lm_head", q.K);
         if (st == SPARQ_OK) st = sf_writer_finish(w);
         else if (w) sf_writer_free(w);
         sparq_free(path);
@@ -954,7 +817,7 @@ static sparq_status assemble_output(qjob *j)
     sf_model **wf = sparq_calloc((size_t)n_work, sizeof *wf);
     RETURN_IF(!wf, SPARQ_E_NOMEM, "out of memory");
     for (int i = 0; i < n_work && st == SPARQ_OK; i++) {
-        char *p = work_file(j, i < j->n_layers ? i : -1);
+        char *p = qz_work_file(j, i < j->n_layers ? i : -1);
         st = p ? sf_open(&wf[i], p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         sparq_free(p);
     }
@@ -1080,39 +943,6 @@ static sparq_status assemble_output(qjob *j)
     sparq_free(ent);
     for (int i = 0; i < n_work; i++) sf_close(wf[i]);
     sparq_free(wf);
-    return st;
-}
-
-/* --- job signature ----------------------------------------------------------------- */
-
-static sparq_status check_job(qjob *j, bool resume)
-{
-    const qz_opts *o = j->o;
-    char sig[4096];
-    int n = snprintf(sig, sizeof sig,
-                     "model=%s\nmethod=%s\nbits=%.6f\nhead_bits=%d\ncodebook=%s\nrows=%d\nlen=%d\nrandom=%.6f\n"
-                     "seed=%llu\nrtn_group=%d\nscale_search=%d\n",
-                     o->model_dir, qz_method_name(o->method), o->bits, o->head_bits, trellis_cb_name(o->cb),
-                     o->calib_rows, o->calib_len, o->random_rows_frac, (unsigned long long)o->seed, o->rtn_group,
-                     (int)o->scale_search);
-    for (int i = 0; i < o->n_calib && n < (int)sizeof sig; i++)
-        n += snprintf(sig + n, sizeof sig - (size_t)n, "calib=%s\n", o->calib[i]);
-    for (int i = 0; i < o->n_rules && n < (int)sizeof sig; i++)
-        n += snprintf(sig + n, sizeof sig - (size_t)n, "rule=%s=%d\n", o->rules[i].pattern, o->rules[i].K);
-    char *path = sparq_path_join(j->work, "job.txt");
-    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = SPARQ_OK;
-    if (resume && sparq_path_exists(path)) {
-        char *old = NULL;
-        size_t len = 0;
-        st = sparq_file_read_all(path, 1 << 20, &old, &len);
-        if (st == SPARQ_OK && (len != strlen(sig) || memcmp(old, sig, len) != 0))
-            st = sparq_err(SPARQ_E_ARG, "%s: --resume with different options than the interrupted run", path);
-        sparq_free(old);
-    } else {
-        st = sparq_file_write_atomic(path, sig, strlen(sig));
-    }
-    sparq_free(path);
     return st;
 }
 
@@ -1287,7 +1117,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     RETURN_IF(!j.work, SPARQ_E_NOMEM, "out of memory");
     bool new_work = !sparq_path_exists(j.work);
     st = sparq_mkdirs(j.work);
-    if (st == SPARQ_OK) st = check_job(&j, o->resume);
+    if (st == SPARQ_OK) st = qz_check_job(&j, o->resume);
     if (st == SPARQ_OK) st = sparq_pool_create(&j.pool, o->threads);
     if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
     j.page = (size_t)sysconf(_SC_PAGESIZE);
@@ -1349,9 +1179,9 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         }
     }
     int done = -1;
-    if (st == SPARQ_OK && o->resume) st = load_hidden(&j, &done);
+    if (st == SPARQ_OK && o->resume) st = qz_load_hidden(&j, &done);
     if (st == SPARQ_OK && done >= j.n_layers) done = j.n_layers - 1;
-    for (int L = 0; L <= done && st == SPARQ_OK; L++) st = restore_layer_stats(&j, L);
+    for (int L = 0; L <= done && st == SPARQ_OK; L++) st = qz_restore_layer_stats(&j, L);
     if (st == SPARQ_OK && done < 0) {
         st = sq_model_embed(j.m, j.tokens, j.rows * j.T, j.hq);
         if (st == SPARQ_OK) memcpy(j.href, j.hq, nh * sizeof(float));
@@ -1364,12 +1194,12 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             st = sparq_err(SPARQ_E_INTERRUPTED, "stopped after layer %d as asked (--stop-after-layer)", L);
     }
     if (st == SPARQ_OK) {
-        char *hp = work_file(&j, -1);
+        char *hp = qz_work_file(&j, -1);
         bool have = hp && o->resume && done == j.n_layers - 1 && sparq_path_exists(hp);
         sparq_free(hp);
         if (have) {
             sf_model *sf = NULL;
-            char *p = work_file(&j, -1);
+            char *p = qz_work_file(&j, -1);
             st = p ? sf_open(&sf, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
             sparq_free(p);
             if (st == SPARQ_OK) {

@@ -118,6 +118,15 @@ void qz_hess_finish(hess_acc *h);
 void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
 
+/* checkpoint.c */
+sparq_status qz_add_qlin_tensors(sf_writer *w, const qlin *q, trellis_codebook cb);
+sparq_status qz_meta_num(sf_writer *w, const char *prefix, const char *key, double v);
+sparq_status qz_save_hidden(qjob *j, int layer);
+sparq_status qz_load_hidden(qjob *j, int *layer);
+char *qz_work_file(const qjob *j, int layer);
+sparq_status qz_restore_layer_stats(qjob *j, int layer);
+sparq_status qz_check_job(qjob *j, bool resume);
+
 /* skeleton.c */
 sparq_status qz_build_skeleton(qjob *j, char **dir_out);
 

@@ -12,7 +12,7 @@
  *   skeleton/                FP8/MXFP4 sources only: what the runtime model is
  *                            loaded from (qz_build_skeleton; rebuilt on every start)
  *
- * Memory: see release_mapped / spans_release / mem_estimate and
+ * Memory: see qz_release_mapped / qz_spans_release / qz_mem_estimate and
  * docs/quantization.md "Memory". */
 #include "quantize/driver.h"
 
@@ -79,95 +79,6 @@ void qz_opts_default(qz_opts *o)
     o->scale_search = QZ_SCALE_FULL;
 }
 
-/* Drop the pages of a read-only file mapping from this process (they stay in
- * the page cache; a later read faults them back in). This is what keeps the
- * resident set to one layer: the model's and the source's mappings are
- * released as soon as a layer (or a tensor) has been read. Rounded outward to
- * pages: a neighbour's page dropped too is merely re-read. */
-static void release_mapped(const qjob *j, const void *p, uint64_t n)
-{
-    if (!p || !n) return;
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(j->page - 1);
-    uintptr_t e = ((uintptr_t)p + (uintptr_t)n + j->page - 1) & ~(uintptr_t)(j->page - 1);
-    (void)madvise((void *)a, e - a, MADV_DONTNEED);
-}
-
-static void span_add(qjob *j, const void *p, uint64_t n)
-{
-    if (!p || !n) return;
-    if (j->n_spans == j->cap_spans) {
-        int cap = j->cap_spans ? 2 * j->cap_spans : 64;
-        uintptr_t(*x)[2] = sparq_realloc(j->spans, (size_t)cap * sizeof *x);
-        if (!x) return; /* only a release hint is lost */
-        j->spans = x, j->cap_spans = cap;
-    }
-    j->spans[j->n_spans][0] = (uintptr_t)p;
-    j->spans[j->n_spans][1] = (uintptr_t)p + (uintptr_t)n;
-    j->n_spans++;
-}
-
-static int cmp_span(const void *a, const void *b)
-{
-    uintptr_t x = ((const uintptr_t *)a)[0], y = ((const uintptr_t *)b)[0];
-    return x < y ? -1 : x > y;
-}
-
-/* Release every recorded span (all finished layers). Spans are sorted and
- * merged only where they touch (gap under a page), so a merged range never
- * covers memory that is not one of the mapped files. */
-static void spans_release(qjob *j)
-{
-    if (j->n_spans == 0) return;
-    qsort(j->spans, (size_t)j->n_spans, sizeof *j->spans, cmp_span);
-    int m = 0;
-    for (int i = 1; i < j->n_spans; i++) {
-        if (j->spans[i][0] <= j->spans[m][1] + j->page) {
-            if (j->spans[i][1] > j->spans[m][1]) j->spans[m][1] = j->spans[i][1];
-        } else {
-            m++;
-            j->spans[m][0] = j->spans[i][0], j->spans[m][1] = j->spans[i][1];
-        }
-    }
-    j->n_spans = m + 1;
-    for (int i = 0; i < j->n_spans; i++)
-        release_mapped(j, (const void *)j->spans[i][0], j->spans[i][1] - j->spans[i][0]);
-}
-
-void qz_release_weight(qjob *j, const sf_weight *w)
-{
-    release_mapped(j, w->w->data, w->w->nbytes);
-    span_add(j, w->w->data, w->w->nbytes);
-    if (w->scale) {
-        release_mapped(j, w->scale->data, w->scale->nbytes);
-        span_add(j, w->scale->data, w->scale->nbytes);
-    }
-}
-
-/* A "Vm...:  N kB" field of /proc/self/status, bytes; 0 if unknown. */
-static uint64_t proc_status_bytes(const char *field)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t n = strlen(field);
-    unsigned long long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, " %llu", &kb) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
-/* Peak resident set of this process so far (VmHWM; ru_maxrss as fallback), bytes. */
-static uint64_t peak_rss_bytes(void)
-{
-    uint64_t b = proc_status_bytes("VmHWM");
-    struct rusage ru;
-    if (!b && getrusage(RUSAGE_SELF, &ru) == 0) b = (uint64_t)ru.ru_maxrss * 1024;
-    return b;
-}
-
-/* Current resident set (VmRSS), bytes; 0 if unknown. */
-static uint64_t cur_rss_bytes(void) { return proc_status_bytes("VmRSS"); }
-
 /* Run `hidden` (all rows) through layer L in batches. */
 static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer *obs)
 {
@@ -181,7 +92,7 @@ static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer
 
 /* --- bits ----------------------------------------------------------------------- */
 
-static int bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe)
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe)
 {
     const qz_opts *o = j->o;
     int base = (int)floor(o->bits + 1e-9);
@@ -391,25 +302,9 @@ typedef struct lin_ref {
     hess_acc *h;
 } lin_ref;
 
-/* SPARQ_QZ_MEMDEBUG=1: the resident set at each phase on stderr (docs/quantization.md). */
-static void memdbg(const char *what, int L)
-{
-    if (!getenv("SPARQ_QZ_MEMDEBUG")) return;
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256], out[512] = "";
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "Rss", 3) == 0 || strncmp(line, "VmHWM", 5) == 0) {
-            line[strcspn(line, "\n")] = 0;
-            strncat(out, line, sizeof out - strlen(out) - 2);
-            strcat(out, " |");
-        }
-    if (f) fclose(f);
-    fprintf(stderr, "[mem] %-16s %3d %s\n", what, L, out);
-}
-
 static sparq_status do_layer(qjob *j, int L, int n_total)
 {
-    memdbg("layer start", L);
+    qz_memdbg("layer start", L);
     const sq_model_config *c = j->cfg;
     qz_layer_stat *ls = &j->rep->layers[L];
     memset(ls, 0, sizeof *ls);
@@ -474,10 +369,10 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
         qz_hess_finish(&cap.attn), qz_hess_finish(&cap.o), qz_hess_finish(&cap.mlp);
         for (int e = 0; e < n_exp; e++) qz_hess_finish(&cap.down[e]);
     }
-    memdbg("after capture", L);
+    qz_memdbg("after capture", L);
     /* Reference path through the original layer. */
     if (st == SPARQ_OK) st = forward_all(j, L, j->href, NULL);
-    memdbg("after ref fwd", L);
+    qz_memdbg("after ref fwd", L);
     /* The original linears are not run again: drop their pages (quantization reads
      * the source tensor by tensor) and the fp32 copies bound for the skeleton. */
     for (int i = 0; i < n_lin && refs && bound; i++) {
@@ -488,8 +383,8 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
             bound[i] = NULL;
         } else if (l && l->w && l->kind != SQ_LINEAR_EXL3) {
             uint64_t nb = (uint64_t)l->in * l->out * (l->kind == SQ_LINEAR_F32 ? 4 : 2);
-            release_mapped(j, l->w, nb);
-            span_add(j, l->w, nb);
+            qz_release_mapped(j, l->w, nb);
+            qz_span_add(j, l->w, nb);
         }
     }
     sparq_free(bound);
@@ -514,7 +409,7 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
             break;
         }
         const char *key = l->name;
-        int K = bits_for(j, key, L, refs[i].which, moe);
+        int K = qz_bits_for(j, key, L, refs[i].which, moe);
         if (j->o->method != QZ_METHOD_RTN && (hs == NULL || hs_for != refs[i].h)) {
             ldlq_hessian_free(hs);
             hs = NULL;
@@ -546,11 +441,11 @@ static sparq_status do_layer(qjob *j, int L, int n_total)
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
         st = swap_in(j, sq_model_linear(j->m, L, refs[i].which, refs[i].expert), &ql[i]);
     if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
-    memdbg("after hq fwd", L);
+    qz_memdbg("after hq fwd", L);
     sq_linear *router = moe ? sq_model_linear(j->m, L, SQ_LIN_ROUTER, 0) : NULL;
     if (router && router->w && router->kind != SQ_LINEAR_EXL3)
-        span_add(j, router->w, (uint64_t)router->in * router->out * (router->kind == SQ_LINEAR_F32 ? 4 : 2));
-    spans_release(j);
+        qz_span_add(j, router->w, (uint64_t)router->in * router->out * (router->kind == SQ_LINEAR_F32 ? 4 : 2));
+    qz_spans_release(j);
     if (st == SPARQ_OK) {
         hidden_metrics(j, ls);
         ls->mean_proxy = psum / n_lin;
@@ -624,7 +519,7 @@ static sparq_status do_head(qjob *j)
         st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, qz_hash_str(j->o->seed, "lm_head (input)"),
                                   "lm_head (input Hessian)");
     if (st == SPARQ_OK) {
-        int K = bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
+        int K = qz_bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
         st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
         if (st == SPARQ_OK) {
             sparq_free(q.key);
@@ -793,7 +688,7 @@ sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, siz
         else if (w) sf_writer_free(w);
         sparq_free(p);
         for (size_t i = 0; i < ne; i++)
-            if (ent[i].shard == s && !ent[i].owned) release_mapped(j, ent[i].t->data, ent[i].t->nbytes);
+            if (ent[i].shard == s && !ent[i].owned) qz_release_mapped(j, ent[i].t->data, ent[i].t->nbytes);
     }
     if (st == SPARQ_OK && n_shards > 1) {
         json_t *idx = json_object(), *md = json_object();
@@ -946,140 +841,6 @@ static sparq_status assemble_output(qjob *j)
     return st;
 }
 
-/* --- memory estimate ---------------------------------------------------------------- */
-
-static void mem_add(qz_report *r, const char *what, uint64_t bytes)
-{
-    if (r->n_mem_parts < QZ_MEM_PARTS) r->mem_parts[r->n_mem_parts++] = (qz_mem_part){what, bytes};
-    r->mem_estimate += bytes;
-}
-
-/* Stored bytes of linear `key` in the source and its in/out (0 if absent). */
-static uint64_t src_linear(const qjob *j, const char *key, uint64_t *k, uint64_t *n)
-{
-    sf_weight w;
-    *k = *n = 0;
-    if (!key || sf_weight_find(j->src, key, &w) != SPARQ_OK) {
-        sparq_err_clear();
-        return 0;
-    }
-    *k = w.in, *n = w.out;
-    return w.nbytes;
-}
-
-/* An upper estimate of the run's peak resident set, term by term (what each
- * phase holds at once; docs/quantization.md "Memory"): the process as loaded,
- * the runtime's KV cache and workspace, the three calibration hidden-state
- * sets, the Viterbi encoder, the embedding rows the calibration tokens touch,
- * then the largest of: one layer (its mapped or fp32-bound weights and
- * Hessians during the forwards; Hessians + one linear's work + the layer's
- * quantized output while quantizing), the head, one output shard. */
-static void mem_estimate(qjob *j, uint64_t base_rss)
-{
-    const qz_opts *o = j->o;
-    const sq_model_config *c = j->cfg;
-    qz_report *r = j->rep;
-    r->mem_estimate = 0;
-    r->n_mem_parts = 0;
-    bool calibrated = o->method == QZ_METHOD_TRELLIS, rtn = o->method == QZ_METHOD_RTN;
-    uint64_t d = (uint64_t)j->d, qd = (uint64_t)c->num_attention_heads * c->head_dim;
-    uint64_t nh = (uint64_t)j->rows * j->T * d;
-    sq_model_mem mm;
-    sq_model_mem_report(j->m, &mm);
-    mem_add(r, "process so far (code, libraries, model index, tokenizer run)", base_rss);
-    mem_add(r, "runtime KV cache and workspace", mm.kv + mm.workspace);
-    mem_add(r, "calibration hidden states (3 sets: quantized path, reference, scratch)", 3 * nh * 4);
-    const sf_tensor *emb = sf_find(j->src, "model.embed_tokens.weight");
-    uint64_t emb_touch = emb ? emb->nbytes : 0;
-    if (emb && emb->shape[0] > 0) {
-        uint64_t rowb = emb->nbytes / emb->shape[0] + j->page;
-        if ((uint64_t)j->rows * j->T * rowb < emb_touch) emb_touch = (uint64_t)j->rows * j->T * rowb;
-    }
-    mem_add(r, "embedding rows of the calibration tokens", emb_touch);
-
-    uint64_t worst_layer = 0;
-    int kmin = o->head_bits; /* the smallest K sizes the Viterbi encoder: 2^(16-K) states */
-    for (int L = 0; L < j->n_layers; L++) {
-        bool moe = sq_model_layer_is_moe(j->m, L);
-        int n_exp = moe ? (int)c->num_experts : 1;
-        uint64_t inter = moe ? c->moe_intermediate_size : c->intermediate_size;
-        uint64_t hess = calibrated ? 4 * (2 * d * d + qd * qd + (uint64_t)n_exp * inter * inter) : 0;
-        uint64_t fwd = 0, outputs = 0, work = 0, kmax = 0;
-        for (int which = SQ_LIN_Q; which <= SQ_LIN_DOWN; which++) {
-            if (which == SQ_LIN_ROUTER && !moe) continue;
-            int ne = which >= SQ_LIN_GATE ? n_exp : 1;
-            for (int e = 0; e < ne; e++) {
-                sq_linear *l = sq_model_linear(j->m, L, (sq_lin_id)which, e);
-                uint64_t k, n, b = src_linear(j, l ? l->name : NULL, &k, &n);
-                /* bound as fp32 (skeleton) or mapped as stored */
-                fwd += l && l->kind == SQ_LINEAR_EXL3 ? 4 * k * n : b;
-                if (which == SQ_LIN_ROUTER) continue;
-                int K = bits_for(j, l ? l->name : "", L, (sq_lin_id)which, moe);
-                if (K < kmin) kmin = K;
-                outputs += rtn ? 2 * k * n : (uint64_t)K * k * n / 8 + 2 * (k + n);
-                uint64_t w = b + 4 * k * n * (rtn ? 3 : 7);
-                if (w > work) work = w;
-                if (k > kmax) kmax = k;
-            }
-        }
-        uint64_t prep = rtn ? 0 : 2 * 4 * kmax * kmax + 16 * kmax;
-        uint64_t quant = hess + prep + work + outputs;
-        uint64_t peak = (fwd + hess > quant ? fwd + hess : quant);
-        if (peak > worst_layer) worst_layer = peak;
-    }
-    /* per thread: 256 back-pointer bytes and two fp32 costs per state; one 64K-entry table */
-    uint64_t states = 1ull << (16 - (kmin < 1 ? 1 : kmin));
-    uint64_t enc = rtn ? 0 : (uint64_t)sparq_pool_size(j->pool) * (256 * states + 2 * (states + 8) * 4) + 65536 * 4;
-    mem_add(r, "Viterbi encoder (per thread)", enc);
-    uint64_t hk, hn, hb = src_linear(j, sf_find(j->src, "lm_head.weight") || sf_find(j->src, "lm_head_blocks")
-                                           ? "lm_head" : "model.embed_tokens", &hk, &hn);
-    uint64_t head = hb + 4 * hk * hn * (rtn ? 3 : 7) + (calibrated ? 3 * 4 * d * d : 0) + 2 * 4 * d * d +
-                    (rtn ? 2 : 1) * hk * hn;
-    /* the largest output (or skeleton) shard: at most the cap, at most the whole
-     * output, which is bounded by 2 bytes per weight for the quantized linears
-     * (bf16 RTN; EXL3 is less) and the stored size (F32 when dequantised) otherwise */
-    uint64_t out_upper = 0;
-    for (size_t i = 0; i < sf_count(j->src); i++) {
-        const sf_tensor *x = sf_at(j->src, i);
-        bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
-        out_upper += dense ? x->nbytes : 8 * x->numel;
-    }
-    uint64_t shard = qz_shard_cap(j);
-    if (out_upper < shard) shard = out_upper;
-    const char *what = "largest layer (weights, Hessians, quantization work, its output)";
-    uint64_t big = worst_layer;
-    if (head > big) big = head, what = "lm_head (fp32 copies and quantization work)";
-    if (shard > big) big = shard, what = "one output shard while it is written";
-    mem_add(r, what, big);
-    mem_add(r, "allocator and thread-stack slack", 8ull << 20);
-}
-
-/* The refusal: every term, the largest named, with what lowers it. */
-static sparq_status mem_refuse(const qjob *j)
-{
-    const qz_report *r = j->rep;
-    char msg[2048], a[32], b[32];
-    int n = 0, big = 0;
-    for (int i = 1; i < r->n_mem_parts; i++)
-        if (r->mem_parts[i].bytes > r->mem_parts[big].bytes) big = i;
-    sparq_format_bytes(a, sizeof a, (double)r->mem_estimate);
-    sparq_format_bytes(b, sizeof b, (double)j->o->max_mem);
-    n += snprintf(msg + n, sizeof msg - (size_t)n, "--max-mem %s is too small: the estimated peak is %s =", b, a);
-    for (int i = 0; i < r->n_mem_parts && n < (int)sizeof msg; i++) {
-        sparq_format_bytes(a, sizeof a, (double)r->mem_parts[i].bytes);
-        n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s %s", i ? " +" : "", a, r->mem_parts[i].what);
-    }
-    const char *w = r->mem_parts[big].what, *hint = "";
-    if (strstr(w, "hidden")) hint = "; lower --calib-rows / --calib-len";
-    else if (strstr(w, "encoder")) hint = "; use fewer --threads";
-    else if (strstr(w, "process")) hint = "; the process itself needs that much before any layer";
-    else if (strstr(w, "layer") || strstr(w, "lm_head")) hint = "; one layer must fit (it is the streaming unit)";
-    sparq_format_bytes(a, sizeof a, (double)r->mem_parts[big].bytes);
-    if (n < (int)sizeof msg)
-        snprintf(msg + n, sizeof msg - (size_t)n, ". Largest: %s (%s)%s", w, a, hint);
-    return sparq_err(SPARQ_E_FIT, "%s", msg);
-}
-
 /* --- the job ---------------------------------------------------------------------- */
 
 static void job_free(qjob *j)
@@ -1150,11 +911,11 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         rep->calib_rows = j.rows;
         rep->calib_len = j.T;
         nh = (size_t)j.rows * j.T * j.d;
-        memdbg("estimate", -1);
-        uint64_t now = cur_rss_bytes(), hwm = peak_rss_bytes();
-        mem_estimate(&j, hwm > now ? hwm : now);
+        qz_memdbg("estimate", -1);
+        uint64_t now = qz_cur_rss_bytes(), hwm = qz_peak_rss_bytes();
+        qz_mem_estimate(&j, hwm > now ? hwm : now);
         if (o->max_mem && rep->mem_estimate > o->max_mem) {
-            st = mem_refuse(&j);
+            st = qz_mem_refuse(&j);
             if (new_work) { /* refused before any work: leave nothing behind */
                 if (skel_dir) {
                     qz_clear_dir_files(skel_dir);
@@ -1212,12 +973,12 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             st = do_head(&j);
         }
     }
-    memdbg("before assembly", -1);
+    qz_memdbg("before assembly", -1);
     if (st == SPARQ_OK) st = assemble_output(&j);
-    memdbg("after assembly", -1);
+    qz_memdbg("after assembly", -1);
     rep->quant_seconds = j.t_quant;
     rep->total_seconds = sparq_now() - t_start;
-    rep->peak_rss = peak_rss_bytes();
+    rep->peak_rss = qz_peak_rss_bytes();
     job_free(&j);
     sparq_free(skel_dir);
     return st;

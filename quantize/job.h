@@ -133,8 +133,19 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out);
 /* report.c */
 sparq_status qz_report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy);
 
-/* still in driver.c (until its stage has a file) */
+/* memory.c */
+void qz_release_mapped(const qjob *j, const void *p, uint64_t n);
+void qz_span_add(qjob *j, const void *p, uint64_t n);
+void qz_spans_release(qjob *j);
 void qz_release_weight(qjob *j, const sf_weight *w);
+uint64_t qz_peak_rss_bytes(void);
+uint64_t qz_cur_rss_bytes(void);
+void qz_memdbg(const char *what, int L);
+void qz_mem_estimate(qjob *j, uint64_t base_rss);
+sparq_status qz_mem_refuse(const qjob *j);
+
+/* still in driver.c (until its stage has a file) */
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe);
 int qz_cmp_entry(const void *a, const void *b);
 sparq_status qz_write_json(const char *path, json_t *v);
 sparq_status qz_copy_file(const char *src_dir, const char *dst_dir, const char *name);

@@ -130,6 +130,15 @@ sparq_status qz_check_job(qjob *j, bool resume);
 /* skeleton.c */
 sparq_status qz_build_skeleton(qjob *j, char **dir_out);
 
+/* output.c */
+int qz_cmp_entry(const void *a, const void *b);
+sparq_status qz_write_json(const char *path, json_t *v);
+sparq_status qz_copy_file(const char *src_dir, const char *dst_dir, const char *name);
+void qz_clear_dir_files(const char *dir);
+uint64_t qz_shard_cap(const qjob *j);
+sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap);
+sparq_status qz_assemble_output(qjob *j);
+
 /* report.c */
 sparq_status qz_report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy);
 
@@ -146,11 +155,5 @@ sparq_status qz_mem_refuse(const qjob *j);
 
 /* still in driver.c (until its stage has a file) */
 int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe);
-int qz_cmp_entry(const void *a, const void *b);
-sparq_status qz_write_json(const char *path, json_t *v);
-sparq_status qz_copy_file(const char *src_dir, const char *dst_dir, const char *name);
-void qz_clear_dir_files(const char *dir);
-uint64_t qz_shard_cap(const qjob *j);
-sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap);
 
 #endif

@@ -118,6 +118,11 @@ void qz_hess_finish(hess_acc *h);
 void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
 
+/* layer.c */
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe);
+sparq_status qz_do_layer(qjob *j, int L, int n_total);
+sparq_status qz_do_head(qjob *j);
+
 /* checkpoint.c */
 sparq_status qz_add_qlin_tensors(sf_writer *w, const qlin *q, trellis_codebook cb);
 sparq_status qz_meta_num(sf_writer *w, const char *prefix, const char *key, double v);
@@ -152,8 +157,5 @@ uint64_t qz_cur_rss_bytes(void);
 void qz_memdbg(const char *what, int L);
 void qz_mem_estimate(qjob *j, uint64_t base_rss);
 sparq_status qz_mem_refuse(const qjob *j);
-
-/* still in driver.c (until its stage has a file) */
-int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe);
 
 #endif

@@ -1,0 +1,483 @@
+/* quantize/layer.c — the per-layer loop: qz_do_layer captures the layer's
+ * Hessians, runs the reference path, quantizes every linear of the layer
+ * (EXL3 through quantize/ldlq.h, or the RTN baseline), swaps them into the
+ * model, advances the quantized path and checkpoints the layer; qz_do_head
+ * does lm_head. Also here: the bits each tensor gets (qz_bits_for) and the
+ * loading of one source linear as fp32. The order of steps is driver.h's. */
+#include <fnmatch.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/half.h"
+#include "common/progress.h"
+#include "kernels/cpu/ops.h"
+#include "quantize/job.h"
+#include "quantize/ldlq.h"
+
+/* Run `hidden` (all rows) through layer L in batches. */
+static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer *obs)
+{
+    int T = j->T, per = j->batch_seqs;
+    for (int s0 = 0; s0 < j->rows; s0 += per) {
+        int ns = j->rows - s0 < per ? j->rows - s0 : per;
+        FORWARD_IF(sq_model_forward_layer(j->m, L, hidden + (size_t)s0 * T * j->d, ns * T, j->pos, -1, obs));
+    }
+    return SPARQ_OK;
+}
+
+/* --- bits ----------------------------------------------------------------------- */
+
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe)
+{
+    const qz_opts *o = j->o;
+    int base = (int)floor(o->bits + 1e-9);
+    double frac = o->bits - base;
+    if (frac > 1e-9 && layer >= 0) {
+        /* Upgrade an evenly spread share `frac` of the layers by one bit. */
+        if (floor((layer + 1) * frac + 1e-9) > floor(layer * frac + 1e-9)) base++;
+    }
+    int K;
+    if (layer < 0) K = o->head_bits;
+    else if (which <= SQ_LIN_O) K = base + 2;
+    else K = moe ? base : base + 1;
+    for (int r = 0; r < o->n_rules; r++)
+        if (fnmatch(o->rules[r].pattern, key, 0) == 0) K = o->rules[r].K;
+    if (K < 1) K = 1;
+    if (K > TRELLIS_K_MAX) K = TRELLIS_K_MAX;
+    return K;
+}
+
+/* --- one linear --------------------------------------------------------------- */
+
+static void qlin_free(qlin *q)
+{
+    sparq_free(q->key);
+    sparq_free(q->trellis);
+    sparq_free(q->suh);
+    sparq_free(q->svh);
+    sparq_free(q->bf16);
+    memset(q, 0, sizeof *q);
+}
+
+/* Load linear `key` [out, in] from the source as fp32 (any stored form of
+ * formats/weights.h), transposed to (in, out) when `transpose`; the source's
+ * pages are released once read. */
+static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
+{
+    sf_weight sw;
+    FORWARD_IF(sf_weight_find(j->src, key, &sw));
+    RETURN_IF(sw.out > (1u << 24) || sw.in > (1u << 24), SPARQ_E_SHAPE, "%s: '%s' is too large", j->o->model_dir,
+              key);
+    int out = (int)sw.out, in = (int)sw.in;
+    size_t numel = (size_t)out * in;
+    float *a = sparq_malloc(numel * sizeof(float));
+    RETURN_IF(!a, SPARQ_E_NOMEM, "%s: out of memory", key);
+    sparq_status st = sf_weight_to_f32(&sw, a);
+    qz_release_weight(j, &sw);
+    if (st != SPARQ_OK) {
+        sparq_free(a);
+        return sparq_err_context(st, "%s", key);
+    }
+    if (transpose) {
+        float *b = sparq_malloc(numel * sizeof(float));
+        if (!b) {
+            sparq_free(a);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c++) b[(size_t)c * out + r] = a[(size_t)r * in + c];
+        sparq_free(a);
+        a = b;
+    }
+    *out_n = out, *in_n = in, *w = a;
+    return SPARQ_OK;
+}
+
+static sparq_status get_enc(qjob *j, int K, viterbi_enc **out)
+{
+    if (!j->enc[K]) {
+        /* One encoder at a time: each holds 256 bytes per state (2^(16-K)) and thread. */
+        for (int k = 0; k <= TRELLIS_K_MAX; k++) {
+            viterbi_free(j->enc[k]);
+            j->enc[k] = NULL;
+        }
+        FORWARD_IF(viterbi_create(&j->enc[K], K, j->o->cb, sparq_pool_size(j->pool)));
+    }
+    *out = j->enc[K];
+    return SPARQ_OK;
+}
+
+/* RTN: per-group (along the input dim) asymmetric min/max, 2^K levels. */
+static void rtn_quantize(const float *w, int out, int in, int K, int group, float *deq)
+{
+    int levels = (1 << K) - 1;
+    for (int r = 0; r < out; r++)
+        for (int g0 = 0; g0 < in; g0 += group) {
+            int g1 = g0 + group < in ? g0 + group : in;
+            const float *x = w + (size_t)r * in;
+            float lo = x[g0], hi = x[g0];
+            for (int c = g0; c < g1; c++) lo = fminf(lo, x[c]), hi = fmaxf(hi, x[c]);
+            float scale = (hi - lo) / (float)levels;
+            for (int c = g0; c < g1; c++) {
+                float q = scale > 0 ? roundf((x[c] - lo) / scale) : 0.0f;
+                deq[(size_t)r * in + c] = sparq_bf16_to_f32(sparq_f32_to_bf16(lo + q * scale));
+            }
+        }
+}
+
+/* Quantize one linear `key` with prepared Hessian hs (NULL for RTN); h_mean
+ * (may be NULL) is the undamped mean Hessian for RTN's error metric. */
+static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_hessian *hs, const float *h_mean,
+                                    double g_fixed, double *g_used, qlin *q)
+{
+    memset(q, 0, sizeof *q);
+    q->key = sparq_strdup(key);
+    RETURN_IF(!q->key, SPARQ_E_NOMEM, "out of memory");
+    q->K = K;
+    double t0 = sparq_now();
+    float *w = NULL;
+    int out, in;
+    sparq_status st;
+    if (j->o->method == QZ_METHOD_RTN) {
+        FORWARD_IF(load_weight(j, key, &out, &in, &w, false));
+        q->k = in, q->n = out;
+        float *deq = sparq_malloc((size_t)out * in * sizeof(float));
+        q->bf16 = sparq_malloc((size_t)out * in * sizeof(uint16_t));
+        if (!deq || !q->bf16) {
+            sparq_free(w);
+            sparq_free(deq);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        rtn_quantize(w, out, in, K, j->o->rtn_group, deq);
+        for (size_t i = 0; i < (size_t)out * in; i++) q->bf16[i] = sparq_f32_to_bf16(deq[i]);
+        /* Error metric: relative error weighted by the input Hessian when we have one. */
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)out * in; i++) {
+            double e = (double)w[i] - deq[i];
+            num += e * e, den += (double)w[i] * w[i];
+        }
+        sparq_free(deq);
+        (void)h_mean;
+        q->proxy = den > 0 ? num / den : 0.0;
+        sparq_free(w);
+    } else {
+        FORWARD_IF(load_weight(j, key, &out, &in, &w, true));
+        q->k = in, q->n = out;
+        RETURN_IF(in != ldlq_hessian_k(hs), SPARQ_E_STATE, "%s: input size %d but Hessian is %d", key, in,
+                  ldlq_hessian_k(hs));
+        q->trellis = sparq_malloc((size_t)in * out / 256 * 16 * K * sizeof(uint16_t));
+        q->suh = sparq_malloc((size_t)in * sizeof(uint16_t));
+        q->svh = sparq_malloc((size_t)out * sizeof(uint16_t));
+        if (!q->trellis || !q->suh || !q->svh) {
+            sparq_free(w);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        viterbi_enc *enc = NULL;
+        st = get_enc(j, K, &enc);
+        ldlq_opts lo;
+        ldlq_opts_default(&lo, K);
+        lo.cb = j->o->cb;
+        lo.seed = qz_hash_str(j->o->seed, key);
+        lo.out_scales = 1; /* exllamav3 1.4.1: "always" */
+        lo.g_fixed = j->o->scale_search == QZ_SCALE_FIXED ? ldlq_default_g(K, j->o->cb) : g_fixed;
+        ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
+        if (st == SPARQ_OK) st = ldlq_quantize(hs, w, out, &lo, enc, j->pool, key, &res);
+        sparq_free(w);
+        FORWARD_IF(st);
+        q->proxy = res.proxy_err;
+        if (g_used) *g_used = res.g_scale;
+        q->tl = (trellis_linear){.k = in, .n = out, .K = K, .cb = j->o->cb, .trellis = q->trellis,
+                                 .suh = q->suh, .svh = q->svh};
+    }
+    j->t_quant += sparq_now() - t0;
+    j->rep->n_weights += (uint64_t)q->k * q->n;
+    return SPARQ_OK;
+}
+
+/* Swap q into the model's linear l. */
+static sparq_status swap_in(qjob *j, sq_linear *l, qlin *q)
+{
+    (void)j;
+    RETURN_IF(!l, SPARQ_E_STATE, "%s: the model has no such linear", q->key);
+    if (q->bf16) {
+        /* the bf16 values are exactly the RTN grid points (rtn_quantize rounds to bf16) */
+        l->kind = SQ_LINEAR_BF16;
+        l->w = q->bf16;
+        l->impl = NULL;
+        l->forward = NULL;
+        return SPARQ_OK;
+    }
+    return sq_cpu_linear_exl3_bind(l, &q->tl, q->key);
+}
+
+/* --- the layer loop --------------------------------------------------------------- */
+
+static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
+{
+    size_t rows = (size_t)j->rows * j->T;
+    double num = 0, den = 0, cos_sum = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const float *a = j->hq + r * j->d, *b = j->href + r * j->d;
+        double ab = 0, aa = 0, bb = 0, e = 0;
+        for (int c = 0; c < j->d; c++) {
+            ab += (double)a[c] * b[c], aa += (double)a[c] * a[c], bb += (double)b[c] * b[c];
+            e += ((double)a[c] - b[c]) * ((double)a[c] - b[c]);
+        }
+        num += e, den += bb;
+        cos_sum += (aa > 0 && bb > 0) ? ab / sqrt(aa * bb) : 1.0;
+    }
+    ls->rel_err = den > 0 ? sqrt(num / den) : 0.0;
+    ls->cosine = cos_sum / (double)rows;
+    ls->sqnr_db = num > 0 ? 10.0 * log10(den / num) : 999.0;
+}
+
+typedef struct lin_ref {
+    sq_lin_id which;
+    int expert;
+    hess_acc *h;
+} lin_ref;
+
+sparq_status qz_do_layer(qjob *j, int L, int n_total)
+{
+    qz_memdbg("layer start", L);
+    const sq_model_config *c = j->cfg;
+    qz_layer_stat *ls = &j->rep->layers[L];
+    memset(ls, 0, sizeof *ls);
+    ls->layer = L;
+    double t0 = sparq_now(), tq0 = j->t_quant;
+    uint64_t nw0 = j->rep->n_weights;
+    bool moe = sq_model_layer_is_moe(j->m, L);
+    int n_exp = moe ? (int)c->num_experts : 1;
+    size_t nh = (size_t)j->rows * j->T * j->d;
+
+    layer_capture cap = {.layer = L, .n_down = n_exp};
+    cap.down = sparq_calloc((size_t)n_exp, sizeof *cap.down);
+    RETURN_IF(!cap.down, SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = SPARQ_OK;
+    bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
+
+    /* The linears of this layer, grouped by Hessian. */
+    int n_lin = 4 + 3 * n_exp;
+    lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
+    qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
+    float **bound = sparq_calloc((size_t)n_lin, sizeof *bound); /* skeleton: dequantised fp32 linears */
+    if (!refs || !ql || !bound) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) {
+        int i = 0;
+        refs[i++] = (lin_ref){SQ_LIN_Q, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_K, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_V, 0, &cap.attn};
+        refs[i++] = (lin_ref){SQ_LIN_O, 0, &cap.o};
+        for (int e = 0; e < n_exp; e++) {
+            refs[i++] = (lin_ref){SQ_LIN_GATE, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_UP, e, &cap.mlp};
+            refs[i++] = (lin_ref){SQ_LIN_DOWN, e, &cap.down[e]};
+        }
+    }
+    /* Skeleton: bind the layer's FP8/MXFP4 linears as fp32 while it runs. */
+    for (int i = 0; i < n_lin && st == SPARQ_OK && j->skeleton; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (!l || l->kind != SQ_LINEAR_EXL3) continue; /* dense in the source: mapped as is */
+        int out, in;
+        st = load_weight(j, l->name, &out, &in, &bound[i], false);
+        if (st == SPARQ_OK && (out != l->out || in != l->in))
+            st = sparq_err(SPARQ_E_SHAPE, "%s: '%s' is %d -> %d, expected %d -> %d", j->o->model_dir, l->name, in,
+                           out, l->in, l->out);
+        if (st == SPARQ_OK) {
+            l->kind = SQ_LINEAR_F32;
+            l->w = bound[i];
+            l->impl = NULL;
+            l->forward = NULL;
+        }
+    }
+    if (calibrated && st == SPARQ_OK) {
+        int qdim = (int)(c->num_attention_heads * c->head_dim);
+        st = qz_hess_init(&cap.attn, j->d);
+        if (st == SPARQ_OK) st = qz_hess_init(&cap.o, qdim);
+        if (st == SPARQ_OK) st = qz_hess_init(&cap.mlp, j->d);
+        if (st == SPARQ_OK) {
+            memcpy(j->tmp, j->hq, nh * sizeof(float));
+            sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .all_experts = true};
+            st = forward_all(j, L, j->tmp, &obs);
+            if (st == SPARQ_OK) st = cap.st;
+        }
+        qz_hess_finish(&cap.attn), qz_hess_finish(&cap.o), qz_hess_finish(&cap.mlp);
+        for (int e = 0; e < n_exp; e++) qz_hess_finish(&cap.down[e]);
+    }
+    qz_memdbg("after capture", L);
+    /* Reference path through the original layer. */
+    if (st == SPARQ_OK) st = forward_all(j, L, j->href, NULL);
+    qz_memdbg("after ref fwd", L);
+    /* The original linears are not run again: drop their pages (quantization reads
+     * the source tensor by tensor) and the fp32 copies bound for the skeleton. */
+    for (int i = 0; i < n_lin && refs && bound; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (bound[i]) {
+            if (l) l->w = NULL;
+            sparq_free(bound[i]);
+            bound[i] = NULL;
+        } else if (l && l->w && l->kind != SQ_LINEAR_EXL3) {
+            uint64_t nb = (uint64_t)l->in * l->out * (l->kind == SQ_LINEAR_F32 ? 4 : 2);
+            qz_release_mapped(j, l->w, nb);
+            qz_span_add(j, l->w, nb);
+        }
+    }
+    sparq_free(bound);
+    char label[64], eta[32] = "?";
+    if (L > 0 && j->rep->total_seconds > 0) {
+        double per = j->rep->total_seconds / (L - j->rep->resumed_layers > 0 ? L - j->rep->resumed_layers : 1);
+        sparq_format_duration(eta, sizeof eta, per * (n_total - L));
+    }
+    snprintf(label, sizeof label, "layer %d/%d eta %s", L + 1, n_total, eta);
+    sparq_progress pb;
+    sparq_progress_begin(&pb, label, (uint64_t)n_lin, SPARQ_PROGRESS_ITEMS);
+    sparq_progress_set_unit_name(&pb, "tensors");
+    ldlq_hessian *hs = NULL;
+    const hess_acc *hs_for = NULL;
+    double psum = 0, pmax = 0;
+    double g_shared[3][TRELLIS_K_MAX + 1] = {{0}}; /* GATE/UP/DOWN × K, from expert 0 */
+    for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        if (!l) {
+            st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, sq_lin_id_name(refs[i].which),
+                           refs[i].expert);
+            break;
+        }
+        const char *key = l->name;
+        int K = qz_bits_for(j, key, L, refs[i].which, moe);
+        if (j->o->method != QZ_METHOD_RTN && (hs == NULL || hs_for != refs[i].h)) {
+            ldlq_hessian_free(hs);
+            hs = NULL;
+            hs_for = refs[i].h;
+            int k = l->in;
+            char hname[600];
+            snprintf(hname, sizeof hname, "%s (input Hessian)", key);
+            st = ldlq_hessian_prepare(&hs, calibrated ? refs[i].h->h : NULL, k, 0.0f,
+                                      qz_hash_str(j->o->seed, hname), hname);
+            if (st != SPARQ_OK) break;
+        }
+        double *gs = NULL, g_fixed = 0.0;
+        if (moe && refs[i].which >= SQ_LIN_GATE && j->o->scale_search == QZ_SCALE_SHARED) {
+            gs = &g_shared[refs[i].which - SQ_LIN_GATE][K];
+            g_fixed = *gs;
+        }
+        st = quantize_linear(j, key, K, hs, calibrated ? refs[i].h->h : NULL, g_fixed, gs, &ql[i]);
+        if (st == SPARQ_OK) {
+            psum += ql[i].proxy;
+            pmax = fmax(pmax, ql[i].proxy);
+        }
+        sparq_progress_add(&pb, 1);
+    }
+    sparq_progress_end(&pb);
+    ldlq_hessian_free(hs);
+    qz_capture_free(&cap);
+
+    /* Swap in and advance the quantized path with normal routing. */
+    for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
+        st = swap_in(j, sq_model_linear(j->m, L, refs[i].which, refs[i].expert), &ql[i]);
+    if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
+    qz_memdbg("after hq fwd", L);
+    sq_linear *router = moe ? sq_model_linear(j->m, L, SQ_LIN_ROUTER, 0) : NULL;
+    if (router && router->w && router->kind != SQ_LINEAR_EXL3)
+        qz_span_add(j, router->w, (uint64_t)router->in * router->out * (router->kind == SQ_LINEAR_F32 ? 4 : 2));
+    qz_spans_release(j);
+    if (st == SPARQ_OK) {
+        hidden_metrics(j, ls);
+        ls->mean_proxy = psum / n_lin;
+        ls->max_proxy = pmax;
+        ls->seconds = sparq_now() - t0;
+        ls->quant_seconds = j->t_quant - tq0;
+        ls->n_weights = j->rep->n_weights - nw0;
+        for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
+            st = qz_report_add_tensor(j->rep, ql[i].key, ql[i].K, ql[i].k, ql[i].n, ql[i].proxy);
+    }
+    /* Checkpoint: the layer's tensors, then the hidden states. */
+    if (st == SPARQ_OK) {
+        char *path = qz_work_file(j, L);
+        sf_writer *w = NULL;
+        st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+            st = qz_add_qlin_tensors(w, &ql[i], j->o->cb);
+            if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", ql[i].key, ql[i].proxy);
+            if (st == SPARQ_OK) st = qz_meta_num(w, "K.", ql[i].key, ql[i].K);
+        }
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "rel_err", ls->rel_err);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "cosine", ls->cosine);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "sqnr_db", ls->sqnr_db);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "mean_proxy", ls->mean_proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "layer.", "max_proxy", ls->max_proxy);
+        if (st == SPARQ_OK) st = sf_writer_finish(w);
+        else sf_writer_free(w);
+        sparq_free(path);
+    }
+    if (st == SPARQ_OK) st = qz_save_hidden(j, L);
+    /* The model keeps pointing at ql's buffers until the next layer is run;
+     * layer L is never run again, so they can go now. */
+    for (int i = 0; i < n_lin && ql; i++) qlin_free(&ql[i]);
+    sparq_free(ql);
+    sparq_free(refs);
+    return st;
+}
+
+/* lm_head: Hessian of final_norm(h_q), weight lm_head.weight or the tied embedding. */
+sparq_status qz_do_head(qjob *j)
+{
+    const char *wkey = sf_find(j->src, "lm_head.weight") ? "lm_head" : "model.embed_tokens";
+    const sf_tensor *nw = sf_find(j->src, "model.norm.weight");
+    RETURN_IF(!nw || nw->numel != (uint64_t)j->d, SPARQ_E_NOTFOUND, "%s: model.norm.weight missing or wrong size",
+              j->o->model_dir);
+    size_t rows = (size_t)j->rows * j->T;
+    float *norm = sparq_malloc((size_t)j->d * sizeof(float));
+    hess_acc h = {0};
+    sparq_status st = norm ? sf_to_f32(nw, norm) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
+    if (st == SPARQ_OK && calibrated) {
+        st = qz_hess_init(&h, j->d);
+        for (size_t r = 0; r < rows && st == SPARQ_OK; r++) {
+            const float *x = j->hq + r * j->d;
+            float *y = j->tmp + r * j->d;
+            double ss = 0;
+            for (int c = 0; c < j->d; c++) ss += (double)x[c] * x[c];
+            float inv = (float)(1.0 / sqrt(ss / j->d + j->cfg->rms_norm_eps));
+            for (int c = 0; c < j->d; c++) y[c] = x[c] * inv * norm[c];
+        }
+        if (st == SPARQ_OK) {
+            for (size_t r0 = 0; r0 < rows; r0 += 4096)
+                qz_hess_add(&h, j->tmp + r0 * j->d, (int)(rows - r0 < 4096 ? rows - r0 : 4096), j->d);
+            qz_hess_finish(&h);
+        }
+    }
+    sparq_free(norm);
+    ldlq_hessian *hs = NULL;
+    qlin q = {0};
+    if (st == SPARQ_OK && j->o->method != QZ_METHOD_RTN)
+        st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, qz_hash_str(j->o->seed, "lm_head (input)"),
+                                  "lm_head (input Hessian)");
+    if (st == SPARQ_OK) {
+        int K = qz_bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
+        st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
+        if (st == SPARQ_OK) {
+            sparq_free(q.key);
+            q.key = sparq_strdup("lm_head");
+            if (!q.key) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        }
+    }
+    ldlq_hessian_free(hs);
+    qz_hess_free(&h);
+    if (st == SPARQ_OK) st = qz_report_add_tensor(j->rep, "lm_head", q.K, q.k, q.n, q.proxy);
+    if (st == SPARQ_OK) {
+        char *path = qz_work_file(j, -1);
+        sf_writer *w = NULL;
+        st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
+        if (st == SPARQ_OK) st = qz_add_qlin_tensors(w, &q, j->o->cb);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", "lm_head", q.proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "K.", "lm_head", q.K);
+        if (st == SPARQ_OK) st = sf_writer_finish(w);
+        else if (w) sf_writer_free(w);
+        sparq_free(path);
+    }
+    qlin_free(&q);
+    return st;
+}

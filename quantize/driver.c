@@ -1,47 +1,20 @@
-/* quantize/driver.c — `sparq quantize`'s engine: calibration data, the
- * per-layer capture / quantize / swap / advance loop with its work-dir
- * checkpoint, and assembly of the exllamav3-layout output directory. See
- * driver.h for the algorithm; the per-matrix math is quantize/ldlq.c.
- *
- * Work dir files (all written atomically):
- *   job.txt                  the options that must match on --resume
- *   layer-NNNN.safetensors   layer N's stored tensors + metadata (metrics)
- *   head.safetensors         lm_head
- *   hidden.bin               hidden states (quantized path, reference path)
- *                            after the last finished layer: the checkpoint
- *   skeleton/                FP8/MXFP4 sources only: what the runtime model is
- *                            loaded from (qz_build_skeleton; rebuilt on every start)
- *
- * Memory: see qz_release_mapped / qz_spans_release / qz_mem_estimate and
- * docs/quantization.md "Memory". */
+/* quantize/driver.c — `sparq quantize`'s engine, the job itself: the options'
+ * defaults and qz_run, which sets the job up (work dir, source, skeleton,
+ * model, calibration tokens, the memory check), resumes from the checkpoint,
+ * runs the layers and lm_head and assembles the output, then frees it all.
+ * See driver.h for the algorithm and quantize/job.h for the file of each
+ * stage; the per-matrix math is quantize/ldlq.c. */
 #include "quantize/driver.h"
 
-#include <cblas.h>
-#include <dirent.h>
-#include <fnmatch.h>
-#include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
-#include "common/half.h"
 #include "common/progress.h"
-#include "formats/hfconfig.h"
-#include "formats/safetensors.h"
-#include "formats/tokenizer.h"
-#include "formats/weights.h"
-#include "kernels/cpu/ops.h"
 #include "quantize/job.h"
-#include "quantize/ldlq.h"
-#include "runtime/model.h"
-#include "sparq_version.h"
 
 const char *qz_method_name(qz_method m)
 {

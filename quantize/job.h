@@ -1,8 +1,13 @@
 /* quantize/job.h — what the files of the quantization driver share (not a
  * public interface; quantize/driver.h is): the job state `qjob` that
  * qz_run sets up and every stage reads, the per-layer Hessian accumulators,
- * one quantized linear `qlin`, an output tensor entry, and the entry points
- * the files give each other. */
+ * one quantized linear `qlin`, an output tensor entry, and each stage's entry
+ * points. The stages, one file each: calib.c (calibration tokens), capture.c
+ * (Hessians through the runtime's observer), layer.c (the per-layer loop and
+ * lm_head), checkpoint.c (the work dir and --resume), skeleton.c (FP8/MXFP4
+ * sources), output.c (the output directory), report.c (the report and its
+ * files), memory.c (page release, resident set, the --max-mem estimate);
+ * driver.c runs them in order. */
 #ifndef SPARQ_QUANTIZE_JOB_H
 #define SPARQ_QUANTIZE_JOB_H
 

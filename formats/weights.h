@@ -12,8 +12,9 @@
  *    (DeepSeek-V4.1 routed experts), or gpt-oss's per-matrix naming
  *    `<key>_blocks` U8 [out, in/32, 16] with `<key>_scales` U8 (E8M0 bytes)
  *    [out, in/32].
- * The quantizer (quantize/driver.c) dequantises any of these to fp32 and sees
- * exactly the values the checkpoint encodes (every decode here is exact).
+ * The quantizer (quantize/layer.c, quantize/skeleton.c) dequantises any of
+ * these to fp32 and sees exactly the values the checkpoint encodes (every
+ * decode here is exact).
  * The arithmetic is formats/safetensors.c's sf_dequant_fp8/_mxfp4; this file
  * only recognises the layouts and their companion tensors. */
 #ifndef SPARQ_FORMATS_WEIGHTS_H

@@ -3,7 +3,7 @@
  * and ΔPPL. The scoring and the log-prob file live in runtime/eval.h; this
  * file parses options, tokenizes, loads the models and prints a table or
  * JSON. Under mpirun (a bundle packed for N boxes) rank 0 does all of that
- * and the other ranks serve their pipeline stage (runtime/dist.h); the
+ * and the other ranks serve their pipeline stage (runtime/dist/dist.h); the
  * reference (--ref) is loaded by rank 0 alone. */
 #include <math.h>
 #include <stdio.h>

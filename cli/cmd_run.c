@@ -11,7 +11,7 @@
  *
  * Under mpirun (a bundle packed for N boxes, `mpirun -np N sparq run BUNDLE
  * ...`) rank 0 does all of the above and the other ranks only serve their
- * pipeline stage (runtime/dist.h); one rank or N, the command is the same.
+ * pipeline stage (runtime/dist/dist.h); one rank or N, the command is the same.
  * --parallel N generates N continuations of the prompt at once (seeds
  * seed, seed+1, ...), split into micro-batches that keep every rank busy. */
 #include <stdio.h>
@@ -25,11 +25,11 @@
 #include "common/alloc.h"
 #include "common/progress.h"
 #include "formats/tokenizer.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
-#include "runtime/session.h"
+#include "runtime/serve/session.h"
 
 enum {
     O_PROMPT, O_N, O_CHAT, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_SEED, O_CTX, O_THREADS,

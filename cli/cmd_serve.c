@@ -2,8 +2,8 @@
  *
  * Endpoints: GET /health, GET /v1/models, POST /v1/completions and
  * POST /v1/chat/completions (whole responses or server-sent event streams).
- * The HTTP subset is runtime/http.h, the request and response JSON
- * runtime/openai.h, generation runtime/sched.h: requests run concurrently in
+ * The HTTP subset is runtime/serve/http.h, the request and response JSON
+ * runtime/serve/openai.h, generation runtime/serve/sched.h: requests run concurrently in
  * the model's KV slots (--parallel), batched into one decode step, and a
  * chat's next turn only prefills its new messages.
  *
@@ -32,10 +32,10 @@
 #include "cli/commands.h"
 #include "cli/dist_cli.h"
 #include "common/alloc.h"
-#include "runtime/http.h"
-#include "runtime/openai.h"
-#include "runtime/sched.h"
-#include "runtime/session.h"
+#include "runtime/serve/http.h"
+#include "runtime/serve/openai.h"
+#include "runtime/serve/sched.h"
+#include "runtime/serve/session.h"
 
 enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_PARALLEL, O_QUEUE, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT,
        O_API_KEY };

@@ -7,8 +7,8 @@
 
 #include "cli/args.h"
 #include "formats/tokenizer.h"
-#include "runtime/dist.h"
-#include "runtime/transport.h"
+#include "runtime/dist/dist.h"
+#include "runtime/dist/transport.h"
 
 /* Install the SIGTERM note for this rank (only when there are several). */
 void cli_dist_setup(const sq_transport *t);

@@ -5,7 +5,7 @@
  * Why a vtable: the CPU backend (kernels/cpu/ops.c) is the readable oracle;
  * a CUDA backend fills the same struct, and one test runs every op on every
  * backend against the CPU (ggml's test-backend-ops habit). A graph
- * (runtime/qwen3moe.c) only ever calls `ex->be->op(...)`, so it does not know
+ * (runtime/models/qwen3moe.c) only ever calls `ex->be->op(...)`, so it does not know
  * which backend runs it.
  *
  * Why `sq_linear`: a weight matrix may be bf16/fp16/fp32 (mmapped, used in

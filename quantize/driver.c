@@ -113,6 +113,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     }
     if (st == SPARQ_OK) {
         j.cfg = sq_model_cfg(j.m);
+        j.arch = sq_arch_of(j.cfg);
         j.d = (int)j.cfg->hidden_size;
         j.n_layers = (int)j.cfg->num_hidden_layers;
         st = qz_build_calib_tokens(o, (int)j.cfg->vocab_size, &j.tokens, &j.rows, &rep->random_rows);

@@ -59,9 +59,9 @@ typedef struct hess_acc {
  * st keeps the first failure, which the callback cannot return. */
 typedef struct layer_capture {
     int layer;
-    hess_acc attn, o, mlp;
-    hess_acc *down; /* n_down */
-    int n_down;
+    const sq_layer_desc *desc;
+    hess_acc *h[SQ_LAYER_MAX_SLOTS]; /* by group-leading slot: n_h[s] Hessians (one, or one per instance) */
+    int n_h[SQ_LAYER_MAX_SLOTS];
     sparq_status st;
 } layer_capture;
 
@@ -71,6 +71,7 @@ typedef struct qjob {
     qz_report *rep;
     sq_model *m;
     const sq_model_config *cfg;
+    const sq_arch_info *arch;   /* cfg's architecture (runtime/arch.h): its layers and tensor names */
     sf_model *src;
     sparq_pool *pool;
     viterbi_enc *enc[TRELLIS_K_MAX + 1];
@@ -120,11 +121,17 @@ void qz_hess_free(hess_acc *h);
 sparq_status qz_hess_init(hess_acc *h, int k);
 void qz_hess_add(hess_acc *h, const float *x, int rows, int in);
 void qz_hess_finish(hess_acc *h);
-void qz_capture_cb(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
+/* Set up the Hessians of layer L's groups (calibrated: allocate the shared ones now). */
+sparq_status qz_capture_init(layer_capture *c, int layer, const sq_layer_desc *d, bool calibrated);
+/* The Hessian instance `inst` of slot `slot` quantizes against (NULL if none). */
+hess_acc *qz_capture_hessian(layer_capture *c, int slot, int inst);
+void qz_capture_finish(layer_capture *c);
+void qz_capture_cb(void *user, int layer, int slot, int inst, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
 
 /* layer.c */
-int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe);
+/* K for tensor `key` of `layer` (-1: the head) whose role is `role`. */
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role);
 sparq_status qz_do_layer(qjob *j, int L, int n_total);
 sparq_status qz_do_head(qjob *j);
 

@@ -29,7 +29,7 @@ static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer
 
 /* --- bits ----------------------------------------------------------------------- */
 
-int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool moe)
+int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role)
 {
     const qz_opts *o = j->o;
     int base = (int)floor(o->bits + 1e-9);
@@ -40,8 +40,8 @@ int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_id which, bool
     }
     int K;
     if (layer < 0) K = o->head_bits;
-    else if (which <= SQ_LIN_O) K = base + 2;
-    else K = moe ? base : base + 1;
+    else if (role == SQ_ROLE_ATTN) K = base + 2;
+    else K = role == SQ_ROLE_EXPERT ? base : base + 1;
     for (int r = 0; r < o->n_rules; r++)
         if (fnmatch(o->rules[r].pattern, key, 0) == 0) K = o->rules[r].K;
     if (K < 1) K = 1;
@@ -234,51 +234,58 @@ static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
 }
 
 typedef struct lin_ref {
-    sq_lin_id which;
-    int expert;
+    int slot, inst;
     hess_acc *h;
 } lin_ref;
+
+/* The linears of a layer the quantizer converts, in its order: the slots in
+ * their order, each run of consecutive per-expert slots expert by expert (so
+ * gate, up, down of expert 0, then of expert 1, ...). refs may be NULL (count
+ * only). */
+static int layer_refs(const sq_layer_desc *d, layer_capture *cap, lin_ref *refs)
+{
+    int n = 0;
+    for (int s = 0; s < d->n_slots;) {
+        int t = s + 1;
+        if (d->slot[s].instances > 1)
+            while (t < d->n_slots && d->slot[t].instances == d->slot[s].instances) t++;
+        for (int e = 0; e < d->slot[s].instances; e++)
+            for (int u = s; u < t; u++) {
+                if (!d->slot[u].quantize) continue;
+                if (refs) refs[n] = (lin_ref){u, e, qz_capture_hessian(cap, u, e)};
+                n++;
+            }
+        s = t;
+    }
+    return n;
+}
 
 sparq_status qz_do_layer(qjob *j, int L, int n_total)
 {
     qz_memdbg("layer start", L);
-    const sq_model_config *c = j->cfg;
     qz_layer_stat *ls = &j->rep->layers[L];
     memset(ls, 0, sizeof *ls);
     ls->layer = L;
     double t0 = sparq_now(), tq0 = j->t_quant;
     uint64_t nw0 = j->rep->n_weights;
-    bool moe = sq_model_layer_is_moe(j->m, L);
-    int n_exp = moe ? (int)c->num_experts : 1;
+    const sq_layer_desc *desc = sq_model_layer_desc(j->m, L);
+    RETURN_IF(!desc, SPARQ_E_STATE, "layer %d: not held by the model", L);
     size_t nh = (size_t)j->rows * j->T * j->d;
-
-    layer_capture cap = {.layer = L, .n_down = n_exp};
-    cap.down = sparq_calloc((size_t)n_exp, sizeof *cap.down);
-    RETURN_IF(!cap.down, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = SPARQ_OK;
     bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
 
+    layer_capture cap;
+    sparq_status st = qz_capture_init(&cap, L, desc, calibrated);
+
     /* The linears of this layer, grouped by Hessian. */
-    int n_lin = 4 + 3 * n_exp;
+    int n_lin = layer_refs(desc, &cap, NULL);
     lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
     qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
     float **bound = sparq_calloc((size_t)n_lin, sizeof *bound); /* skeleton: dequantised fp32 linears */
-    if (!refs || !ql || !bound) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-    if (st == SPARQ_OK) {
-        int i = 0;
-        refs[i++] = (lin_ref){SQ_LIN_Q, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_K, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_V, 0, &cap.attn};
-        refs[i++] = (lin_ref){SQ_LIN_O, 0, &cap.o};
-        for (int e = 0; e < n_exp; e++) {
-            refs[i++] = (lin_ref){SQ_LIN_GATE, e, &cap.mlp};
-            refs[i++] = (lin_ref){SQ_LIN_UP, e, &cap.mlp};
-            refs[i++] = (lin_ref){SQ_LIN_DOWN, e, &cap.down[e]};
-        }
-    }
+    if (st == SPARQ_OK && (!refs || !ql || !bound)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) layer_refs(desc, &cap, refs);
     /* Skeleton: bind the layer's FP8/MXFP4 linears as fp32 while it runs. */
     for (int i = 0; i < n_lin && st == SPARQ_OK && j->skeleton; i++) {
-        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (!l || l->kind != SQ_LINEAR_EXL3) continue; /* dense in the source: mapped as is */
         int out, in;
         st = load_weight(j, l->name, &out, &in, &bound[i], false);
@@ -293,18 +300,13 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
         }
     }
     if (calibrated && st == SPARQ_OK) {
-        int qdim = (int)(c->num_attention_heads * c->head_dim);
-        st = qz_hess_init(&cap.attn, j->d);
-        if (st == SPARQ_OK) st = qz_hess_init(&cap.o, qdim);
-        if (st == SPARQ_OK) st = qz_hess_init(&cap.mlp, j->d);
-        if (st == SPARQ_OK) {
+        {
             memcpy(j->tmp, j->hq, nh * sizeof(float));
             sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .all_experts = true};
             st = forward_all(j, L, j->tmp, &obs);
             if (st == SPARQ_OK) st = cap.st;
         }
-        qz_hess_finish(&cap.attn), qz_hess_finish(&cap.o), qz_hess_finish(&cap.mlp);
-        for (int e = 0; e < n_exp; e++) qz_hess_finish(&cap.down[e]);
+        qz_capture_finish(&cap);
     }
     qz_memdbg("after capture", L);
     /* Reference path through the original layer. */
@@ -313,7 +315,7 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     /* The original linears are not run again: drop their pages (quantization reads
      * the source tensor by tensor) and the fp32 copies bound for the skeleton. */
     for (int i = 0; i < n_lin && refs && bound; i++) {
-        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (bound[i]) {
             if (l) l->w = NULL;
             sparq_free(bound[i]);
@@ -337,16 +339,17 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     ldlq_hessian *hs = NULL;
     const hess_acc *hs_for = NULL;
     double psum = 0, pmax = 0;
-    double g_shared[3][TRELLIS_K_MAX + 1] = {{0}}; /* GATE/UP/DOWN × K, from expert 0 */
+    double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}}; /* per expert slot × K, from expert 0 */
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
-        sq_linear *l = sq_model_linear(j->m, L, refs[i].which, refs[i].expert);
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (!l) {
-            st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, sq_lin_id_name(refs[i].which),
-                           refs[i].expert);
+            st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, desc->slot[refs[i].slot].name,
+                           refs[i].inst);
             break;
         }
         const char *key = l->name;
-        int K = qz_bits_for(j, key, L, refs[i].which, moe);
+        const sq_lin_role role = desc->slot[refs[i].slot].role;
+        int K = qz_bits_for(j, key, L, role);
         if (j->o->method != QZ_METHOD_RTN && (hs == NULL || hs_for != refs[i].h)) {
             ldlq_hessian_free(hs);
             hs = NULL;
@@ -359,8 +362,8 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
             if (st != SPARQ_OK) break;
         }
         double *gs = NULL, g_fixed = 0.0;
-        if (moe && refs[i].which >= SQ_LIN_GATE && j->o->scale_search == QZ_SCALE_SHARED) {
-            gs = &g_shared[refs[i].which - SQ_LIN_GATE][K];
+        if (role == SQ_ROLE_EXPERT && j->o->scale_search == QZ_SCALE_SHARED) {
+            gs = &g_shared[refs[i].slot][K];
             g_fixed = *gs;
         }
         st = quantize_linear(j, key, K, hs, calibrated ? refs[i].h->h : NULL, g_fixed, gs, &ql[i]);
@@ -376,12 +379,16 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
 
     /* Swap in and advance the quantized path with normal routing. */
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
-        st = swap_in(j, sq_model_linear(j->m, L, refs[i].which, refs[i].expert), &ql[i]);
+        st = swap_in(j, sq_model_linear(j->m, L, refs[i].slot, refs[i].inst), &ql[i]);
     if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
     qz_memdbg("after hq fwd", L);
-    sq_linear *router = moe ? sq_model_linear(j->m, L, SQ_LIN_ROUTER, 0) : NULL;
-    if (router && router->w && router->kind != SQ_LINEAR_EXL3)
-        qz_span_add(j, router->w, (uint64_t)router->in * router->out * (router->kind == SQ_LINEAR_F32 ? 4 : 2));
+    /* the linears kept as they are (a router) are not run again either */
+    for (int s = 0; s < desc->n_slots; s++)
+        for (int e = 0; !desc->slot[s].quantize && e < desc->slot[s].instances; e++) {
+            const sq_linear *kept = sq_model_linear(j->m, L, s, e);
+            if (kept && kept->w && kept->kind != SQ_LINEAR_EXL3)
+                qz_span_add(j, kept->w, (uint64_t)kept->in * kept->out * (kept->kind == SQ_LINEAR_F32 ? 4 : 2));
+        }
     qz_spans_release(j);
     if (st == SPARQ_OK) {
         hidden_metrics(j, ls);
@@ -424,10 +431,14 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
 /* lm_head: Hessian of final_norm(h_q), weight lm_head.weight or the tied embedding. */
 sparq_status qz_do_head(qjob *j)
 {
-    const char *wkey = sf_find(j->src, "lm_head.weight") ? "lm_head" : "model.embed_tokens";
-    const sf_tensor *nw = sf_find(j->src, "model.norm.weight");
-    RETURN_IF(!nw || nw->numel != (uint64_t)j->d, SPARQ_E_NOTFOUND, "%s: model.norm.weight missing or wrong size",
-              j->o->model_dir);
+    const char *hkey = j->arch->head_key;
+    char hw[256], nk[256];
+    snprintf(hw, sizeof hw, "%s.weight", hkey);
+    snprintf(nk, sizeof nk, "%s.weight", j->arch->norm_key);
+    const char *wkey = sf_find(j->src, hw) ? hkey : j->arch->embed_key;
+    const sf_tensor *nw = sf_find(j->src, nk);
+    RETURN_IF(!nw || nw->numel != (uint64_t)j->d, SPARQ_E_NOTFOUND, "%s: %s missing or wrong size", j->o->model_dir,
+              nk);
     size_t rows = (size_t)j->rows * j->T;
     float *norm = sparq_malloc((size_t)j->d * sizeof(float));
     hess_acc h = {0};
@@ -456,24 +467,24 @@ sparq_status qz_do_head(qjob *j)
         st = ldlq_hessian_prepare(&hs, calibrated ? h.h : NULL, j->d, 0.0f, qz_hash_str(j->o->seed, "lm_head (input)"),
                                   "lm_head (input Hessian)");
     if (st == SPARQ_OK) {
-        int K = qz_bits_for(j, "lm_head", -1, SQ_LIN_COUNT_, false);
+        int K = qz_bits_for(j, hkey, -1, SQ_ROLE_COUNT_);
         st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
         if (st == SPARQ_OK) {
             sparq_free(q.key);
-            q.key = sparq_strdup("lm_head");
+            q.key = sparq_strdup(hkey);
             if (!q.key) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
         }
     }
     ldlq_hessian_free(hs);
     qz_hess_free(&h);
-    if (st == SPARQ_OK) st = qz_report_add_tensor(j->rep, "lm_head", q.K, q.k, q.n, q.proxy);
+    if (st == SPARQ_OK) st = qz_report_add_tensor(j->rep, hkey, q.K, q.k, q.n, q.proxy);
     if (st == SPARQ_OK) {
         char *path = qz_work_file(j, -1);
         sf_writer *w = NULL;
         st = path ? sf_writer_create(&w, path) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) st = qz_add_qlin_tensors(w, &q, j->o->cb);
-        if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", "lm_head", q.proxy);
-        if (st == SPARQ_OK) st = qz_meta_num(w, "K.", "lm_head", q.K);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", hkey, q.proxy);
+        if (st == SPARQ_OK) st = qz_meta_num(w, "K.", hkey, q.K);
         if (st == SPARQ_OK) st = sf_writer_finish(w);
         else if (w) sf_writer_free(w);
         sparq_free(path);

@@ -152,19 +152,20 @@ static uint64_t src_linear(const qjob *j, const char *key, uint64_t *k, uint64_t
 void qz_mem_estimate(qjob *j, uint64_t base_rss)
 {
     const qz_opts *o = j->o;
-    const sq_model_config *c = j->cfg;
     qz_report *r = j->rep;
     r->mem_estimate = 0;
     r->n_mem_parts = 0;
     bool calibrated = o->method == QZ_METHOD_TRELLIS, rtn = o->method == QZ_METHOD_RTN;
-    uint64_t d = (uint64_t)j->d, qd = (uint64_t)c->num_attention_heads * c->head_dim;
+    uint64_t d = (uint64_t)j->d;
     uint64_t nh = (uint64_t)j->rows * j->T * d;
     sq_model_mem mm;
     sq_model_mem_report(j->m, &mm);
     mem_add(r, "process so far (code, libraries, model index, tokenizer run)", base_rss);
     mem_add(r, "runtime KV cache and workspace", mm.kv + mm.workspace);
     mem_add(r, "calibration hidden states (3 sets: quantized path, reference, scratch)", 3 * nh * 4);
-    const sf_tensor *emb = sf_find(j->src, "model.embed_tokens.weight");
+    char ekey[256];
+    snprintf(ekey, sizeof ekey, "%s.weight", j->arch->embed_key);
+    const sf_tensor *emb = sf_find(j->src, ekey);
     uint64_t emb_touch = emb ? emb->nbytes : 0;
     if (emb && emb->shape[0] > 0) {
         uint64_t rowb = emb->nbytes / emb->shape[0] + j->page;
@@ -175,21 +176,26 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
     uint64_t worst_layer = 0;
     int kmin = o->head_bits; /* the smallest K sizes the Viterbi encoder: 2^(16-K) states */
     for (int L = 0; L < j->n_layers; L++) {
-        bool moe = sq_model_layer_is_moe(j->m, L);
-        int n_exp = moe ? (int)c->num_experts : 1;
-        uint64_t inter = moe ? c->moe_intermediate_size : c->intermediate_size;
-        uint64_t hess = calibrated ? 4 * (2 * d * d + qd * qd + (uint64_t)n_exp * inter * inter) : 0;
+        const sq_layer_desc *ld = sq_model_layer_desc(j->m, L);
+        if (!ld) continue;
+        /* Hessians: one per group of slots reading one input (per instance where each has its own) */
+        uint64_t hess = 0;
+        for (int s = 0; calibrated && s < ld->n_slots; s++) {
+            bool quant = false;
+            for (int t = 0; t < ld->n_slots; t++) quant |= ld->slot[t].group == s && ld->slot[t].quantize;
+            if (ld->slot[s].group != s || !quant) continue;
+            const uint64_t in = (uint64_t)ld->slot[s].in, n = ld->slot[s].own_input ? ld->slot[s].instances : 1;
+            hess += 4 * n * in * in;
+        }
         uint64_t fwd = 0, outputs = 0, work = 0, kmax = 0;
-        for (int which = SQ_LIN_Q; which <= SQ_LIN_DOWN; which++) {
-            if (which == SQ_LIN_ROUTER && !moe) continue;
-            int ne = which >= SQ_LIN_GATE ? n_exp : 1;
-            for (int e = 0; e < ne; e++) {
-                sq_linear *l = sq_model_linear(j->m, L, (sq_lin_id)which, e);
+        for (int s = 0; s < ld->n_slots; s++) {
+            for (int e = 0; e < ld->slot[s].instances; e++) {
+                sq_linear *l = sq_model_linear(j->m, L, s, e);
                 uint64_t k, n, b = src_linear(j, l ? l->name : NULL, &k, &n);
                 /* bound as fp32 (skeleton) or mapped as stored */
                 fwd += l && l->kind == SQ_LINEAR_EXL3 ? 4 * k * n : b;
-                if (which == SQ_LIN_ROUTER) continue;
-                int K = qz_bits_for(j, l ? l->name : "", L, (sq_lin_id)which, moe);
+                if (!ld->slot[s].quantize) continue;
+                int K = qz_bits_for(j, l ? l->name : "", L, ld->slot[s].role);
                 if (K < kmin) kmin = K;
                 outputs += rtn ? 2 * k * n : (uint64_t)K * k * n / 8 + 2 * (k + n);
                 uint64_t w = b + 4 * k * n * (rtn ? 3 : 7);
@@ -206,8 +212,11 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
     uint64_t states = 1ull << (16 - (kmin < 1 ? 1 : kmin));
     uint64_t enc = rtn ? 0 : (uint64_t)sparq_pool_size(j->pool) * (256 * states + 2 * (states + 8) * 4) + 65536 * 4;
     mem_add(r, "Viterbi encoder (per thread)", enc);
-    uint64_t hk, hn, hb = src_linear(j, sf_find(j->src, "lm_head.weight") || sf_find(j->src, "lm_head_blocks")
-                                           ? "lm_head" : "model.embed_tokens", &hk, &hn);
+    char hw[256], hblk[256];
+    snprintf(hw, sizeof hw, "%s.weight", j->arch->head_key);
+    snprintf(hblk, sizeof hblk, "%s_blocks", j->arch->head_key);
+    uint64_t hk, hn, hb = src_linear(j, sf_find(j->src, hw) || sf_find(j->src, hblk) ? j->arch->head_key
+                                                                                      : j->arch->embed_key, &hk, &hn);
     uint64_t head = hb + 4 * hk * hn * (rtn ? 3 : 7) + (calibrated ? 3 * 4 * d * d : 0) + 2 * 4 * d * d +
                     (rtn ? 2 : 1) * hk * hn;
     /* the largest output (or skeleton) shard: at most the cap, at most the whole

@@ -4,7 +4,6 @@
  * placeholder for each linear the driver quantizes (the layer loop binds the
  * dequantised fp32 weight over it while its layer runs). The output writer
  * takes the unquantized tensors from the skeleton too. */
-#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,14 +12,12 @@
 #include "common/file.h"
 #include "quantize/job.h"
 
-/* The linears the driver quantizes (and binds itself when they are FP8/MXFP4). */
-static bool is_quant_linear(const char *key)
+/* The linears the driver quantizes (and binds itself when they are FP8/MXFP4):
+ * those the architecture's layer descriptions mark, and the head. */
+static bool is_quant_linear(const sq_model_config *cfg, const char *key)
 {
-    static const char *const pats[] = {"model.layers.*.self_attn.[qkvo]_proj", "model.layers.*.mlp.experts.*_proj",
-                                       "model.layers.*.mlp.*_proj", "lm_head"};
-    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
-        if (fnmatch(pats[i], key, 0) == 0) return true;
-    return false;
+    const sq_arch_info *a = sq_arch_of(cfg);
+    return a && (sq_arch_is_quant_linear(cfg, key, NULL) || strcmp(key, a->head_key) == 0);
 }
 
 static bool ends_with(const char *s, const char *sfx, size_t *stem)
@@ -69,9 +66,10 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
                 x->dtype != SF_F32);
     }
     if (!need) return SPARQ_OK;
+    sq_model_config cfg;
+    FORWARD_IF(sq_config_load(&cfg, j->o->model_dir));
     char *dir = sparq_path_join(j->work, "skeleton");
-    RETURN_IF(!dir, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = sparq_mkdirs(dir);
+    sparq_status st = dir ? sparq_mkdirs(dir) : sparq_err(SPARQ_E_NOMEM, "out of memory");
     /* every placeholder / dequantised tensor needs an sf_tensor of its own */
     sf_tensor *own = sparq_calloc(3 * n + 1, sizeof *own);
     out_entry *ent = sparq_calloc(3 * n + 1, sizeof *ent);
@@ -105,7 +103,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
             sf_weight w;
             st = sf_weight_find(src, key, &w);
             if (st != SPARQ_OK) break;
-            if (is_quant_linear(key)) {
+            if (is_quant_linear(&cfg, key)) {
                 uint64_t k = w.in, nn = w.out;
                 if (k % 128 || nn % 128) {
                     st = sparq_err(SPARQ_E_SHAPE, "%s: linear '%s' is %llu -> %llu; quantizable sizes are multiples of 128",
@@ -176,6 +174,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
     sparq_free(heap);
     sparq_free(own);
     sparq_free(ent);
+    sq_config_free(&cfg);
     if (st != SPARQ_OK) {
         sparq_free(dir);
         return st;

@@ -40,7 +40,7 @@
 
 #include "common/progress.h"
 #include "common/status.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/model.h"
 
 /* Windows of n tokens at ctx: count, and window i's [first, first + len). */

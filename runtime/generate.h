@@ -1,5 +1,5 @@
 /* runtime/generate.h — several continuations of one prompt at once, kept
- * in flight as micro-batches so every pipeline stage works (runtime/dist.h).
+ * in flight as micro-batches so every pipeline stage works (runtime/dist/dist.h).
  *
  * N sequences (KV slots 0..N-1) are prefilled with the prompt, all chunks in
  * flight; then split into G = min(N, ranks) groups, each a decode step of
@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/sampler.h"
 
 typedef struct sq_gen_opts {

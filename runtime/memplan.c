@@ -10,17 +10,18 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "runtime/arch.h"
 
-static uint64_t pos(int64_t v) { return v > 0 ? (uint64_t)v : 0; }
+uint64_t sq_memplan_pos(int64_t v) { return v > 0 ? (uint64_t)v : 0; }
 
-static uint64_t sum(int n, const uint64_t *v)
+uint64_t sq_memplan_sum(int n, const uint64_t *v)
 {
     uint64_t r = 0;
     for (int i = 0; i < n; i++) r = sparq_sat_add_u64(r, v[i]);
     return r;
 }
 
-static uint64_t prod(int n, const uint64_t *v)
+uint64_t sq_memplan_prod(int n, const uint64_t *v)
 {
     uint64_t r = 1;
     for (int i = 0; i < n; i++) r = sparq_sat_mul_u64(r, v[i]);
@@ -62,49 +63,20 @@ int64_t sq_memplan_rows(const sq_memplan_params *p)
 
 uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p)
 {
-    const uint64_t f[] = {2, pos(n_layers), pos(cfg->num_key_value_heads), pos(cfg->head_dim),
-                          pos(p->ctx), pos(p->users), sq_kv_dtype_bytes(p->kv_dtype)};
-    return prod(7, f);
-}
-
-/* The widest MLP of any layer (at least 1). */
-static uint64_t widest_mlp(const sq_model_config *cfg)
-{
-    uint64_t w = 1;
-    for (int64_t l = 0; l < cfg->num_hidden_layers; l++) {
-        uint64_t i = pos(sq_config_is_moe_layer(cfg, l) ? cfg->moe_intermediate_size : cfg->intermediate_size);
-        if (i > w) w = i;
-    }
-    return w;
+    const sq_arch_info *a = sq_arch_of(cfg);
+    return a && a->kv_bytes ? a->kv_bytes(cfg, n_layers, p) : UINT64_MAX;
 }
 
 void sq_memplan_workspace_terms(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head,
                                 sq_memplan_workspace *out)
 {
-    memset(out, 0, sizeof *out);
-    const uint64_t R = pos(sq_memplan_rows(p)), d = pos(cfg->hidden_size), H = pos(cfg->num_attention_heads);
-    const uint64_t KV = pos(cfg->num_key_value_heads), hd = pos(cfg->head_dim);
-    const uint64_t E = cfg->num_experts > 0 ? (uint64_t)cfg->num_experts : 1;
-    const uint64_t k = cfg->num_experts_per_tok > 0 ? (uint64_t)cfg->num_experts_per_tok : 1;
-    const uint64_t I = widest_mlp(cfg), f4 = 4;
-
-    out->hidden = prod(4, (const uint64_t[]){6, R, d, f4});
-    out->attn = prod(4, (const uint64_t[]){R, sparq_sat_add_u64(sparq_sat_mul_u64(2, H), sparq_sat_mul_u64(2, KV)), hd, f4});
-    out->moe = sparq_sat_mul_u64(sum(3, (const uint64_t[]){sparq_sat_mul_u64(R, E), prod(3, (const uint64_t[]){4, R, k}),
-                                                 prod(3, (const uint64_t[]){2, R, I})}),
-                       f4);
-    out->misc = sparq_sat_add_u64(sparq_sat_mul_u64(sparq_sat_add_u64(sparq_sat_mul_u64(3, R), sparq_sat_mul_u64(2, E + 1)), f4), SQ_MEMPLAN_WS_SLACK);
-    out->norms = sparq_sat_mul_u64(sparq_sat_add_u64(sparq_sat_mul_u64(pos(cfg->num_hidden_layers), sparq_sat_add_u64(sparq_sat_mul_u64(2, d), sparq_sat_mul_u64(2, hd))), d), f4);
-    uint64_t max_in = d > I ? d : I;
-    if (sparq_sat_mul_u64(H, hd) > max_in) max_in = sparq_sat_mul_u64(H, hd);
-    uint64_t per_thread = sparq_sat_mul_u64(64, max_in) > pos(p->ctx) ? sparq_sat_mul_u64(64, max_in) : pos(p->ctx);
-    out->scratch = prod(3, (const uint64_t[]){p->threads > 0 ? (uint64_t)p->threads : 1, per_thread, f4});
-    if (has_head) {
-        uint64_t lr = p->logits_rows > 0 ? (uint64_t)p->logits_rows : pos(p->users);
-        out->logits = prod(3, (const uint64_t[]){lr, pos(cfg->vocab_size), f4});
+    const sq_arch_info *a = sq_arch_of(cfg);
+    if (a && a->workspace_terms) {
+        a->workspace_terms(cfg, p, has_head, out);
+        return;
     }
-    out->total = sum(7, (const uint64_t[]){out->hidden, out->attn, out->moe, out->misc, out->norms, out->scratch,
-                                           out->logits});
+    memset(out, 0, sizeof *out);
+    out->total = UINT64_MAX; /* an architecture sparq cannot run never fits */
 }
 
 uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head)
@@ -117,7 +89,7 @@ uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes)
 {
     if (boxes <= 1) return 0;
-    uint64_t bufs = prod(5, (const uint64_t[]){2, 2, pos(sq_memplan_rows(p)), pos(cfg->hidden_size), 4});
+    uint64_t bufs = sq_memplan_prod(5, (const uint64_t[]){2, 2, sq_memplan_pos(sq_memplan_rows(p)), sq_memplan_pos(cfg->hidden_size), 4});
     return sparq_sat_add_u64(bufs, SQ_MEMPLAN_COMM_FIXED);
 }
 
@@ -331,7 +303,7 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
 
 static void node_total(sq_memplan_node *nd, uint64_t usable)
 {
-    const uint64_t t = sum(6, (const uint64_t[]){nd->weights, nd->kv, nd->workspace, nd->engram_cache, nd->comm,
+    const uint64_t t = sq_memplan_sum(6, (const uint64_t[]){nd->weights, nd->kv, nd->workspace, nd->engram_cache, nd->comm,
                                                   nd->margin});
     nd->total = t;
     if (t >= usable) {

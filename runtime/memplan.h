@@ -63,14 +63,19 @@ int64_t sq_memplan_rows(const sq_memplan_params *p);
 
 /* --- the terms the runtime allocates ------------------------------------ */
 
-/* KV cache of `n_layers` layers:
+/* The KV cache and workspace are the architecture's (runtime/arch.h:
+ * kv_bytes, workspace_terms, next to the graph that allocates them); these
+ * two call the config's architecture, and return UINT64_MAX (never fits) for
+ * one sparq cannot run. The formulas below are Qwen3-MoE's.
+ *
+ * KV cache of `n_layers` layers:
  *     2 (K and V) * n_layers * num_key_value_heads * head_dim * ctx * users * bytes(kv_dtype)
  * Saturates at UINT64_MAX on overflow (which never fits). */
 uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p);
 
 /* Activation / workspace buffers of one node, allocated once at load and
  * reused by every layer (so they do not grow with the layers it holds). The
- * buffers the CPU runtime carves (runtime/qwen3moe.c), fp32 unless said,
+ * buffers the CPU runtime carves (runtime/models/qwen3moe.c), fp32 unless said,
  * rows R = sq_memplan_rows(p), d = hidden_size, H / KV = attention / KV
  * heads, hd = head_dim, E = max(num_experts, 1), k = max(top_k, 1),
  * I = the widest MLP (moe_intermediate_size of MoE layers,
@@ -103,6 +108,12 @@ uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan
 /* Pipeline communication buffers of one node (0 with one box):
  *     2 (send, recv) * 2 (double buffered) * rows * hidden_size * 4
  *     + SQ_MEMPLAN_COMM_FIXED (transport's own buffers: NCCL channels / MPI eager) */
+/* Saturating helpers for the architectures' memory terms: max(v, 0), and the
+ * sum / product of n values (UINT64_MAX on overflow). */
+uint64_t sq_memplan_pos(int64_t v);
+uint64_t sq_memplan_sum(int n, const uint64_t *v);
+uint64_t sq_memplan_prod(int n, const uint64_t *v);
+
 #define SQ_MEMPLAN_COMM_FIXED ((uint64_t)64 << 20)
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes);
 

@@ -18,7 +18,9 @@
  *    swap in a quantized linear (kernels/backend.h) and advance the hidden
  *    state through the quantized layer.
  *
- * The graph for each architecture lives in one file (runtime/qwen3moe.c).
+ * The architectures are rows of a table (runtime/arch.h); each graph lives in
+ * one file of runtime/models/ (qwen3moe.c), the core they share in
+ * runtime/models/model.c.
  * Not thread-safe: one forward at a time per model (it is itself parallel). */
 #ifndef SPARQ_RUNTIME_MODEL_H
 #define SPARQ_RUNTIME_MODEL_H
@@ -30,6 +32,7 @@
 #include "common/status.h"
 #include "formats/hfconfig.h"
 #include "kernels/backend.h"
+#include "runtime/arch.h"
 
 typedef struct sq_model sq_model;
 
@@ -87,13 +90,13 @@ sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const in
  * Row r continues sequence seqs[r] at position pos[r]: len(seqs[r]) plus the
  * number of earlier rows of the same sequence (so a prefill chunk of one
  * sequence, a decode step of several, or a mix). K/V are cached and the
- * lengths advanced. This is one pipeline stage of runtime/dist.h; the same
+ * lengths advanced. This is one pipeline stage of runtime/dist/dist.h; the same
  * arithmetic as sq_model_forward, so the results are bit-identical. */
 sparq_status sq_model_forward_rows(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos);
 
 /* A workspace buffer of [max_rows, hidden_size] floats that the model's own
  * steps use only inside sq_model_forward / decode_batch, so a caller driving
- * forward_rows itself (runtime/dist.c with one rank) can hold a step's hidden
+ * forward_rows itself (runtime/dist/dist.c with one rank) can hold a step's hidden
  * states there between embed, forward_rows and head. */
 float *sq_model_hidden_buffer(sq_model *m);
 
@@ -114,29 +117,25 @@ void sq_model_seq_truncate(sq_model *m, int seq, int n);
 
 /* --- one layer at a time ------------------------------------------------- */
 
-/* Which linear of a layer. For a dense-MLP layer (mlp_only_layers), GATE/UP/
- * DOWN with expert 0 are its MLP; ROUTER does not exist. */
-typedef enum sq_lin_id {
-    SQ_LIN_Q = 0, SQ_LIN_K, SQ_LIN_V, SQ_LIN_O, SQ_LIN_ROUTER, SQ_LIN_GATE, SQ_LIN_UP, SQ_LIN_DOWN,
-    SQ_LIN_COUNT_
-} sq_lin_id;
-
-/* "q_proj", "k_proj", "v_proj", "o_proj", "gate" (router), "gate_proj", "up_proj", "down_proj". */
-const char *sq_lin_id_name(sq_lin_id id);
-
-/* Observer of a forward_layer call (any callback may be NULL).
- *  linear_input: the exact fp32 input x[rows, in] a linear is about to be
- *    applied to (Q, K, V share one x; so do an expert's GATE and UP). expert
- *    is -1 for attention and router linears.
+/* The linears of a layer are the slots of its description (runtime/arch.h):
+ * sq_model_layer_desc() gives it for a layer this process holds (NULL
+ * otherwise); a slot is named by its index there and an instance (the
+ * expert, 0 for a slot with one instance).
+ *
+ * Observer of a forward_layer call (any callback may be NULL).
+ *  linear_input: the exact fp32 input x[rows, in] that instance `inst` of
+ *    slot `slot` is about to be applied to (slots of one input group are
+ *    each reported with the same x).
  *  router: the experts chosen for each row (descending weight) and their
  *    weights (after norm_topk_prob), idx/w [rows, k].
- *  all_experts: calibration mode (reference.md §1.3) — every expert's GATE/UP
- *    input is reported as the whole layer input (all rows), and its DOWN input
- *    as that expert's activation on all rows; the layer OUTPUT still uses the
- *    normal top-k routing. Costs n_experts/top_k times the MoE compute. */
+ *  all_experts: calibration mode (reference.md §1.3) — every expert's input
+ *    (gate/up) is reported as the whole layer input (all rows), and its down
+ *    input as that expert's activation on all rows; the layer OUTPUT still
+ *    uses the normal top-k routing. Costs n_experts/top_k times the MoE
+ *    compute. */
 typedef struct sq_observer {
     void *user;
-    void (*linear_input)(void *user, int layer, sq_lin_id which, int expert, const float *x, int rows, int in);
+    void (*linear_input)(void *user, int layer, int slot, int inst, const float *x, int rows, int in);
     void (*router)(void *user, int layer, int rows, int k, const int *idx, const float *w);
     bool all_experts;
 } sq_observer;
@@ -160,10 +159,14 @@ sparq_status sq_model_seq_advance(sq_model *m, int seq, int n);
 /* logits[rows, vocab] = lm_head(final_norm(hidden[rows])); hidden is not modified. */
 sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits);
 
-/* The linear `which` of layer L (expert e for GATE/UP/DOWN of MoE layers,
- * 0 for dense MLP layers), or NULL if there is none. Mutable: a caller may
- * replace it (e.g. with an EXL3 linear of the same in/out). */
-sq_linear *sq_model_linear(sq_model *m, int layer, sq_lin_id which, int expert);
+/* The description of layer L (runtime/arch.h), or NULL for a layer this
+ * process does not hold. */
+const sq_layer_desc *sq_model_layer_desc(const sq_model *m, int layer);
+
+/* Instance `inst` of slot `slot` of layer L, or NULL if there is none.
+ * Mutable: a caller may replace it (e.g. with an EXL3 linear of the same
+ * in/out). */
+sq_linear *sq_model_linear(sq_model *m, int layer, int slot, int inst);
 
 /* The output head (lm_head, or the embedding matrix when tied). */
 sq_linear *sq_model_head_linear(sq_model *m);

@@ -550,7 +550,7 @@ static const sq_backend cpu_backend = {
     .prepare_linear = cpu_prepare_linear,
     .embed = cpu_embed,
     .kv_store = cpu_kv_store,
-    .moe = NULL, /* the graph runs the MoE on the host (runtime/qwen3moe.c) */
+    .moe = NULL, /* the graph runs the MoE on the host (runtime/models/qwen3moe.c) */
     .prepare_moe = NULL,
 };
 

@@ -2,7 +2,7 @@
  * every sq_backend op as a CUDA kernel on device memory, and the exec state
  * that holds the device copies of the weights.
  *
- * Why it looks like this: the graph (runtime/qwen3moe.c) keeps calling the
+ * Why it looks like this: the graph (runtime/models/qwen3moe.c) keeps calling the
  * vtable with the host pointers the loader made (sq_linear.w, norm vectors);
  * this backend maps each such pointer to its device copy through a small hash
  * table filled by prepare / prepare_linear at load (or on first use). The EXL3

@@ -1,5 +1,5 @@
 /* kernels/cuda/backend_cuda.h — the CUDA backend: the sq_backend vtable
- * (kernels/backend.h) on an NVIDIA GPU, so runtime/qwen3moe.c runs the whole
+ * (kernels/backend.h) on an NVIDIA GPU, so runtime/models/qwen3moe.c runs the whole
  * forward pass with activations, workspace and KV cache in device memory.
  *
  * What it does (docs/cuda.md, "The CUDA backend"):

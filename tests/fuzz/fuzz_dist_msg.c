@@ -1,12 +1,12 @@
 /* tests/fuzz/fuzz_dist_msg.c — libFuzzer target for the pipeline wire
- * (sq_dist_msg_parse, runtime/dist.h): what a rank accepts from its
+ * (sq_dist_msg_parse, runtime/dist/dist.h): what a rank accepts from its
  * predecessor. An accepted step must have exactly the size its rows imply,
  * ids in range, and the hidden states inside the buffer. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_http.c — libFuzzer target for the HTTP request parser
- * (sq_http_parse, runtime/http.h): what `sparq serve` reads from any client.
+ * (sq_http_parse, runtime/serve/http.h): what `sparq serve` reads from any client.
  * A complete request must lie inside the input, with its body at the end of
  * its headers; every prefix of a complete request must be "need more" or the
  * same error (the reader calls the parser on every prefix it receives). */
@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/http.h"
+#include "runtime/serve/http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,11 +1,11 @@
 /* tests/fuzz/fuzz_openai.c — libFuzzer target for the OpenAI request parser
- * (sq_oai_parse, runtime/openai.h), both kinds. An accepted request must
+ * (sq_oai_parse, runtime/serve/openai.h), both kinds. An accepted request must
  * hold what sparq can run (one prompt or 1..256 messages, ≤ 4 stop strings,
  * sampler values in range); a refused one names an error and holds nothing. */
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/openai.h"
+#include "runtime/serve/openai.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/mpi/test_dist.sh — the multi-process runtime (runtime/dist.h) on
+# tests/mpi/test_dist.sh — the multi-process runtime (runtime/dist/dist.h) on
 # localhost, 2 and 3 ranks (mpirun --oversubscribe: more ranks than cores).
 #  - greedy text of the fixture bundle packed for 2 and 3 boxes equals the
 #    one-process run of the 1-box bundle, token for token;

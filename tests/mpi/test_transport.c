@@ -1,4 +1,4 @@
-/* tests/mpi/test_transport.c — the MPI transport (runtime/transport.h),
+/* tests/mpi/test_transport.c — the MPI transport (runtime/dist/transport.h),
  * run as `mpirun -np 3 test_mpi_transport` (tests/mpi/meson.build):
  *  - rank 0's 128-byte id (the NCCL seam, with a test id maker) reaches every
  *    rank intact, and a maker that fails on rank 0 fails every rank;
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/progress.h"
-#include "runtime/transport.h"
+#include "runtime/dist/transport.h"
 #include "t.h"
 
 static sparq_status make_id(uint8_t id[128])

@@ -1,4 +1,4 @@
-/* tests/runtime/test_dist_threads.c — the multi-rank pipeline (runtime/dist.h)
+/* tests/runtime/test_dist_threads.c — the multi-rank pipeline (runtime/dist/dist.h)
  * with ranks as threads of one process (sq_transport_threads): the fixture
  * packed for 1, 2 and 3 boxes gives logits bit for bit equal to one rank,
  * for a prefill of several chunks, batched decode steps of several
@@ -17,8 +17,8 @@
 #include "common/alloc.h"
 #include "gpu/gpu_probe.h"
 #include "pack/pack.h"
-#include "runtime/dist.h"
-#include "runtime/transport.h"
+#include "runtime/dist/dist.h"
+#include "runtime/dist/transport.h"
 #include "t.h"
 
 enum { CTX = 256, USERS = 3, CHUNK = 16, N_PROMPT = 40, N_STEPS = 6 };

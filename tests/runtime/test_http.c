@@ -1,4 +1,4 @@
-/* tests/runtime/test_http.c — the HTTP request parser (runtime/http.h) on
+/* tests/runtime/test_http.c — the HTTP request parser (runtime/serve/http.h) on
  * whole, partial, pipelined and malformed requests, and the socket reader
  * over a socketpair (timeouts, Expect: 100-continue, a peer that hangs up). */
 #include <poll.h>
@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
-#include "runtime/http.h"
+#include "runtime/serve/http.h"
 #include "t.h"
 
 static long parse(const char *s, sq_http_request *r)

@@ -178,19 +178,41 @@ static void test_decode_batch(void)
     sq_model_free(m), sq_model_free(solo);
 }
 
+/* The observer's slots, by what they are in a Qwen3-MoE layer. */
+enum { LQ, LK, LV, LO, LROUTER, LGATE, LUP, LDOWN, LCOUNT };
+
 typedef struct obs_log {
-    int calls[SQ_LIN_COUNT_];
+    sq_model *m;
+    int calls[LCOUNT];
     int rows_q, router_rows, router_k, down_rows_all;
     int bad;
 } obs_log;
 
-static void on_input(void *u, int layer, sq_lin_id which, int expert, const float *x, int rows, int in)
+static int slot_kind(const sq_model *m, int layer, int slot)
+{
+    static const char *const names[LCOUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate", "gate_proj", "up_proj",
+                                              "down_proj"};
+    const sq_layer_desc *d = sq_model_layer_desc(m, layer);
+    if (!d || slot < 0 || slot >= d->n_slots) return -1;
+    const char *n = d->slot[slot].name;
+    if (!strncmp(n, "experts.", 8)) n += 8;
+    for (int i = 0; i < LCOUNT; i++)
+        if (!strcmp(n, names[i])) return i;
+    return -1;
+}
+
+static void on_input(void *u, int layer, int slot, int expert, const float *x, int rows, int in)
 {
     obs_log *l = u;
+    const int which = slot_kind(l->m, layer, slot);
+    if (which < 0) {
+        l->bad++;
+        return;
+    }
     l->calls[which]++;
-    if (which == SQ_LIN_Q && layer == 0) l->rows_q = rows;
-    if (which == SQ_LIN_DOWN && layer == 0 && expert == 3) l->down_rows_all = rows;
-    int want_in = which == SQ_LIN_O ? NH * HD : which == SQ_LIN_DOWN ? (layer == 1 ? I_MLP : I_MOE) : D;
+    if (which == LQ && layer == 0) l->rows_q = rows;
+    if (which == LDOWN && layer == 0 && expert == 3) l->down_rows_all = rows;
+    int want_in = which == LO ? NH * HD : which == LDOWN ? (layer == 1 ? I_MLP : I_MOE) : D;
     if (in != want_in || !x) l->bad++;
     for (int i = 0; i < rows * in; i++)
         if (!isfinite(x[i])) l->bad++;
@@ -224,17 +246,17 @@ static void test_layer_api(void)
     for (int r = 0; r < n; r++) pos[r] = r < na ? r : r - na;
     CHECK(sq_model_embed(m, toks, n, h) == SPARQ_OK);
     memcpy(h2, h, (size_t)n * D * 4);
-    obs_log log = {0};
+    obs_log log = {.m = m};
     sq_observer obs = {&log, on_input, on_router, false};
     for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h, n, pos, -1, &obs) == SPARQ_OK);
     CHECK(sq_model_head(m, h, n, lg) == SPARQ_OK);
     CHECK_EQ_INT(log.bad, 0);
     CHECK_EQ_INT(log.rows_q, n);
-    CHECK_EQ_INT(log.calls[SQ_LIN_Q], NL);
-    CHECK_EQ_INT(log.calls[SQ_LIN_ROUTER], 2); /* layer 1 is dense */
+    CHECK_EQ_INT(log.calls[LQ], NL);
+    CHECK_EQ_INT(log.calls[LROUTER], 2); /* layer 1 is dense */
     CHECK_EQ_INT(log.router_rows, n);
     CHECK_EQ_INT(log.router_k, TOPK);
-    CHECK(log.calls[SQ_LIN_GATE] == log.calls[SQ_LIN_UP] && log.calls[SQ_LIN_GATE] >= 3);
+    CHECK(log.calls[LGATE] == log.calls[LUP] && log.calls[LGATE] >= 3);
     /* the same tokens through the cached path, sequence by sequence */
     CHECK(sq_model_forward(m, 0, toks, na, SQ_LOGITS_ALL, ref) == SPARQ_OK);
     double d = max_diff(lg, ref, (size_t)na * V);
@@ -244,11 +266,11 @@ static void test_layer_api(void)
     CHECK_MSG(d < 1e-4, "layer API differs from forward by %.3g", d);
 
     /* calibration mode: every expert sees every row, the output is unchanged */
-    obs_log log2 = {0};
+    obs_log log2 = {.m = m};
     sq_observer all = {&log2, on_input, NULL, true};
     for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h2, n, pos, -1, &all) == SPARQ_OK);
     CHECK_EQ_INT(log2.bad, 0);
-    CHECK_EQ_INT(log2.calls[SQ_LIN_GATE], 2 * E + 1);
+    CHECK_EQ_INT(log2.calls[LGATE], 2 * E + 1);
     CHECK_EQ_INT(log2.down_rows_all, n);
     d = max_diff(h, h2, (size_t)n * D);
     CHECK_MSG(d < 1e-4, "all_experts changes the hidden state by %.3g", d);
@@ -277,10 +299,12 @@ static void test_linear_swap(void)
     if (!m) return;
     float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
     CHECK(sq_model_forward(m, 0, toks, 30, SQ_LOGITS_LAST, a) == SPARQ_OK);
-    sq_linear *l = sq_model_linear(m, 2, SQ_LIN_DOWN, 5);
+    const int down = sq_layer_find(sq_model_layer_desc(m, 2), "experts.down_proj");
+    sq_linear *l = sq_model_linear(m, 2, down, 5);
     CHECK(l != NULL && l->in == I_MOE && l->out == D);
-    CHECK(sq_model_linear(m, 1, SQ_LIN_ROUTER, 0) == NULL);
-    CHECK(sq_model_linear(m, 1, SQ_LIN_GATE, 1) == NULL);
+    CHECK(sq_layer_find(sq_model_layer_desc(m, 1), "gate") < 0); /* layer 1 is dense: no router */
+    CHECK(sq_model_linear(m, 1, sq_layer_find(sq_model_layer_desc(m, 1), "gate_proj"), 1) == NULL);
+    CHECK(sq_model_linear(m, 2, down, E) == NULL && sq_model_linear(m, 2, 99, 0) == NULL);
     CHECK(sq_model_layer_is_moe(m, 0) && !sq_model_layer_is_moe(m, 1));
     sq_linear orig = *l;
     l->kind = SQ_LINEAR_EXL3;
@@ -292,6 +316,51 @@ static void test_linear_swap(void)
     CHECK(memcmp(a, b, (size_t)V * 4) == 0);
     *l = orig;
     free(a), free(b);
+    sq_model_free(m);
+}
+
+/* The architecture's description (runtime/arch.h): slots, keys, groups, and
+ * the quantizer's question "is this tensor a linear it converts?". */
+static void test_arch_desc(void)
+{
+    sq_model *m = load(16, 32, 1);
+    if (!m) return;
+    const sq_model_config *c = sq_model_cfg(m);
+    sq_layer_desc d;
+    CHECK(sq_arch_layer(c, 0, &d) == SPARQ_OK);
+    CHECK(d.moe && d.n_experts == E && d.n_slots == 8);
+    const int q = sq_layer_find(&d, "q_proj"), k = sq_layer_find(&d, "k_proj"), o = sq_layer_find(&d, "o_proj");
+    const int r = sq_layer_find(&d, "gate"), g = sq_layer_find(&d, "experts.gate_proj");
+    const int u = sq_layer_find(&d, "experts.up_proj"), dn = sq_layer_find(&d, "experts.down_proj");
+    CHECK(q >= 0 && k >= 0 && o >= 0 && r >= 0 && g >= 0 && u >= 0 && dn >= 0 && sq_layer_find(&d, "nope") < 0);
+    CHECK(d.slot[k].group == q && d.slot[o].group == o && d.slot[u].group == g && d.slot[dn].group == dn);
+    CHECK(d.slot[dn].own_input && !d.slot[g].own_input);
+    CHECK(!d.slot[r].quantize && d.slot[r].role == SQ_ROLE_ROUTER && d.slot[g].role == SQ_ROLE_EXPERT);
+    CHECK(d.slot[g].instances == E && d.slot[q].instances == 1);
+    CHECK(d.slot[o].in == NH * HD && d.slot[o].out == D && d.slot[dn].in == I_MOE);
+    char key[64];
+    CHECK(sq_lin_key(&d.slot[dn], 2, 7, key, sizeof key) == SPARQ_OK);
+    CHECK(strcmp(key, "model.layers.2.mlp.experts.7.down_proj") == 0);
+    CHECK(sq_lin_key(&d.slot[dn], 2, 7, key, 10) == SPARQ_E_RANGE);
+    /* the key names the tensor the model bound there */
+    CHECK(sq_lin_key(&d.slot[q], 0, 0, key, sizeof key) == SPARQ_OK);
+    CHECK(strcmp(sq_model_linear(m, 0, q, 0)->name, key) == 0);
+    CHECK(sq_arch_layer(c, 1, &d) == SPARQ_OK);
+    CHECK(!d.moe && d.n_slots == 7 && sq_layer_find(&d, "down_proj") >= 0 && sq_layer_find(&d, "gate") < 0);
+    CHECK(d.slot[sq_layer_find(&d, "down_proj")].in == I_MLP && d.slot[sq_layer_find(&d, "up_proj")].role == SQ_ROLE_MLP);
+    CHECK(sq_arch_layer(c, NL, &d) == SPARQ_E_RANGE);
+    int L = -2;
+    CHECK(sq_arch_is_quant_linear(c, "model.layers.2.mlp.experts.7.down_proj", &L) && L == 2);
+    CHECK(sq_arch_is_quant_linear(c, "model.layers.1.mlp.down_proj", &L) && L == 1);
+    CHECK(sq_arch_is_quant_linear(c, "model.layers.0.self_attn.v_proj", &L) && L == 0);
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.0.mlp.gate", &L) && L == -1);          /* router */
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.1.mlp.experts.0.down_proj", NULL));   /* dense layer */
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.0.mlp.experts.8.down_proj", NULL));   /* expert E */
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.3.self_attn.q_proj", NULL));          /* layer NL */
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.0.self_attn.q_proj.x", NULL));
+    CHECK(!sq_arch_is_quant_linear(c, "model.layers.0.input_layernorm", NULL));
+    CHECK(!sq_arch_is_quant_linear(c, "lm_head", NULL));
+    CHECK(strcmp(sq_lin_role_name(SQ_ROLE_EXPERT), "expert") == 0);
     sq_model_free(m);
 }
 
@@ -360,6 +429,7 @@ int main(void)
     RUN(test_decode_batch);
     RUN(test_layer_api);
     RUN(test_linear_swap);
+    RUN(test_arch_desc);
     RUN(test_mem_report);
     RUN(test_errors);
     RUN(test_alloc_faults);

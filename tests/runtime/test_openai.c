@@ -1,11 +1,11 @@
-/* tests/runtime/test_openai.c — request parsing (runtime/openai.h): fields
+/* tests/runtime/test_openai.c — request parsing (runtime/serve/openai.h): fields
  * read, OpenAI's defaults, every error naming its field; and the response,
  * chunk, model-list and error JSON read back with jansson. */
 #include <jansson.h>
 #include <string.h>
 
 #include "common/alloc.h"
-#include "runtime/openai.h"
+#include "runtime/serve/openai.h"
 #include "t.h"
 
 static sparq_status parse(const char *body, sq_oai_kind kind, sq_oai_request *r, const char **param)

@@ -1,7 +1,7 @@
-/* tests/runtime/test_sched.c — continuous batching (runtime/sched.h) on the
+/* tests/runtime/test_sched.c — continuous batching (runtime/serve/sched.h) on the
  * fixture model with 2 KV slots: 5 greedy jobs submitted at once from 5
  * threads (so 3 wait for a slot) each give exactly the text of a one-sequence
- * session (runtime/session.h) on the same prompt; stop strings cut the text
+ * session (runtime/serve/session.h) on the same prompt; stop strings cut the text
  * and end the job; max_new and max_new = 0; a cancelled job frees its slot;
  * a full queue is refused; the prefix cache of a slot is reused. */
 #include <pthread.h>
@@ -9,9 +9,9 @@
 
 #include "common/alloc.h"
 #include "formats/tokenizer.h"
-#include "runtime/dist.h"
-#include "runtime/sched.h"
-#include "runtime/session.h"
+#include "runtime/dist/dist.h"
+#include "runtime/serve/sched.h"
+#include "runtime/serve/session.h"
 #include "t.h"
 
 static const char *const prompts[] = {"The file system", "A journal file", "Memory allocation", "The SQLite library",

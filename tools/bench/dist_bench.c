@@ -1,5 +1,5 @@
 /* tools/bench/dist_bench.c — throughput of the multi-process pipeline
- * (runtime/dist.h), run under mpirun like `sparq run`:
+ * (runtime/dist/dist.h), run under mpirun like `sparq run`:
  *
  *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K]
  *
@@ -18,7 +18,7 @@
 
 #include "common/alloc.h"
 #include "common/progress.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/generate.h"
 
 static int cmp_d(const void *a, const void *b)

@@ -120,9 +120,12 @@ int main(int argc, char **argv)
     /* bytes one decoded token reads */
     uint64_t per_tok = 0;
     for (int L = 0; L < c->num_hidden_layers; L++) {
-        for (int w = SQ_LIN_Q; w <= SQ_LIN_ROUTER; w++) per_tok += lin_bytes(sq_model_linear(m, L, (sq_lin_id)w, 0));
-        int k = sq_model_layer_is_moe(m, L) ? (int)c->num_experts_per_tok : 1;
-        for (int w = SQ_LIN_GATE; w <= SQ_LIN_DOWN; w++) per_tok += (uint64_t)k * lin_bytes(sq_model_linear(m, L, (sq_lin_id)w, 0));
+        /* every slot once; a routed expert's slots top_k times */
+        const sq_layer_desc *d = sq_model_layer_desc(m, L);
+        for (int s = 0; s < d->n_slots; s++) {
+            const int k = d->slot[s].role == SQ_ROLE_EXPERT ? (int)c->num_experts_per_tok : 1;
+            per_tok += (uint64_t)k * lin_bytes(sq_model_linear(m, L, s, 0));
+        }
     }
     per_tok += lin_bytes(sq_model_head_linear(m)) + (uint64_t)c->hidden_size * 2; /* + one bf16 embedding row */
     const double kv_row = 2.0 * c->num_hidden_layers * c->num_key_value_heads * c->head_dim * 4;

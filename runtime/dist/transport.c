@@ -1,12 +1,12 @@
-/* runtime/transport.c — the local (one-process) transport, transport
+/* runtime/dist/transport.c — the local (one-process) transport, transport
  * selection and the NCCL id exchange. The MPI transport is in
- * runtime/transport_mpi.c (built only when meson found MPI). */
+ * runtime/dist/transport_mpi.c (built only when meson found MPI). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
-#include "runtime/transport.h"
+#include "runtime/dist/transport.h"
 #include "sparq_version.h"
 
 #if SPARQ_HAVE_NCCL

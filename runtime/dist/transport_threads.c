@@ -1,5 +1,5 @@
-/* runtime/transport_threads.c — N ranks inside one process, one thread per
- * rank: the pipeline of runtime/dist.h without MPI, for tests (several CPU
+/* runtime/dist/transport_threads.c — N ranks inside one process, one thread per
+ * rank: the pipeline of runtime/dist/dist.h without MPI, for tests (several CPU
  * or GPU ranks on a machine that has no MPI) and benchmarks.
  *
  * A hub holds one FIFO per (destination, tag); isend copies the message into
@@ -15,7 +15,7 @@
 
 #include "common/alloc.h"
 #include "common/progress.h"
-#include "runtime/transport.h"
+#include "runtime/dist/transport.h"
 
 enum { N_TAGS = 4 };
 

@@ -1,7 +1,7 @@
-/* runtime/sched.h — continuous batching for `sparq serve`: many requests
+/* runtime/serve/sched.h — continuous batching for `sparq serve`: many requests
  * share the model's KV slots (sq_model_opts.n_seq).
  *
- * One engine thread owns the model (runtime/dist.h, one rank or several).
+ * One engine thread owns the model (runtime/dist/dist.h, one rank or several).
  * Any thread submits a job (prompt ids, sampling, stop strings) and reads
  * its text as it is produced. The engine loop: take queued jobs into free
  * slots (the slot whose cached ids share the longest prefix with the prompt,
@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "formats/tokenizer.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/sampler.h"
 
 typedef struct sq_sched sq_sched;

@@ -1,4 +1,4 @@
-/* runtime/http.h — the small HTTP/1.1 subset `sparq serve` speaks.
+/* runtime/serve/http.h — the small HTTP/1.1 subset `sparq serve` speaks.
  *
  * One request per connection (every response says `Connection: close`),
  * bodies only with Content-Length (chunked request bodies are refused with

@@ -1,4 +1,4 @@
-/* runtime/transport_mpi.c — the transport over MPI (OpenMPI from Debian).
+/* runtime/dist/transport_mpi.c — the transport over MPI (OpenMPI from Debian).
  *
  * Point-to-point only, on a private duplicate of MPI_COMM_WORLD with
  * MPI_ERRORS_RETURN, so a failure becomes a sparq_status with a message
@@ -16,7 +16,7 @@
 
 #include "common/alloc.h"
 #include "common/progress.h"
-#include "runtime/transport.h"
+#include "runtime/dist/transport.h"
 
 enum { TAG_PING = 100, TAG_PONG = 101 };
 

@@ -1,5 +1,5 @@
-/* runtime/session.h — one conversation on sequence slot 0 of a model
- * (runtime/dist.h, one rank or several): the tokenizer, a sampler, and the
+/* runtime/serve/session.h — one conversation on sequence slot 0 of a model
+ * (runtime/dist/dist.h, one rank or several): the tokenizer, a sampler, and the
  * ids in the KV cache, so a new prompt that starts like the last one
  * (a chat's next turn) only prefills what is new. Text is handed out as it
  * is decoded, whole UTF-8 characters at a time, through a callback.
@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "formats/tokenizer.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 #include "runtime/sampler.h"
 
 /* Receives each piece of generated text; returns false to stop generating. */

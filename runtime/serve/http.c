@@ -1,8 +1,8 @@
-/* runtime/http.c — see http.h. The parser walks the request line and the
+/* runtime/serve/http.c — see http.h. The parser walks the request line and the
  * header lines once, keeps only what the server needs, and decides every
  * malformed case with a status code and a message; the socket helpers add a
  * deadline (poll) and full writes (send with MSG_NOSIGNAL). */
-#include "runtime/http.h"
+#include "runtime/serve/http.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,10 +1,10 @@
-/* runtime/sched.c — see sched.h. One mutex guards the queue, the slots'
+/* runtime/serve/sched.c — see sched.h. One mutex guards the queue, the slots'
  * job pointers, every job's shared fields (text, end, cancel flag,
  * references) and the statistics; the engine thread drops it around model
  * calls. Readers wait on one condition variable that the engine broadcasts
  * whenever a job gains text or ends. slot_ids / slot_len always describe
  * what is in the slot's KV cache. */
-#include "runtime/sched.h"
+#include "runtime/serve/sched.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -1,7 +1,7 @@
-/* runtime/openai.c — see openai.h. Requests are read with jansson and
+/* runtime/serve/openai.c — see openai.h. Requests are read with jansson and
  * copied into a plain struct, so nothing of the JSON tree outlives the
  * parse; responses are built as jansson objects and dumped compact. */
-#include "runtime/openai.h"
+#include "runtime/serve/openai.h"
 
 #include <jansson.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* runtime/dist.c — the pipeline over ranks (see runtime/dist.h).
+/* runtime/dist/dist.c — the pipeline over ranks (see runtime/dist/dist.h).
  *
  * Wire format (all ranks run the same binary on the same architecture, so
  * the structs go as bytes; the magic catches a stray or torn message):
@@ -18,7 +18,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "formats/manifest.h"
-#include "runtime/dist.h"
+#include "runtime/dist/dist.h"
 
 #define MSG_MAGIC 0x54535153u /* "SQST" */
 #define LOGIT_CHUNK 32        /* rows of logits per result message */

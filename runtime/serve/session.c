@@ -1,6 +1,6 @@
-/* runtime/session.c — see session.h. The generation loop that `sparq run`
+/* runtime/serve/session.c — see session.h. The generation loop that `sparq run`
  * streams to stdout, with the output made a callback. */
-#include "runtime/session.h"
+#include "runtime/serve/session.h"
 
 #include <string.h>
 

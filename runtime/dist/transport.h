@@ -1,8 +1,8 @@
-/* runtime/transport.h — how the processes of a multi-box run talk.
+/* runtime/dist/transport.h — how the processes of a multi-box run talk.
  *
  * A run on N boxes is N processes (ranks), one per box, started by mpirun
  * (or, for tests, N threads of one process: sq_transport_threads).
- * runtime/dist.h moves hidden states between them through this interface
+ * runtime/dist/dist.h moves hidden states between them through this interface
  * and nothing else, so the wire is swappable: MPI point-to-point here (CPU
  * boxes, or GPU boxes staging through host memory), NCCL later for GPU
  * buffers (rank 0 makes the NCCL unique id and broadcasts it through this
@@ -70,7 +70,7 @@ struct sq_transport {
 /* One process alone (size 1): every operation is trivial. */
 sparq_status sq_transport_local(sq_transport **out);
 
-/* `size` ranks inside this process, one thread each (runtime/transport_threads.c):
+/* `size` ranks inside this process, one thread each (runtime/dist/transport_threads.c):
  * out[r] is rank r's transport, to be used by one thread and closed by it.
  * Sends complete at once (the message is copied); find_silent always says
  * -1 and abort() aborts the process. For tests and benchmarks of the

@@ -1,4 +1,4 @@
-/* runtime/openai.h — the OpenAI API subset `sparq serve` answers: request
+/* runtime/serve/openai.h — the OpenAI API subset `sparq serve` answers: request
  * bodies of /v1/completions and /v1/chat/completions parsed and checked
  * (every error names the field), and the JSON of responses, stream chunks,
  * the model list and errors. No I/O here: cli/cmd_serve.c moves the bytes,

@@ -1,4 +1,4 @@
-/* runtime/dist.h — one model over several processes: a pipeline over layers.
+/* runtime/dist/dist.h — one model over several processes: a pipeline over layers.
  *
  * `mpirun -np N sparq run BUNDLE` starts N ranks; rank K loads node-K/ of a
  * bundle packed for N boxes (its contiguous layers; node 0 also the
@@ -40,7 +40,7 @@
 
 #include "common/status.h"
 #include "runtime/model.h"
-#include "runtime/transport.h"
+#include "runtime/dist/transport.h"
 
 typedef struct sq_dist sq_dist;
 

@@ -1,0 +1,461 @@
+/* runtime/models/model.c — the model core: loading what every architecture
+ * has, and the public calls of runtime/model.h, which check their common
+ * arguments and hand the forward pass to the architecture (sq_graph_ops).
+ *
+ * Load: a model directory or one node of a bundle (open_bundle: the quick
+ * size check, and ctx × users × chunk from the plan it was packed for), the
+ * config, the architecture's table row (runtime/arch.h), the mapped
+ * checkpoint, then every layer's linears as its description names them —
+ * dense matrices used in place, EXL3 ones through kernels/cpu/trellis.h —
+ * and last the architecture's own load (norms, embeddings, head, KV cache,
+ * workspace, device upload). Tensors stay in the mmap (sf_open); only small
+ * vectors are widened to fp32 copies. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "formats/manifest.h"
+#include "kernels/cpu/ops.h"
+#include "runtime/models/model_impl.h"
+
+void sq_model_opts_default(sq_model_opts *o)
+{
+    o->ctx = 4096;
+    o->n_seq = 1;
+    o->max_rows = 512;
+    o->n_threads = 0;
+    o->node = 0;
+    o->nodes = 1;
+    o->device = SQ_DEVICE_CPU;
+}
+
+/* --- loading ------------------------------------------------------------------ */
+
+sparq_status sq_mdl_find_tensor(const sq_model *m, const char *name, const sf_tensor **out)
+{
+    *out = sf_find(m->sf, name);
+    RETURN_IF(!*out, SPARQ_E_NOTFOUND, "%s: tensor '%s' not found", sf_file_path(m->sf, 0), name);
+    return SPARQ_OK;
+}
+
+sparq_status sq_mdl_check_shape(const sq_model *m, const sf_tensor *t, int ndim, uint64_t d0, uint64_t d1)
+{
+    bool ok = t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
+    if (ok) return SPARQ_OK;
+    if (ndim == 1)
+        return sparq_err(SPARQ_E_SHAPE, "%s: tensor '%s': expected shape [%llu], got ndim %d [%llu ...]",
+                         sf_file_path(m->sf, t->file), t->name, (unsigned long long)d0, t->ndim,
+                         (unsigned long long)t->shape[0]);
+    return sparq_err(SPARQ_E_SHAPE, "%s: tensor '%s': expected shape [%llu, %llu], got ndim %d [%llu, %llu]",
+                     sf_file_path(m->sf, t->file), t->name, (unsigned long long)d0, (unsigned long long)d1,
+                     t->ndim, (unsigned long long)t->shape[0],
+                     (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0));
+}
+
+sparq_status sq_mdl_dense_kind(const sq_model *m, const sf_tensor *t, sq_linear_kind *k)
+{
+    switch (t->dtype) {
+    case SF_BF16: *k = SQ_LINEAR_BF16; return SPARQ_OK;
+    case SF_F16: *k = SQ_LINEAR_F16; return SPARQ_OK;
+    case SF_F32: *k = SQ_LINEAR_F32; return SPARQ_OK;
+    default:
+        return sparq_err(SPARQ_E_UNSUPPORTED, "%s: tensor '%s': dtype %s is not supported (BF16, F16, F32)",
+                         sf_file_path(m->sf, t->file), t->name, sf_dtype_name(t->dtype));
+    }
+}
+
+/* A small fp32 copy of a vector tensor [n]. */
+sparq_status sq_mdl_bind_vec(sq_model *m, const char *name, int n, float **out)
+{
+    const sf_tensor *t;
+    FORWARD_IF(sq_mdl_find_tensor(m, name, &t));
+    FORWARD_IF(sq_mdl_check_shape(m, t, 1, (uint64_t)n, 0));
+    *out = sparq_malloc((size_t)n * sizeof(float));
+    RETURN_IF(!*out, SPARQ_E_NOMEM, "%s: out of memory", name);
+    m->small_bytes += (uint64_t)n * sizeof(float);
+    m->weights_bytes += t->nbytes;
+    sparq_status st = sf_to_f32(t, *out);
+    if (st != SPARQ_OK) return sparq_err_context(st, "tensor '%s'", name);
+    return SPARQ_OK;
+}
+
+/* An EXL3 linear (reference.md §1.4): <key>.trellis int16 (k/16, n/16, 16K),
+ * <key>.suh fp16 (k), <key>.svh fp16 (n), codebook from <key>.mul1 / .mcg
+ * (absent: 3inst), optional <key>.bias fp16 (n). */
+static sparq_status bind_exl3(sq_model *m, sq_linear *l, const char *key)
+{
+    char name[512];
+    const sf_tensor *tr, *su, *sv;
+    snprintf(name, sizeof name, "%s.trellis", key);
+    FORWARD_IF(sq_mdl_find_tensor(m, name, &tr));
+    snprintf(name, sizeof name, "%s.suh", key);
+    FORWARD_IF(sq_mdl_find_tensor(m, name, &su));
+    snprintf(name, sizeof name, "%s.svh", key);
+    FORWARD_IF(sq_mdl_find_tensor(m, name, &sv));
+    RETURN_IF(tr->dtype != SF_I16 || tr->ndim != 3 || su->dtype != SF_F16 || su->ndim != 1 || sv->dtype != SF_F16 ||
+                  sv->ndim != 1 || tr->shape[2] % 16 || tr->shape[0] * 16 != su->shape[0] ||
+                  tr->shape[1] * 16 != sv->shape[0] || su->shape[0] > (1u << 24) || sv->shape[0] > (1u << 24),
+              SPARQ_E_SHAPE, "%s: EXL3 linear '%s': expected trellis I16 (k/16, n/16, 16K), suh F16 (k), svh F16 (n)",
+              sf_file_path(m->sf, tr->file), key);
+    trellis_linear *t = sparq_calloc(1, sizeof *t);
+    RETURN_IF(!t, SPARQ_E_NOMEM, "%s: out of memory", key);
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **o = sparq_realloc(m->owned, (size_t)cap * sizeof *o);
+        if (!o) {
+            sparq_free(t);
+            return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+        }
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = t;
+    t->k = (int)su->shape[0];
+    t->n = (int)sv->shape[0];
+    t->K = (int)(tr->shape[2] / 16);
+    snprintf(name, sizeof name, "%s.mul1", key);
+    bool mul1 = sf_find(m->sf, name) != NULL;
+    snprintf(name, sizeof name, "%s.mcg", key);
+    t->cb = mul1 ? TRELLIS_CB_MUL1 : sf_find(m->sf, name) ? TRELLIS_CB_MCG : TRELLIS_CB_3INST;
+    t->trellis = tr->data;
+    t->suh = su->data;
+    t->svh = sv->data;
+    FORWARD_IF(sq_cpu_linear_exl3_bind(l, t, key));
+    m->weights_bytes += tr->nbytes + su->nbytes + sv->nbytes;
+    snprintf(name, sizeof name, "%s.bias", key);
+    if (sf_find(m->sf, name)) {
+        float *b;
+        FORWARD_IF(sq_mdl_bind_vec(m, name, l->out, &b));
+        l->bias = b;
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int out, int in)
+{
+    char name[512];
+    memset(l, 0, sizeof *l);
+    l->name = sparq_strdup(key);
+    RETURN_IF(!l->name, SPARQ_E_NOMEM, "%s: out of memory", key);
+    l->in = in;
+    l->out = out;
+    snprintf(name, sizeof name, "%s.weight", key);
+    const sf_tensor *t = sf_find(m->sf, name);
+    if (!t) {
+        snprintf(name, sizeof name, "%s.trellis", key);
+        RETURN_IF(!sf_find(m->sf, name), SPARQ_E_NOTFOUND, "%s: tensor '%s.weight' not found",
+                  sf_file_path(m->sf, 0), key);
+        FORWARD_IF(bind_exl3(m, l, key));
+        RETURN_IF(l->in != in || l->out != out, SPARQ_E_SHAPE,
+                  "%s: EXL3 linear '%s' is %d -> %d, expected %d -> %d", sf_file_path(m->sf, 0), key, l->in,
+                  l->out, in, out);
+        return SPARQ_OK;
+    }
+    FORWARD_IF(sq_mdl_dense_kind(m, t, &l->kind));
+    FORWARD_IF(sq_mdl_check_shape(m, t, 2, (uint64_t)out, (uint64_t)in));
+    l->w = t->data;
+    m->weights_bytes += t->nbytes;
+    snprintf(name, sizeof name, "%s.bias", key);
+    if (m->cfg.attention_bias && sf_find(m->sf, name)) {
+        float *b;
+        FORWARD_IF(sq_mdl_bind_vec(m, name, out, &b));
+        l->bias = b;
+    }
+    return SPARQ_OK;
+}
+
+void sq_mdl_free_linear(sq_linear *l)
+{
+    sparq_free((void *)l->name);
+    sparq_free((void *)l->bias);
+}
+
+/* Bind every slot instance of layer L as its description names it. */
+static sparq_status bind_layer(sq_model *m, int L)
+{
+    sq_layer_lin *ll = &m->layers[L];
+    FORWARD_IF(sq_arch_layer(&m->cfg, L, &ll->desc));
+    const sq_layer_desc *d = &ll->desc;
+    ll->lin = sparq_calloc((size_t)d->n_slots, sizeof *ll->lin);
+    RETURN_IF(!ll->lin, SPARQ_E_NOMEM, "layer %d: out of memory", L);
+    for (int s = 0; s < d->n_slots; s++) {
+        ll->lin[s] = sparq_calloc((size_t)d->slot[s].instances, sizeof(sq_linear));
+        RETURN_IF(!ll->lin[s], SPARQ_E_NOMEM, "layer %d: out of memory", L);
+    }
+    char key[256];
+    for (int s = 0; s < d->n_slots; s++)
+        for (int e = 0; e < d->slot[s].instances; e++) {
+            FORWARD_IF(sq_lin_key(&d->slot[s], L, e, key, sizeof key));
+            FORWARD_IF(sq_mdl_bind_linear(m, &ll->lin[s][e], key, d->slot[s].out, d->slot[s].in));
+        }
+    return SPARQ_OK;
+}
+
+sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles)
+{
+    const sq_layer_lin *ll = &m->layers[L];
+    for (int s = 0; s < ll->desc.n_slots; s++)
+        if (roles & (1u << ll->desc.slot[s].role))
+        for (int e = 0; e < ll->desc.slot[s].instances; e++)
+            FORWARD_IF(m->ex->be->prepare_linear(m->ex, &ll->lin[s][e]));
+    return SPARQ_OK;
+}
+
+/* A bundle written by `sparq pack` has manifest.json at its top, config and
+ * tokenizer beside it, and node K's weights in node-K/. The quick check
+ * (sizes of every file the node needs) runs before anything is mapped, and
+ * the KV cache and workspace are sized from the plan the bundle was packed
+ * for (ctx × users, prefill chunk), as design.md asks: a bundle that plan
+ * said fits is loaded with exactly the sizes that were planned. A bundle
+ * packed for N boxes runs as N processes (o->nodes), this one loading node
+ * o->node: its layers, plus the embeddings on the first node and the final
+ * norm and lm_head on the last. On success *weights_dir is the node's folder
+ * (heap), *plan_threads the thread count the plan assumed, and m's layer
+ * range and embed/head flags are set. */
+static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, char **weights_dir,
+                                int *plan_threads)
+{
+    sq_manifest man;
+    FORWARD_IF(sq_manifest_load(&man, dir));
+    sparq_status st = SPARQ_OK;
+    if (man.boxes != o->nodes) {
+        if (o->nodes == 1)
+            st = sparq_err(SPARQ_E_UNSUPPORTED,
+                           "%s: bundle packed for %d boxes; run it as %d processes, one per box "
+                           "(mpirun -np %d sparq ...), or pack it again with --boxes 1",
+                           dir, man.boxes, man.boxes, man.boxes);
+        else
+            st = sparq_err(SPARQ_E_UNSUPPORTED,
+                           "%s: bundle packed for %d box%s but started on %d processes; start exactly %d "
+                           "(mpirun -np %d), or pack it again with --boxes %d",
+                           dir, man.boxes, man.boxes == 1 ? "" : "es", o->nodes, man.boxes, man.boxes, o->nodes);
+    } else if (o->node < 0 || o->node >= man.boxes) {
+        st = sparq_err(SPARQ_E_RANGE, "%s: node %d outside [0, %d)", dir, o->node, man.boxes);
+    } else if ((st = sq_bundle_check_quick(dir, &man, o->node)) == SPARQ_OK) {
+        const sq_manifest_node *nd = &man.nodes[o->node];
+        o->ctx = (int)man.ctx;
+        o->n_seq = (int)man.users;
+        o->max_rows = (int)man.chunk;
+        *plan_threads = (int)man.threads;
+        m->first = (int)nd->first_layer;
+        m->end = (int)(nd->first_layer + nd->n_layers);
+        m->has_embed = nd->has_embed;
+        m->has_head = nd->has_head;
+        char sub[32];
+        snprintf(sub, sizeof sub, "node-%d", o->node);
+        *weights_dir = sparq_path_join(dir, sub);
+        if (!*weights_dir) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
+    }
+    sq_manifest_free(&man);
+    return st;
+}
+
+sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts *opts)
+{
+    *out = NULL;
+    sq_model *m = sparq_calloc(1, sizeof *m);
+    RETURN_IF(!m, SPARQ_E_NOMEM, "model: out of memory");
+    sparq_status st = SPARQ_OK;
+    if (opts) m->opts = *opts;
+    else sq_model_opts_default(&m->opts);
+#define TRY(expr)                    \
+    do {                             \
+        st = (expr);                 \
+        if (st != SPARQ_OK) goto fail; \
+    } while (0)
+#define FAIL(code, ...)                        \
+    do {                                       \
+        st = sparq_err((code), __VA_ARGS__);   \
+        goto fail;                             \
+    } while (0)
+    char *weights_dir = NULL;
+    int plan_threads = 0;
+    m->first = 0;
+    m->end = -1; /* all layers, set below */
+    m->has_embed = m->has_head = true;
+    if (m->opts.nodes <= 0) m->opts.nodes = 1;
+    {
+        char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME);
+        if (!mpath) FAIL(SPARQ_E_NOMEM, "out of memory");
+        const int is_bundle = sparq_path_exists(mpath);
+        sparq_free(mpath);
+        if (is_bundle) TRY(open_bundle(m, dir, &m->opts, &weights_dir, &plan_threads));
+        else if (m->opts.nodes != 1)
+            FAIL(SPARQ_E_UNSUPPORTED, "%s: a model directory runs in one process, not %d; pack it into a bundle "
+                 "for %d boxes (sparq pack --boxes %d) to run it on several", dir, m->opts.nodes, m->opts.nodes,
+                 m->opts.nodes);
+    }
+    TRY(sq_config_load(&m->cfg, dir));
+    const sq_model_config *c = &m->cfg;
+    m->arch = sq_arch_of(c);
+    if (!m->arch || !m->arch->graph) FAIL(SPARQ_E_UNSUPPORTED, "%s: architecture '%s' not supported", dir, c->model_type);
+    if (m->arch->check) TRY(m->arch->check(c, dir));
+    m->n_layers = (int)c->num_hidden_layers;
+    if (m->end < 0) m->end = m->n_layers;
+    if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
+        FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,
+             m->end, m->n_layers);
+    if (m->opts.ctx <= 0) m->opts.ctx = 4096;
+    if (c->max_position_embeddings > 0 && m->opts.ctx > c->max_position_embeddings)
+        m->opts.ctx = (int)c->max_position_embeddings;
+    if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
+    if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
+
+    TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
+    m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);
+    m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
+    if (!m->layers || !m->seq_len) FAIL(SPARQ_E_NOMEM, "out of memory");
+    TRY(m->arch->graph->load(m, plan_threads));
+    sparq_free(weights_dir);
+    *out = m;
+    return SPARQ_OK;
+fail:
+    sparq_free(weights_dir);
+    sq_model_free(m);
+    return st;
+#undef TRY
+#undef FAIL
+}
+
+sparq_status sq_mdl_bind_layers(sq_model *m)
+{
+    for (int L = m->first; L < m->end; L++) FORWARD_IF(bind_layer(m, L));
+    return SPARQ_OK;
+}
+
+void sq_model_free(sq_model *m)
+{
+    if (!m) return;
+    if (m->arch && m->arch->graph) m->arch->graph->free(m);
+    if (m->layers) {
+        for (int L = 0; L < m->n_layers; L++) {
+            sq_layer_lin *ll = &m->layers[L];
+            for (int s = 0; ll->lin && s < ll->desc.n_slots; s++) {
+                for (int e = 0; ll->lin[s] && e < ll->desc.slot[s].instances; e++) sq_mdl_free_linear(&ll->lin[s][e]);
+                sparq_free(ll->lin[s]);
+            }
+            sparq_free(ll->lin);
+        }
+        sparq_free(m->layers);
+    }
+    sq_mdl_free_linear(&m->head);
+    sparq_free(m->seq_len);
+    sq_exec_free(m->ex);
+    for (int i = 0; i < m->n_owned; i++) sparq_free(m->owned[i]);
+    sparq_free(m->owned);
+    if (m->sf) sf_close(m->sf);
+    sq_config_free(&m->cfg);
+    sparq_free(m);
+}
+
+const sq_model_config *sq_model_cfg(const sq_model *m) { return &m->cfg; }
+const sq_model_opts *sq_model_options(const sq_model *m) { return &m->opts; }
+sq_exec *sq_model_exec(sq_model *m) { return m->ex; }
+
+void sq_model_mem_report(const sq_model *m, sq_model_mem *out)
+{
+    out->weights = m->weights_bytes;
+    out->kv = m->kv_bytes;
+    out->workspace = m->ws_bytes + m->small_bytes + m->scratch_bytes;
+    out->plan_kv = m->plan_kv;
+    out->plan_workspace = m->plan_ws;
+}
+
+sq_linear *sq_model_head_linear(sq_model *m) { return &m->head; }
+
+void sq_model_layer_range(const sq_model *m, int *first, int *end)
+{
+    *first = m->first;
+    *end = m->end;
+}
+bool sq_model_has_embed(const sq_model *m) { return m->has_embed; }
+bool sq_model_has_head(const sq_model *m) { return m->has_head; }
+float *sq_model_hidden_buffer(sq_model *m) { return m->arch->graph->hidden_buffer(m); }
+
+const sq_layer_desc *sq_model_layer_desc(const sq_model *m, int layer)
+{
+    return layer >= m->first && layer < m->end ? &m->layers[layer].desc : NULL;
+}
+
+bool sq_model_layer_is_moe(const sq_model *m, int layer)
+{
+    return layer >= m->first && layer < m->end && m->layers[layer].desc.moe;
+}
+
+sq_linear *sq_model_linear(sq_model *m, int layer, int slot, int inst)
+{
+    if (layer < m->first || layer >= m->end) return NULL;
+    const sq_layer_desc *d = &m->layers[layer].desc;
+    if (slot < 0 || slot >= d->n_slots || inst < 0 || inst >= d->slot[slot].instances) return NULL;
+    return &m->layers[layer].lin[slot][inst];
+}
+
+/* --- the forward pass: the architecture's graph ------------------------------- */
+
+sparq_status sq_model_embed(const sq_model *m, const int32_t *tokens, int n, float *hidden)
+{
+    RETURN_IF(!m->has_embed, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the embeddings",
+              m->opts.node, m->first, m->end - 1);
+    return m->arch->graph->embed(m, tokens, n, hidden);
+}
+
+sparq_status sq_model_forward_layer(sq_model *m, int L, float *hidden, int rows, const int *pos, int seq,
+                                    const sq_observer *obs)
+{
+    RETURN_IF(L < m->first || L >= m->end, SPARQ_E_RANGE, "layer %d outside [%d, %d), the layers this process holds",
+              L, m->first, m->end);
+    return m->arch->graph->forward_layer(m, L, hidden, rows, pos, seq, obs);
+}
+
+sparq_status sq_model_forward_rows(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos)
+{
+    return m->arch->graph->forward_rows(m, hidden, rows, seqs, pos);
+}
+
+sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits)
+{
+    return m->arch->graph->decode_batch(m, n, seqs, tokens, logits);
+}
+
+sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits)
+{
+    RETURN_IF(!m->has_head, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the lm_head",
+              m->opts.node, m->first, m->end - 1);
+    return m->arch->graph->head(m, hidden, rows, logits);
+}
+
+sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
+                              float *logits)
+{
+    RETURN_IF(seq < 0 || seq >= m->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seq, m->opts.n_seq);
+    RETURN_IF(n < 0 || m->seq_len[seq] + n > m->opts.ctx, SPARQ_E_RANGE,
+              "sequence %d: %d + %d tokens exceed the context of %d", seq, m->seq_len[seq], n, m->opts.ctx);
+    return m->arch->graph->forward(m, seq, tokens, n, mode, logits);
+}
+
+/* --- sequences ---------------------------------------------------------------- */
+
+sparq_status sq_model_seq_advance(sq_model *m, int seq, int n)
+{
+    RETURN_IF(seq < 0 || seq >= m->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seq, m->opts.n_seq);
+    RETURN_IF(n < 0 || m->seq_len[seq] + n > m->opts.ctx, SPARQ_E_RANGE, "sequence %d: cannot advance by %d", seq, n);
+    m->seq_len[seq] += n;
+    return SPARQ_OK;
+}
+
+int sq_model_seq_len(const sq_model *m, int seq)
+{
+    return seq >= 0 && seq < m->opts.n_seq ? m->seq_len[seq] : 0;
+}
+
+void sq_model_seq_reset(sq_model *m, int seq)
+{
+    if (seq >= 0 && seq < m->opts.n_seq) m->seq_len[seq] = 0;
+}
+
+void sq_model_seq_truncate(sq_model *m, int seq, int n)
+{
+    if (seq >= 0 && seq < m->opts.n_seq && n >= 0 && n < m->seq_len[seq]) m->seq_len[seq] = n;
+}

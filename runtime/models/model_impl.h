@@ -1,0 +1,90 @@
+/* runtime/models/model_impl.h — what the model core (model.c) and the
+ * architecture files (qwen3moe.c, ...) share; nothing outside
+ * runtime/models/ includes it.
+ *
+ * The core owns what every architecture has: the config, the mapped
+ * checkpoint, the exec, the layer range of this process, the layers'
+ * descriptions (runtime/arch.h) with one sq_linear per slot instance, the
+ * head linear, sequence lengths, and the byte counters. An architecture
+ * keeps its own weights (norms, tables), KV cache and workspace in `impl`
+ * and implements the forward pass through sq_graph_ops. */
+#ifndef SPARQ_RUNTIME_MODELS_MODEL_IMPL_H
+#define SPARQ_RUNTIME_MODELS_MODEL_IMPL_H
+
+#include "formats/safetensors.h"
+#include "runtime/arch.h"
+#include "runtime/model.h"
+
+/* The forward pass of one architecture. The core checks the public calls'
+ * common arguments (layer range, node roles) before calling these. */
+struct sq_graph_ops {
+    /* Bind the architecture's own tensors, allocate its KV cache and
+     * workspace (sizes from the memory plan), upload to a device exec. The
+     * layer linears are already bound. plan_threads: the thread count a
+     * bundle was planned for (0: the default). */
+    sparq_status (*load)(sq_model *m, int plan_threads);
+    void (*free)(sq_model *m);
+    sparq_status (*embed)(const sq_model *m, const int32_t *tokens, int n, float *hidden);
+    sparq_status (*forward_layer)(sq_model *m, int layer, float *hidden, int rows, const int *pos, int seq,
+                                  const sq_observer *obs);
+    sparq_status (*forward_rows)(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos);
+    sparq_status (*head)(sq_model *m, const float *hidden, int rows, float *logits);
+    sparq_status (*forward)(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
+                            float *logits);
+    sparq_status (*decode_batch)(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits);
+    float *(*hidden_buffer)(sq_model *m);
+};
+
+/* The linears of one layer: lin[s] holds desc.slot[s].instances linears. */
+typedef struct sq_layer_lin {
+    sq_layer_desc desc;
+    sq_linear **lin;
+} sq_layer_lin;
+
+struct sq_model {
+    sq_model_config cfg;
+    sq_model_opts opts;
+    const sq_arch_info *arch;
+    sf_model *sf;
+    sq_exec *ex;
+    int n_layers;
+    int first, end;            /* layers this process holds: [first, end) (all, unless a node of a bundle) */
+    bool has_embed, has_head;  /* embeddings (first node) / final norm + lm_head (last node) */
+    sq_layer_lin *layers;      /* [n_layers]; bound for [first, end) */
+    sq_linear head;
+    int *seq_len;              /* [opts.n_seq] tokens cached per sequence */
+    void **owned;              /* per-linear state the model allocated (EXL3 descriptors) */
+    int n_owned, cap_owned;
+    uint64_t weights_bytes, small_bytes, ws_bytes, kv_bytes, scratch_bytes;
+    uint64_t plan_kv, plan_ws;
+    void *impl;                /* the architecture's own state */
+};
+
+/* --- tensor binding helpers for the architecture files (model.c) ---------- */
+
+sparq_status sq_mdl_find_tensor(const sq_model *m, const char *name, const sf_tensor **out);
+sparq_status sq_mdl_check_shape(const sq_model *m, const sf_tensor *t, int ndim, uint64_t d0, uint64_t d1);
+/* The sq_linear kind of a dense tensor (BF16, F16, F32), else SPARQ_E_UNSUPPORTED. */
+sparq_status sq_mdl_dense_kind(const sq_model *m, const sf_tensor *t, sq_linear_kind *k);
+/* *out = a small fp32 copy of the vector tensor `name` [n] (counted in small_bytes). */
+sparq_status sq_mdl_bind_vec(sq_model *m, const char *name, int n, float **out);
+/* Bind the linear `key` (dense "<key>.weight" or EXL3 "<key>.trellis" ...) of shape out × in. */
+sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int out, int in);
+void sq_mdl_free_linear(sq_linear *l);
+/* Bind every slot instance of the layers [first, end) as their descriptions
+ * name them (the architecture's load calls this first). */
+sparq_status sq_mdl_bind_layers(sq_model *m);
+/* Make the linears of layer L whose role is in the bit set `roles`
+ * (1 << sq_lin_role) usable by the exec (a device backend uploads them). */
+sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles);
+
+/* The instance `inst` of slot `s` of layer L (no checks). */
+static inline sq_linear *sq_mdl_lin(sq_model *m, int layer, int s, int inst)
+{
+    return &m->layers[layer].lin[s][inst];
+}
+
+/* Architectures the core knows (runtime/models/registry.c). */
+extern const sq_arch_info sq_arch_qwen3moe;
+
+#endif

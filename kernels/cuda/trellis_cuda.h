@@ -55,7 +55,7 @@ void trellis_cuda_linear_free(trellis_cuda_linear *lin);
 void trellis_cuda_linear_shape(const trellis_cuda_linear *lin, int *k, int *n, int *K);
 
 /* Scratch for trellis_cuda_gemm: 16·max_k fp16 and 16·max_n fp32 (kept zero
- * between calls), and for the integer mul1 GEMM 128·max_k bytes of quantised
+ * between calls), and for the integer mul1 GEMV 32·max_k bytes of quantised
  * activations with per-block scales and sums. One workspace serves any
  * linear up to that size, one stream at a time. */
 typedef struct trellis_cuda_ws trellis_cuda_ws;
@@ -107,9 +107,9 @@ sparq_status trellis_cuda_moe_share(trellis_cuda_moe *moe, trellis_cuda_moe *don
  * e = ids[t·top_k + j], for t < tokens. All pointers are device memory: x and
  * out tokens×hidden fp32 (out holds the residual or zeros), ids int32 and
  * weights fp32 tokens×top_k (the router's output, read on the device: no
- * host round trip). Graph-capturable (nothing is allocated per call): two
- * launches, or for mul1 layers whose widths are multiples of 128 five
- * PDL-chained ones (MoE lab v23, docs/cuda.md); fp32 atomics, so the last
+ * host round trip). Graph-capturable (nothing is allocated per call): for
+ * mul1 layers five PDL-chained launches (moe_int), for the other codebooks two
+ * (moe_fused; docs/cuda.md, kernels/cuda/moe_decode.cu); fp32 atomics, so the last
  * bits vary from run to run. mul1 layers use the integer GEMM arithmetic (as
  * trellis_cuda_gemm). One call at a time per layer handle (and per set of
  * shared scratch). */

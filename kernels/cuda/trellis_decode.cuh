@@ -1,7 +1,7 @@
 /* kernels/cuda/trellis_decode.cuh — device-side decode of EXL3 trellis tiles
- * in registers, shared by the promoted kernels (trellis.cu) and the lab
- * versions (lab/). Not a public header: it is CUDA C++ and only .cu files
- * include it.
+ * in registers and the tensor-core and Hadamard helpers, shared by every
+ * kernel family (the .cu files of kernels/cuda/) and by a lab .cu (lab/README.md). Not a
+ * public header: it is CUDA C++ and only .cu files include it.
  *
  * One warp decodes one 16×16 tile. Lane t owns stream positions 8t..8t+7,
  * which are exactly the B operand fragment of two mma.m16n8k16 (k16×n8)
@@ -33,27 +33,20 @@ namespace trellis_dev {
 
 enum { CB_3INST = 0, CB_MCG = 1, CB_MUL1 = 2 };
 
-/* Lab options of the decode and loop (template bit mask D; 0 = v2..v5):
+/* Decode options (template bit mask D of lane_decode_w and what calls it;
+ * 0 = the plain decode of k_decode):
  *  DEC_2W:   K ≤ 4 reads two ring words per lane, not three (the lane's
  *            16 + 7K state bits start at b0 mod 32 ≤ 48 − 7K for every
  *            lane, so they end within 64 bits: the third word is never
  *            needed);
  *  DEC_IMMA: mul1 byte sums on the tensor core (imma_bytesum4) instead of
  *            one dp4a per weight;
- *  DEC_PF:   the balanced loop loads the next step's words before decoding
- *            the current one (register double buffering);
  *  DEC_FMA:  states that lie inside the first aligned word are cut out with
  *            a multiply by 2^s (IMAD, FMA pipe) and a shift instead of a shift
- *            and a mask (both ALU pipe), to balance the two integer pipes;
- *  DEC_PDL:  the three launches overlap by programmatic dependent launch: the
- *            main kernel loads its first trellis words while the input
- *            transform still runs, the output transform is resident early;
- *  DEC_NW4:  the balanced loop takes 4 tile columns × 2 k tiles per step
- *            (one A fragment per 4 tiles) instead of 2 × 4;
- *  DEC_INT:  (fused block body, mul1, one row: MoE lab v20) the integer
- *            GEMM arithmetic of trellis.cu's k_gemm_int instead of fp16
- *            values (fused_body_int in trellis_fused.cuh). */
-enum { DEC_2W = 1, DEC_IMMA = 2, DEC_PF = 4, DEC_FMA = 8, DEC_PDL = 16, DEC_NW4 = 32, DEC_INT = 64 };
+ *            and a mask (both ALU pipe), to balance the two integer pipes.
+ * gemm_tc runs DEC_2W | DEC_IMMA | DEC_FMA, the fused MoE body DEC_2W |
+ * DEC_IMMA, the integer loops DEC_2W | DEC_FMA (lane_hash_w). */
+enum { DEC_2W = 1, DEC_IMMA = 2, DEC_FMA = 8 };
 
 /* Programmatic dependent launch (sm_90+, GB10 included; a no-op in a kernel
  * launched without the attribute, and compiled out for older targets, where
@@ -117,7 +110,7 @@ __device__ __forceinline__ uint32_t lane_state(uint32_t a, uint32_t b, uint32_t 
     }
 }
 
-/* lane_state under the lab options D: with DEC_FMA, a state inside a is
+/* lane_state under the decode options D: with DEC_FMA, a state inside a is
  * (a · 2^s) >> 16, the multiply on the FMA pipe; `one` is 1 at run time (a
  * kernel argument) so the compiler keeps the multiply instead of turning it
  * back into a shift. */
@@ -198,7 +191,7 @@ __device__ __forceinline__ void imma_bytesum4(uint32_t x0, uint32_t x1, uint32_t
         : "r"(x0), "r"(x2), "r"(x1), "r"(x3), "r"(b0), "r"(b1), "r"(cadd));
 }
 
-/* --- the integer mul1 GEMM (lab v20+, docs/cuda.md "integer mul1 GEMM") -----
+/* --- the integer mul1 GEMV (gemv_int.cu; docs/cuda.md "Integer mul1 GEMM") -----
  * No weight value is formed: each weight's A operand is the four bytes of
  * h = state·0x83DCD12D, and the activations are 16-bit signed integers q (|q| ≤ 32639) split into
  * two s8 halves (hi, lo) replicated over the four k bytes of each weight, so
@@ -276,14 +269,6 @@ __device__ __forceinline__ void lane_decode_w(const uint32_t (&w)[NWD], unsigned
     }
 }
 
-/* lane_decode_w from three words (v1..v5). */
-template <int K, int CB>
-__device__ __forceinline__ void lane_decode(uint32_t w0, uint32_t w1, uint32_t w2, unsigned r, uint32_t out[4])
-{
-    const uint32_t w[3] = {w0, w1, w2};
-    lane_decode_w<K, CB, 0, 3>(w, r, 0u, 0u, 1u, out);
-}
-
 /* D += A·B for one m16n8k16 fp16 product with fp32 accumulators. */
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
@@ -293,7 +278,7 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* --- the GEMM loop's pieces, shared by every version ------------------------
+/* --- the fp16 GEMM loop's pieces (gemm_tc.cu, the fused MoE body) -----------
  * A warp owns NW adjacent tile columns; lane (g = lane/4, c = lane%4) holds
  * the A fragment of batch rows g and g+8 and accumulators acc[j][half][4]
  * (D rows g, g+8 × columns 2c, 2c+1 of each n8 half of tile column j). */
@@ -442,7 +427,7 @@ __device__ __forceinline__ void had128_warp(float v[4], int lane)
  * positions l + 32e): q, A·s_β and Σu on every lane, and on lane 0 the Σq of
  * each of the block's 8 k tiles. q and s are bit-identical to
  * int_input_block's (the max is exact); Σu is summed in another order.
- * Used by the warp-per-block input launches (trellis.cu) and fused_body_int. */
+ * Used by the integer GEMV's warp-per-block input launch (gemv_int.cu). */
 __device__ __forceinline__ void warp_quant128(const float (&u)[4], int lane, int (&q)[4], float &as, float &su,
                                               int (&kq)[8])
 {

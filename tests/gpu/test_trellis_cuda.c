@@ -1,32 +1,33 @@
-/* tests/gpu/test_trellis_cuda.c — the CUDA trellis kernels (kernels/cuda/)
- * against the CPU codec (kernels/cpu/trellis.h), the oracle:
+/* tests/gpu/test_trellis_cuda.c — the CUDA trellis product kernels
+ * (kernels/cuda/) against the CPU codec (kernels/cpu/trellis.h), the oracle:
  *  - decode of Q to fp16 is bit-exact with the CPU on random words for every
  *    K = 1..8 and codebook, and with exllamav3's own CUDA decode on the golden
  *    tensors of tests/data/exl3 (element by element and by FNV-1a digest);
- *  - the GEMM (1..16 rows) has normalised MSE ≤ 1e-5 against
+ *  - trellis_cuda_gemm (1..16 rows) has normalised MSE ≤ 1e-5 against
  *    trellis_linear_gemm for every K and codebook, on shapes that are and are
- *    not multiples of the kernel's blocking, on every lab kernel shape, with
- *    the output poisoned (NaN) before each run so unwritten outputs fail;
- *  - lab versions v3 (one fused launch), v4 (balanced grid), v6..v12 (round
- *    2: two-word loads, tensor-core byte sums, FMA masks, programmatic
- *    dependent launch) and the default entry point the same; each lab
- *    version's tile decode is also checked bit for bit like the real one;
- *  - the integer mul1 GEMM (lab v20+: activations quantised to 16-bit signed integers (|q| ≤ 32639)
- *    per 128-block, exact int32 sums of byte sums on the tensor core, no fp16
- *    weight values) against a double-precision model of that arithmetic
- *    (tight: max error ≤ 1e-5 of max|y|, both sides use the same q), against
- *    trellis_linear_gemm (the same arithmetic on the CPU: the same bound),
- *    and against decode-then-matmul with the fp16 codebook values (loose:
- *    normalised MSE ≤ 1e-6; the difference is the per-weight fp16 rounding
- *    the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
- *    activations); every version (v20..v35) for K = 2..4, the default's for every K;
- *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU (the default
- *    and every MoE lab version, v5, v13..v19, v20 (the integer mul1 one) and
- *    v21..v24, v27..v30 (the balanced integer launches);
- *  - inputs written late: the default GEMM's x and the MoE layer's routing,
- *    written 200 µs late by the kernel just before them, one that lets
- *    PDL-chained kernels start at once (trellis_cuda_lab_slow_copy): the
- *    chained launches must wait for them (lab run 29: this failed before);
+ *    not multiples of the kernels' blocking, with the output poisoned (NaN)
+ *    before each run so unwritten outputs fail; so does each product kernel
+ *    run on its own (trellis_cuda_gemm_run: gemv_int_c8_w16, gemv_int_c8_w8,
+ *    gemv_int_c2, gemm_tc), every K it exists for, and the kernels that do not
+ *    exist for a K, codebook or row count are refused;
+ *  - the integer mul1 kernels (activations quantised to 16-bit signed integers
+ *    (|q| ≤ 32639) per 128-block, exact int32 sums of byte sums on the tensor
+ *    core, no fp16 weight values) against a double-precision model of that
+ *    arithmetic (tight: max error ≤ 1e-5 of max|y|, both sides use the same
+ *    q), against trellis_linear_gemm (the same arithmetic on the CPU: the same
+ *    bound), and against decode-then-matmul with the fp16 codebook values
+ *    (loose: normalised MSE ≤ 1e-6; the difference is the per-weight fp16
+ *    rounding the integer path skips, ~2.8e-4 relative RMS, and the 16-bit
+ *    activations);
+ *  - which kernel trellis_cuda_gemm picks (trellis_cuda_gemm_choice) on small,
+ *    mid-size and large linears, against the rule re-derived here;
+ *  - the fused MoE decode layer against per-expert CPU GEMVs + SwiGLU, both
+ *    paths (moe_int for mul1, moe_fused for 3inst / mcg) at every K, twice on
+ *    one scratch and with two layers sharing it;
+ *  - inputs written late: the GEMM's x and the MoE layer's routing, written
+ *    200 µs late by the kernel just before them, one that lets PDL-chained
+ *    kernels start at once (test_cuda_slow_copy, tests/gpu/cuda_slow_copy.cu):
+ *    the chained launches must wait for them (lab run 29: this failed before);
  *  - the prefill path (decode + cuBLAS) agrees the same way for 1..40 rows.
  * Exits 77 ("skipped: no GPU") when there is no usable GPU. Built by meson's
  * gpu suite and by tools/bench/cuda_build.sh on the GPU machine. */
@@ -40,10 +41,13 @@
 #include "gpu/gpu_probe.h"
 #include "kernels/cpu/trellis.h"
 #include "kernels/cuda/trellis_cuda.h"
-#include "kernels/cuda/trellis_cuda_lab.h"
+#include "kernels/cuda/trellis_cuda_internal.h"
 #include "kernels/st_mini.h"
 #include "kernels/trellis_rand.h"
 #include "t.h"
+
+/* tests/gpu/cuda_slow_copy.cu */
+sparq_status test_cuda_slow_copy(void *dst, const void *src, size_t bytes, int spin_us, void *stream);
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
@@ -83,21 +87,15 @@ static uint16_t *check_decode(const trellis_linear *lin, const char *what)
     uint16_t *q = malloc(kn * 2);
     float *ref = malloc(kn * sizeof(float));
     CHECK(trellis_linear_decode_inner(lin, ref, NULL) == SPARQ_OK);
-    /* the real decode (0), then each lab version's decode (6..12), bit for bit;
-     * the real one's result is what this returns */
-    static const int versions[] = {6, 7, 8, 9, 10, 11, 12, 0};
-    for (size_t v = 0; v < sizeof versions / sizeof versions[0]; v++) {
-        CHECK(trellis_cuda_decode_lab(dl, dq, NULL, versions[v]) == SPARQ_OK);
-        CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
-        CHECK(trellis_cuda_download(q, dq, kn * 2) == SPARQ_OK);
-        size_t bad = 0, first = 0;
-        for (size_t i = 0; i < kn; i++)
-            if (q[i] != sparq_f32_to_f16(ref[i]) && bad++ == 0) first = i;
-        CHECK_MSG(bad == 0,
-                  "%s (decode of version %d): %zu of %zu decoded values differ from the CPU (first at row %zu col "
-                  "%zu: %04x vs %04x)",
-                  what, versions[v], bad, kn, first / lin->n, first % lin->n, q[first], sparq_f32_to_f16(ref[first]));
-    }
+    CHECK(trellis_cuda_decode_inner(dl, dq, NULL) == SPARQ_OK);
+    CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+    CHECK(trellis_cuda_download(q, dq, kn * 2) == SPARQ_OK);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < kn; i++)
+        if (q[i] != sparq_f32_to_f16(ref[i]) && bad++ == 0) first = i;
+    CHECK_MSG(bad == 0,
+              "%s: %zu of %zu decoded values differ from the CPU (first at row %zu col %zu: %04x vs %04x)", what, bad,
+              kn, first / lin->n, first % lin->n, q[first], sparq_f32_to_f16(ref[first]));
     free(ref);
     trellis_cuda_free(dq);
     trellis_cuda_linear_free(dl);
@@ -189,8 +187,8 @@ static double nmse(const float *a, const float *b, size_t n)
 
 #define NMSE_MAX 1e-5
 
-/* --- the integer mul1 GEMM's arithmetic in double (kernels/cuda/trellis.cu,
- * "integer mul1 GEMM"; docs/cuda.md) ---------------------------------------- */
+/* --- the integer mul1 GEMV's arithmetic in double (kernels/cuda/gemv_int.cuh;
+ * docs/cuda.md "Integer mul1 GEMM") ------------------------------------------ */
 
 #define INT_QMAX 32639
 #define INT_A (1774.0 / 262144.0)
@@ -344,32 +342,46 @@ static void check_int_refs(const trellis_linear *lin, const float *x, int rows, 
 
 static double worst_nmse = 0;
 
-enum { V2 = 0, PREFILL = 1, V3 = 2, DEFAULT = 3, V4 = 4, LATE = 5, V6 = 6, V12 = 12, V20 = 20, VINT_LAST = 61 };
-/* lost and removed (29 in runs 24–26, 36 in run 36, 38–40 in runs 39–41, 41 in
- * runs 53–55, 43 in run 60, 46–47 in run 68, 48 in run 72; 49–51, measured in
- * run 79, became the warp-per-block output launch of every version; 52–60 in
- * runs 84–88; 37 never kept): refused like an unknown version */
-static int vint_removed(int v) { return v == 29 || (v >= 36 && v <= 41) || v == 43 || v >= 46; }
+/* How a check_gemm runs the GEMM: DEFAULT = trellis_cuda_gemm; LATE = the same
+ * with x written 200 µs late by the kernel just before it, one that lets
+ * PDL-chained kernels start at once (x holds NaN until then); KERNEL = the
+ * product kernel `kernel` alone (trellis_cuda_gemm_run); PREFILL = the cuBLAS
+ * path (rows may exceed 16). */
+enum { DEFAULT, LATE, KERNEL, PREFILL };
 
-/* Whether mode runs the integer mul1 GEMM on this linear (lab v20+, and the
- * default entry point for mul1 once it is promoted). */
-static int mode_is_int(const trellis_linear *lin, const trellis_cuda_linear *dl, int rows, int mode)
+static int kernel_is_int(trellis_cuda_gemm_kernel k) { return k != TRELLIS_CUDA_GEMM_TC; }
+
+/* Whether trellis_cuda_gemm_run(kernel) exists for this linear and row count
+ * (SPARQ_E_UNSUPPORTED otherwise): the integer kernels for mul1 at 1..4 rows,
+ * gemv_int_c8_w16 at K = 2..4 only. */
+static int kernel_exists(const trellis_linear *lin, int rows, trellis_cuda_gemm_kernel k)
 {
-    return lin->cb == TRELLIS_CB_MUL1 &&
-           (mode >= V20 || ((mode == DEFAULT || mode == LATE) && trellis_cuda_gemm_version(dl, rows) >= V20));
+    if (!kernel_is_int(k)) return 1;
+    if (lin->cb != TRELLIS_CB_MUL1 || rows > 4) return 0;
+    return k != TRELLIS_CUDA_GEMV_INT_C8_W16 || (lin->K >= 2 && lin->K <= 4);
 }
 
-/* One GEMM check: fresh x, GPU (poisoned output) vs CPU. mode V2 takes
- * nw/unroll/chunk (0 = its defaults), V3 takes chunk, V4 takes nw as its
- * blocks-per-SM variant, V6..V12 are the lab versions 6..12 (whole op),
- * PREFILL is the cuBLAS
- * path (rows may exceed 16), DEFAULT is trellis_cuda_gemm, LATE the same with
- * x written 200 µs late by the kernel just before it, one that lets
- * PDL-chained kernels start at once (x holds NaN until then). */
-static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, int rows, int nw,
-                       int unroll, int chunk, int mode)
+/* trellis_cuda_gemm's rule, re-derived (kernels/cuda/trellis_linear.cu): work
+ * items = (n/128)·(k/16), against 16 resident warps a SM. */
+static trellis_cuda_gemm_kernel expected_choice(const trellis_linear *lin, int rows)
+{
+    if (lin->cb != TRELLIS_CB_MUL1 || rows > 4) return TRELLIS_CUDA_GEMM_TC;
+    const long long items = (long long)(lin->n / 128) * (lin->k / 16), warps = (long long)trellis_cuda_sm_count() * 16;
+    if (rows == 1) {
+        if (items < 5 * warps) return TRELLIS_CUDA_GEMV_INT_C2;
+        return lin->K >= 2 && lin->K <= 4 ? TRELLIS_CUDA_GEMV_INT_C8_W16 : TRELLIS_CUDA_GEMV_INT_C8_W8;
+    }
+    return items >= 8 * warps ? TRELLIS_CUDA_GEMV_INT_C8_W8 : TRELLIS_CUDA_GEMV_INT_C2;
+}
+
+/* One GEMM check: fresh x, GPU (poisoned output) vs CPU; the integer kernels
+ * also against check_int_refs. */
+static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, int rows, int mode,
+                       trellis_cuda_gemm_kernel kernel)
 {
     const int k = h->lin.k, n = h->lin.n;
+    const trellis_cuda_gemm_kernel ran = mode == KERNEL ? kernel : trellis_cuda_gemm_choice(dl, rows);
+    if (mode != PREFILL) CHECK(trellis_cuda_gemm_choice(dl, rows) == expected_choice(&h->lin, rows));
     float *x = malloc((size_t)rows * k * sizeof(float));
     float *y = malloc((size_t)rows * n * sizeof(float)), *ref = malloc((size_t)rows * n * sizeof(float));
     for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = rnd_unit();
@@ -391,25 +403,23 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
         for (size_t i = 0; i < (size_t)rows * k; i++) nanx[i] = NAN;
         CHECK(trellis_cuda_upload(dx, nanx, (size_t)rows * k * 4) == SPARQ_OK);
         free(nanx);
-        CHECK(trellis_cuda_lab_slow_copy(dx, dsrc, (size_t)rows * k * 4, 200, NULL) == SPARQ_OK);
+        CHECK(test_cuda_slow_copy(dx, dsrc, (size_t)rows * k * 4, 200, NULL) == SPARQ_OK);
     }
-    sparq_status st = mode == PREFILL ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
-                      : mode == V3    ? trellis_cuda_gemm_v3(dl, dx, rows, dy, ws, NULL, chunk)
-                      : mode == V4    ? trellis_cuda_gemm_bal(dl, dx, rows, dy, ws, NULL, nw, TRELLIS_CUDA_PART_ALL)
-                      : mode >= V6    ? trellis_cuda_gemm_labv(dl, dx, rows, dy, ws, NULL, mode, TRELLIS_CUDA_PART_ALL)
-                      : mode == DEFAULT || mode == LATE
-                          ? trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL)
-                          : trellis_cuda_gemm_lab(dl, dx, rows, dy, ws, NULL, nw, unroll, chunk, TRELLIS_CUDA_PART_ALL);
-    CHECK_MSG(st == SPARQ_OK, "gemm: %s", sparq_errmsg());
+    const sparq_status st =
+        mode == PREFILL  ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
+        : mode == KERNEL ? trellis_cuda_gemm_run(dl, dx, rows, dy, ws, NULL, kernel, TRELLIS_CUDA_PART_ALL)
+                         : trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL);
+    CHECK_MSG(st == SPARQ_OK, "gemm (%s): %s", trellis_cuda_gemm_kernel_name(ran), sparq_errmsg());
     CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
     CHECK(trellis_cuda_download(y, dy, (size_t)rows * n * 4) == SPARQ_OK);
     const double e = nmse(y, ref, (size_t)rows * n);
     if (e > worst_nmse || e != e) worst_nmse = e;
-    CHECK_MSG(e <= NMSE_MAX, "%dx%d K=%d %s rows=%d nw=%d unroll=%d chunk=%d mode %d: normalised MSE %.3g", k, n,
-              h->lin.K, trellis_cb_name(h->lin.cb), rows, nw, unroll, chunk, mode, e);
-    if (mode_is_int(&h->lin, dl, rows, mode)) {
+    CHECK_MSG(e <= NMSE_MAX, "%dx%d K=%d %s rows=%d mode %d (%s): normalised MSE %.3g", k, n, h->lin.K,
+              trellis_cb_name(h->lin.cb), rows, mode, mode == PREFILL ? "prefill" : trellis_cuda_gemm_kernel_name(ran),
+              e);
+    if (mode != PREFILL && kernel_is_int(ran)) {
         char what[128];
-        snprintf(what, sizeof what, "%dx%d K=%d rows=%d mode %d", k, n, h->lin.K, rows, mode);
+        snprintf(what, sizeof what, "%dx%d K=%d rows=%d %s", k, n, h->lin.K, rows, trellis_cuda_gemm_kernel_name(ran));
         check_int_refs(&h->lin, x, rows, y, ref, what);
     }
     trellis_cuda_free(dx);
@@ -420,12 +430,36 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
     free(ref);
 }
 
+/* Every product kernel alone at the row counts given (the integer ones at
+ * those ≤ 4), and refused where it does not exist. */
+static void check_kernels(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_ws *ws, const int *rows_list,
+                          int nrows)
+{
+    for (int kn = 0; kn < TRELLIS_CUDA_GEMM_KERNELS; kn++)
+        for (int r = 0; r < nrows; r++) {
+            const trellis_cuda_gemm_kernel kernel = (trellis_cuda_gemm_kernel)kn;
+            const int rows = rows_list[r];
+            if (kernel_exists(&h->lin, rows, kernel)) {
+                check_gemm(h, dl, ws, rows, KERNEL, kernel);
+                continue;
+            }
+            void *d = NULL;
+            CHECK(trellis_cuda_alloc(&d, (size_t)rows * (h->lin.k > h->lin.n ? h->lin.k : h->lin.n) * 4) == SPARQ_OK);
+            CHECK_MSG(trellis_cuda_gemm_run(dl, d, rows, d, ws, NULL, kernel, TRELLIS_CUDA_PART_ALL) ==
+                          SPARQ_E_UNSUPPORTED,
+                      "%s at K=%d %s, %d rows: not refused", trellis_cuda_gemm_kernel_name(kernel), h->lin.K,
+                      trellis_cb_name(h->lin.cb), rows);
+            trellis_cuda_free(d);
+        }
+}
+
 static void test_gemm_all_k(void)
 {
-    /* 384 rows = 24 k tiles, not a multiple of the default chunk; 640 cols =
-     * 20 pairs of tile columns */
+    /* 384 rows = 24 k tiles, not a multiple of the steps of 4 or of the
+     * 128-blocks' 8; 640 cols = 20 pairs of tile columns, 5 groups of 8 */
     static const int shapes[][2] = {{128, 128}, {384, 640}, {1024, 256}};
-    static const int rows_list[] = {1, 3, 16};
+    static const int rows_default[] = {1, 2, 3, 4, 5, 8, 16};
+    static const int rows_kernel[] = {1, 3, 4, 6, 16};
     trellis_cuda_ws *ws = NULL;
     CHECK(trellis_cuda_ws_create(1024, 1024, &ws) == SPARQ_OK);
     for (int K = 1; K <= 8; K++)
@@ -435,39 +469,9 @@ static void test_gemm_all_k(void)
                 host_lin_make(&h, shapes[s][0], shapes[s][1], K, (trellis_codebook)cb);
                 trellis_cuda_linear *dl = NULL;
                 CHECK(trellis_cuda_linear_upload(&h.lin, "random", &dl) == SPARQ_OK);
-                for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, V2);
-                check_gemm(&h, dl, ws, 2, 1, 8, 0, V2); /* the other kernel shape every K has */
-                check_gemm(&h, dl, ws, 1, 2, 4, 8, V2); /* explicit short chunk: many k splits */
-                for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, V3);
-                check_gemm(&h, dl, ws, 5, 0, 0, 8, V3);  /* one Hadamard block per split */
-                check_gemm(&h, dl, ws, 16, 0, 0, 64, V3); /* largest split, most shared memory */
-                check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-                check_gemm(&h, dl, ws, 1, 2, 0, 0, V4);
-                check_gemm(&h, dl, ws, 16, 2, 0, 0, V4);
-                for (int v = V6; v <= V12; v++) {
-                    check_gemm(&h, dl, ws, 1, 0, 0, 0, v);
-                    check_gemm(&h, dl, ws, 16, 0, 0, 0, v);
-                }
-                /* the integer mul1 versions: every K for the ones the default runs,
-                 * K = 2..4 for the others; refused for the other codebooks */
-                for (int v = V20; v <= VINT_LAST; v++) {
-                    if (cb != TRELLIS_CB_MUL1 || vint_removed(v)) {
-                        void *d = NULL;
-                        CHECK(trellis_cuda_alloc(&d, (size_t)16 * 1024 * 4) == SPARQ_OK);
-                        CHECK(trellis_cuda_gemm_labv(dl, d, 1, d, ws, NULL, v, TRELLIS_CUDA_PART_ALL) ==
-                              SPARQ_E_UNSUPPORTED);
-                        trellis_cuda_free(d);
-                        continue;
-                    }
-                    if (K < 2 || K > 4) {
-                        if (!trellis_cuda_gemm_lab_allk(v)) continue;
-                        check_gemm(&h, dl, ws, 1, 0, 0, 0, v);
-                        check_gemm(&h, dl, ws, 3, 0, 0, 0, v);
-                        continue;
-                    }
-                    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, ws, rows_list[r], 0, 0, 0, v);
-                    check_gemm(&h, dl, ws, 6, 0, 0, 0, v); /* two row groups, the second half empty */
-                }
+                for (size_t r = 0; r < sizeof rows_default / sizeof rows_default[0]; r++)
+                    check_gemm(&h, dl, ws, rows_default[r], DEFAULT, 0);
+                check_kernels(&h, dl, ws, rows_kernel, (int)(sizeof rows_kernel / sizeof rows_kernel[0]));
                 trellis_cuda_linear_free(dl);
                 trellis_rand_lin_free(&h);
             }
@@ -475,90 +479,79 @@ static void test_gemm_all_k(void)
     fprintf(stderr, "  worst normalised MSE so far %.3g\n", worst_nmse);
 }
 
-static void test_gemm_lab_variants(void)
+static void test_gemm_shapes(void)
 {
-    static const int variants[][2] = {{1, 4}, {2, 8}, {4, 4}, {1, 8}, {2, 4}};
+    static const int rows_kernel[] = {1, 2, 4, 7, 16};
     trellis_cuda_ws *ws = NULL;
     CHECK(trellis_cuda_ws_create(2048, 2048, &ws) == SPARQ_OK);
+    /* many k tiles, few columns, and the other way round; every kernel */
     for (int K = 2; K <= 4; K++) {
         host_lin h;
         host_lin_make(&h, 2048, 768, K, TRELLIS_CB_MUL1);
         trellis_cuda_linear *dl = NULL;
-        CHECK(trellis_cuda_linear_upload(&h.lin, "lab", &dl) == SPARQ_OK);
-        for (int minb = 3; minb <= 6; minb += (minb == 3 ? 2 : 1)) {
-            check_gemm(&h, dl, ws, 1, minb, 0, 0, V4);
-            check_gemm(&h, dl, ws, 7, minb, 0, 0, V4);
-        }
-        for (size_t v = 0; v < 5; v++) {
-            check_gemm(&h, dl, ws, 1, variants[v][0], variants[v][1], 0, V2);
-            check_gemm(&h, dl, ws, 9, variants[v][0], variants[v][1], 0, V2);
-        }
+        CHECK(trellis_cuda_linear_upload(&h.lin, "2048x768", &dl) == SPARQ_OK);
+        check_kernels(&h, dl, ws, rows_kernel, (int)(sizeof rows_kernel / sizeof rows_kernel[0]));
         trellis_cuda_linear_free(dl);
         trellis_rand_lin_free(&h);
     }
-    /* 768 x 2048: few k tiles, many columns */
     host_lin h;
     host_lin_make(&h, 768, 2048, 3, TRELLIS_CB_MUL1);
     trellis_cuda_linear *dl = NULL;
-    CHECK(trellis_cuda_linear_upload(&h.lin, "lab", &dl) == SPARQ_OK);
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, V2);
-    check_gemm(&h, dl, ws, 16, 0, 0, 0, V2);
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, V3);
-    check_gemm(&h, dl, ws, 16, 0, 0, 0, V3);
-    /* repeated calls on one workspace: t and the counters must come back to
-     * zero each time, alternating versions */
+    CHECK(trellis_cuda_linear_upload(&h.lin, "768x2048", &dl) == SPARQ_OK);
+    /* repeated calls on one workspace, alternating kernels: t must come back
+     * to zero each time */
     for (int i = 0; i < 3; i++) {
-        check_gemm(&h, dl, ws, 1, 0, 0, 0, V2);
-        check_gemm(&h, dl, ws, 2, 0, 0, 0, V3);
-        check_gemm(&h, dl, ws, 16, 0, 0, 16, V3);
-        check_gemm(&h, dl, ws, 3, 2, 0, 0, V4);
-        for (int v = V6; v <= V12; v++) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
-        for (int v = V20; v <= VINT_LAST; v++)
-            if (!vint_removed(v)) check_gemm(&h, dl, ws, 1 + 5 * i, 0, 0, 0, v);
+        check_gemm(&h, dl, ws, 1, DEFAULT, 0);
+        check_gemm(&h, dl, ws, 16, DEFAULT, 0);
+        for (int kn = 0; kn < TRELLIS_CUDA_GEMM_KERNELS; kn++)
+            check_gemm(&h, dl, ws, kn == TRELLIS_CUDA_GEMM_TC ? 1 + 5 * i : 1 + i, KERNEL,
+                       (trellis_cuda_gemm_kernel)kn);
     }
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
-    /* the default (v10, programmatic dependent launches) called repeatedly on
-     * one workspace: t must be back to zero after each call */
+    /* the default called repeatedly on one workspace (t back to zero after
+     * each call), and with x written late */
     host_lin_make(&h, 2048, 2048, 3, TRELLIS_CB_MUL1);
-    CHECK(trellis_cuda_linear_upload(&h.lin, "default-large", &dl) == SPARQ_OK);
-    CHECK(trellis_cuda_gemm_version(dl, 1) == 33);
+    CHECK(trellis_cuda_linear_upload(&h.lin, "default-2048x2048", &dl) == SPARQ_OK);
     for (int i = 0; i < 3; i++) {
-        check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-        check_gemm(&h, dl, ws, 4 + 6 * i, 0, 0, 0, DEFAULT);
+        check_gemm(&h, dl, ws, 1, DEFAULT, 0);
+        check_gemm(&h, dl, ws, 4 + 6 * i, DEFAULT, 0);
     }
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, LATE);
-    check_gemm(&h, dl, ws, 7, 0, 0, 0, LATE);
+    check_gemm(&h, dl, ws, 1, LATE, 0);
+    check_gemm(&h, dl, ws, 7, LATE, 0);
+    check_gemm(&h, dl, ws, 3, KERNEL, TRELLIS_CUDA_GEMV_INT_C8_W8);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
     trellis_cuda_ws_free(ws);
-    /* a large mul1 linear: the default runs v45 (v24's k tile × 8 columns,
-     * two steps a pass, 16-warp blocks) at 1 row, v44 (8-warp blocks) at 2..4,
-     * v10 above; a small one v33 (v22's loop) */
+    /* a large mul1 linear: the default runs gemv_int_c8_w16 at 1 row,
+     * gemv_int_c8_w8 at 2..4, gemm_tc above */
     CHECK(trellis_cuda_ws_create(4096, 14336, &ws) == SPARQ_OK);
     host_lin_make(&h, 4096, 14336, 3, TRELLIS_CB_MUL1);
     CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x14336", &dl) == SPARQ_OK);
-    CHECK(trellis_cuda_gemm_version(dl, 1) == 45);
-    CHECK(trellis_cuda_gemm_version(dl, 2) == 44);
-    CHECK(trellis_cuda_gemm_version(dl, 4) == 44);
-    CHECK(trellis_cuda_gemm_version(dl, 5) == 10);
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-    check_gemm(&h, dl, ws, 4, 0, 0, 0, DEFAULT);
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-    check_gemm(&h, dl, ws, 2, 0, 0, 0, LATE);
+    CHECK(trellis_cuda_gemm_choice(dl, 1) == TRELLIS_CUDA_GEMV_INT_C8_W16);
+    CHECK(trellis_cuda_gemm_choice(dl, 2) == TRELLIS_CUDA_GEMV_INT_C8_W8);
+    CHECK(trellis_cuda_gemm_choice(dl, 4) == TRELLIS_CUDA_GEMV_INT_C8_W8);
+    CHECK(trellis_cuda_gemm_choice(dl, 5) == TRELLIS_CUDA_GEMM_TC);
+    CHECK(strcmp(trellis_cuda_gemm_kernel_name(trellis_cuda_gemm_choice(dl, 1)), "gemv_int_c8_w16") == 0);
+    check_gemm(&h, dl, ws, 1, DEFAULT, 0);
+    check_gemm(&h, dl, ws, 4, DEFAULT, 0);
+    check_gemm(&h, dl, ws, 1, DEFAULT, 0);
+    check_gemm(&h, dl, ws, 1, LATE, 0);
+    check_gemm(&h, dl, ws, 2, LATE, 0);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
-    /* a mid-size one (5.8 work items per resident warp on 132 SMs): v45 at one
-     * row from 5 items a warp, v44 at 2..4 rows from 8, else v33 */
-    host_lin_make(&h, 4096, 6144, 3, TRELLIS_CB_MUL1);
-    CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x6144", &dl) == SPARQ_OK);
-    const long long items = (6144 / 128) * (4096 / 16), warps = (long long)trellis_cuda_sm_count() * 16;
-    CHECK(trellis_cuda_gemm_version(dl, 1) == (items >= 5 * warps ? 45 : 33));
-    CHECK(trellis_cuda_gemm_version(dl, 3) == (items >= 8 * warps ? 44 : 33));
-    check_gemm(&h, dl, ws, 1, 0, 0, 0, DEFAULT);
-    check_gemm(&h, dl, ws, 3, 0, 0, 0, DEFAULT);
-    trellis_cuda_linear_free(dl);
-    trellis_rand_lin_free(&h);
+    /* mid-size ones (5.8 work items per resident warp on 132 SMs): the 16-warp
+     * kernel at one row from 5 items a warp (K = 2..4; the 8-warp one at other
+     * K), the 8-warp one at 2..4 rows from 8, else gemv_int_c2 (check_gemm
+     * checks each choice against expected_choice) */
+    for (int K = 3; K <= 6; K += 3) {
+        host_lin_make(&h, 4096, 6144, K, TRELLIS_CB_MUL1);
+        CHECK(trellis_cuda_linear_upload(&h.lin, "default-4096x6144", &dl) == SPARQ_OK);
+        check_gemm(&h, dl, ws, 1, DEFAULT, 0);
+        check_gemm(&h, dl, ws, 3, DEFAULT, 0);
+        trellis_cuda_linear_free(dl);
+        trellis_rand_lin_free(&h);
+    }
     trellis_cuda_ws_free(ws);
 }
 
@@ -569,7 +562,7 @@ static void test_prefill(void)
     host_lin_make(&h, 512, 384, 3, TRELLIS_CB_MUL1);
     trellis_cuda_linear *dl = NULL;
     CHECK(trellis_cuda_linear_upload(&h.lin, "prefill", &dl) == SPARQ_OK);
-    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, NULL, rows_list[r], 0, 0, 0, PREFILL);
+    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, NULL, rows_list[r], PREFILL, 0);
     trellis_cuda_linear_free(dl);
     trellis_rand_lin_free(&h);
 }
@@ -643,36 +636,20 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
     CHECK(trellis_cuda_upload(dx, x, (size_t)tokens * hidden * 4) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dids, ids, pairs * sizeof(int)) == SPARQ_OK);
     CHECK(trellis_cuda_upload(dw, w, pairs * 4) == SPARQ_OK);
-    /* the default, then every MoE lab version, each twice: the scratch must
-     * come back to zero. Other codebooks: the default only; mul1: the versions
-     * that exist for every K, and at K = 2..4 the rest too. */
-    static const int every_k[] = {0, 20, 21, 23, 27, 28, 29, 30, 34, 40, 41, 50, 54, 55, 56, 65, 66};
-    static const int k2to4[] = {5, 13, 14, 15, 16, 17, 18, 19, 22, 24};
-    enum { NALL = sizeof every_k / sizeof every_k[0], NK24 = sizeof k2to4 / sizeof k2to4[0] };
-    const int int_ok = hidden % 128 == 0 && inter % 128 == 0; /* v21+: multiples of 128 */
-    const int nver = cb != TRELLIS_CB_MUL1 ? 1 : K >= 2 && K <= 4 ? NALL + NK24 : NALL;
-    for (int run = 0; run < 2 * nver; run++) {
-        const int version = run / 2 < NALL ? every_k[run / 2] : k2to4[run / 2 - NALL];
+    /* twice: the scratch must come back to zero */
+    CHECK_STR_CONTAINS(trellis_cuda_moe_kernel_name(moe), cb == TRELLIS_CB_MUL1 ? "moe_int" : "moe_fused");
+    for (int run = 0; run < 2; run++) {
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
-        sparq_status st = version == 0 ? trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL)
-                                       : trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, version);
-        if (version >= 21 && !int_ok) { /* v21+ need multiples of 128 and say so */
-            CHECK(st == SPARQ_E_UNSUPPORTED);
-            continue;
-        }
-        CHECK_MSG(st == SPARQ_OK, "moe forward (version %d): %s", version, sparq_errmsg());
+        const sparq_status st = trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL);
+        CHECK_MSG(st == SPARQ_OK, "moe forward (%s): %s", trellis_cuda_moe_kernel_name(moe), sparq_errmsg());
         CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
         CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
         for (size_t i = 0; i < (size_t)tokens * hidden; i++) out[i] -= res[i];
         const double e = nmse(out, ref, (size_t)tokens * hidden);
         if (e > worst_nmse || e != e) worst_nmse = e;
-        CHECK_MSG(e <= NMSE_MAX, "moe v%d %dx%d E=%d top-%d tokens=%d K=%d %s: normalised MSE %.3g", version, hidden,
-                  inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
+        CHECK_MSG(e <= NMSE_MAX, "moe (%s) %dx%d E=%d top-%d tokens=%d K=%d %s: normalised MSE %.3g",
+                  trellis_cuda_moe_kernel_name(moe), hidden, inter, E, top_k, tokens, K, trellis_cb_name(cb), e);
     }
-    /* unknown, and lost and removed (kernels/cuda/lab/README.md) */
-    static const int refused[] = {25, 26, 31, 33, 35, 36, 39, 42, 49, 51, 53, 57, 62, 63, 64, 99};
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
-        CHECK(trellis_cuda_moe_forward_lab(moe, dx, tokens, dids, dw, dout, NULL, refused[i]) == SPARQ_E_UNSUPPORTED);
     /* a second layer sharing the first one's scratch (as the backend's layers do): both
      * still right when run in turn, twice each, and freeable in any order */
     trellis_cuda_moe *moe2 = NULL;
@@ -699,7 +676,7 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
         CHECK(trellis_cuda_alloc(&dsrc, pairs * sizeof(int)) == SPARQ_OK);
         CHECK(trellis_cuda_upload(dsrc, ids2, pairs * sizeof(int)) == SPARQ_OK);
         CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
-        CHECK(trellis_cuda_lab_slow_copy(dids, dsrc, pairs * sizeof(int), 200, NULL) == SPARQ_OK);
+        CHECK(test_cuda_slow_copy(dids, dsrc, pairs * sizeof(int), 200, NULL) == SPARQ_OK);
         CHECK(trellis_cuda_moe_forward(moe, dx, tokens, dids, dw, dout, NULL) == SPARQ_OK);
         CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
         CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
@@ -741,13 +718,15 @@ static void test_moe(void)
     check_moe(512, 384, 4, 2, 3, 3, TRELLIS_CB_MUL1);
     check_moe(256, 640, 6, 3, 2, 2, TRELLIS_CB_3INST);
     check_moe(1024, 768, 8, 8, 16, 4, TRELLIS_CB_MCG); /* every expert, 16 tokens */
-    /* the lab versions at K = 2 and 4, many tokens, widths not a multiple of 256 */
+    /* many tokens, widths not a multiple of 256 */
     check_moe(768, 640, 8, 4, 16, 2, TRELLIS_CB_MUL1);
-    /* enough down work (≥ 8 items per resident warp up to 160 SMs) for the default's
-     * 16-warp down blocks (MoE v56, v65, v66) */
+    /* enough down work (≥ 8 items per resident warp up to 160 SMs) for
+     * moe_int's 16-warp down blocks */
     check_moe(1024, 640, 8, 4, 16, 3, TRELLIS_CB_MUL1);
     check_moe(1024, 384, 6, 6, 5, 4, TRELLIS_CB_MUL1);
-    check_moe(512, 256, 4, 2, 2, 6, TRELLIS_CB_MUL1); /* mul1 at K = 6: the default (v20) */
+    /* both paths at every K */
+    for (int K = 1; K <= 8; K++)
+        for (int cb = 0; cb < TRELLIS_CB_COUNT_; cb++) check_moe(256, 384, 4, 2, 2, K, (trellis_codebook)cb);
     /* mismatched expert shapes are refused, naming the tensor */
     host_lin a, b;
     host_lin_make(&a, 256, 128, 2, TRELLIS_CB_MUL1);
@@ -783,6 +762,9 @@ static void test_errors(void)
     CHECK(trellis_cuda_gemm(dl, d, 1, d, ws, NULL) == SPARQ_E_ARG);
     CHECK_STR_CONTAINS(sparq_errmsg(), "too-big");
     CHECK(trellis_cuda_gemm(dl, d, 17, d, ws, NULL) == SPARQ_E_ARG);
+    CHECK(trellis_cuda_gemm_run(dl, d, 1, d, ws, NULL, TRELLIS_CUDA_GEMM_KERNELS, TRELLIS_CUDA_PART_ALL) ==
+          SPARQ_E_ARG);
+    CHECK(strcmp(trellis_cuda_gemm_kernel_name(TRELLIS_CUDA_GEMM_KERNELS), "?") == 0);
     h.lin.K = 9;
     trellis_cuda_linear *bad = NULL;
     CHECK(trellis_cuda_linear_upload(&h.lin, "k9", &bad) == SPARQ_E_UNSUPPORTED);
@@ -800,7 +782,7 @@ int main(void)
     RUN(test_decode_random);
     RUN(test_decode_golden);
     RUN(test_gemm_all_k);
-    RUN(test_gemm_lab_variants);
+    RUN(test_gemm_shapes);
     RUN(test_prefill);
     RUN(test_moe);
     RUN(test_errors);

@@ -2,12 +2,13 @@
 # tools/bench/cuda_build.sh — build the CUDA trellis test and benchmark with one
 # nvcc/gcc line each, for machines without meson or the -dev packages (the GPU
 # machine). Depends only on libc/libm/pthread, common/{status,alloc,threadpool},
-# kernels/cpu/trellis*, kernels/cuda/trellis.cu, cudart and cuBLAS.
+# kernels/cpu/trellis*, the kernel families of kernels/cuda/ (every .cu but
+# backend_cuda.cu), cudart and cuBLAS.
 #
 #   tools/bench/cuda_build.sh [OUTDIR] [ARCHS]     (defaults: build-cuda-sh, "90 121")
-# NVCCFLAGS (environment) is added to the nvcc line, e.g. -DSPARQ_MOE_TIMELINE for
-# cuda_bench --moe-timeline.
-# Writes OUTDIR/test_trellis_cuda and OUTDIR/cuda_bench. Run from the repo root.
+# NVCCFLAGS (environment) is added to the nvcc lines. Writes OUTDIR/test_trellis_cuda,
+# OUTDIR/cuda_bench and OUTDIR/ptxas.log (registers, shared memory and spills of every
+# kernel). Run from the repo root.
 set -eu
 out=${1:-build-cuda-sh}
 archs=${2:-"90 121"}
@@ -26,10 +27,19 @@ for f in common/status.c common/alloc.c common/threadpool.c kernels/cpu/trellis.
     $CC $cflags -c "$f" -o "$o"
     objs="$objs $o"
 done
-$NVCC -std=c++17 -O3 -I. $gencode ${NVCCFLAGS:-} -Xptxas -v -c kernels/cuda/trellis.cu -o "$out/trellis_cu.o" \
-    2> "$out/ptxas.log" || { cat "$out/ptxas.log"; exit 1; }
-objs="$objs $out/trellis_cu.o"
+: > "$out/ptxas.log"
+cu() { # cu SOURCE: compile one .cu into $out, its ptxas report appended to ptxas.log
+    o="$out/$(echo "$1" | tr / _).o"
+    $NVCC -std=c++17 -O3 -I. $gencode ${NVCCFLAGS:-} -Xptxas -v -c "$1" -o "$o" 2> "$out/ptxas.tmp" ||
+        { cat "$out/ptxas.tmp" >&2; exit 1; }
+    cat "$out/ptxas.tmp" >> "$out/ptxas.log"
+    echo "$o"
+}
+for f in trellis_linear gemv_int gemm_tc gemm_prefill moe_decode; do objs="$objs $(cu kernels/cuda/$f.cu)"; done
+test_obj=$(cu tests/gpu/cuda_slow_copy.cu)       # the test's late PDL producer
+bench_obj=$(cu tools/bench/cuda_launch_floor.cu) # the benchmark's empty launches
+rm -f "$out/ptxas.tmp"
 libs="-L$(dirname "$NVCC")/../lib64 -lcublas -lcudart -lpthread -lm -ldl"
-$CC $cflags tests/gpu/test_trellis_cuda.c $objs -o "$out/test_trellis_cuda" $libs -lstdc++
-$CC $cflags tools/bench/cuda_bench.c $objs -o "$out/cuda_bench" $libs -lstdc++
+$CC $cflags tests/gpu/test_trellis_cuda.c "$test_obj" $objs -o "$out/test_trellis_cuda" $libs -lstdc++
+$CC $cflags tools/bench/cuda_bench.c "$bench_obj" $objs -o "$out/cuda_bench" $libs -lstdc++
 echo "built $out/test_trellis_cuda $out/cuda_bench ($archs)"

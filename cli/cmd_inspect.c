@@ -20,6 +20,7 @@
 #include "common/file.h"
 #include "formats/hfconfig.h"
 #include "formats/safetensors.h"
+#include "runtime/memplan.h"
 
 static const cli_opt opts[] = {
     {"tensors", 't', NULL, "also list every tensor: name, dtype, shape, bytes (EXL3 linears as one line with bits per weight)"},
@@ -96,8 +97,13 @@ static bool is_exl3_part(const sf_model *m, const sf_tensor *t)
     return false;
 }
 
-/* Is the tensor an expert weight of a MoE layer ("...mlp.experts.")? */
-static bool is_expert_tensor(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+/* Is the tensor a routed expert's weight? The memory plan's classification,
+ * which knows every architecture's layer naming (runtime/memplan.h). */
+static bool is_expert_tensor(const char *name)
+{
+    bool ex = false;
+    return sq_memplan_classify(name, NULL, &ex) == SQ_TENSOR_LAYER && ex;
+}
 
 static int collect(inspect_info *in, const sf_model *m)
 {

@@ -47,6 +47,10 @@ typedef struct ent {
 } ent;
 
 #define STAGE_INTS (1 << 20) /* pinned staging ring for host index arrays */
+/* Rows of one cuBLAS call of the EXL3 prefill path (longer steps run in
+ * chunks): its input/output buffers are SQ_CUDA_PREFILL_ROWS × the widest
+ * linear, shared by all linears (trellis_cuda_prefill_ws). */
+#define SQ_CUDA_PREFILL_ROWS 128
 
 typedef struct cuda_state {
     ent *tab;
@@ -59,6 +63,9 @@ typedef struct cuda_state {
     int recent_i;
     trellis_cuda_ws *tws;
     int tws_k, tws_n;
+    trellis_cuda_prefill_ws *pws; /* the prefill path's one workspace and cuBLAS handle */
+    size_t pws_kn;
+    int pws_k, pws_n;
     trellis_cuda_moe *moe_first; /* the first fused MoE layer: the others share its scratch */
     int *h_ids, *h_rows, *h_cnt; /* MoE grouping on the host (pinned) */
     float *h_w, *h_lw;
@@ -172,6 +179,17 @@ static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_li
         FORWARD_IF(trellis_cuda_ws_create(k, n, &st->tws));
         st->tws_k = k;
         st->tws_n = n;
+    }
+    const size_t kn = (size_t)l->in * (size_t)l->out;
+    if (kn > st->pws_kn || l->in > st->pws_k || l->out > st->pws_n) { /* grow the prefill workspace (load time) */
+        const size_t mkn = kn > st->pws_kn ? kn : st->pws_kn;
+        const int k = l->in > st->pws_k ? l->in : st->pws_k, n = l->out > st->pws_n ? l->out : st->pws_n;
+        if (st->pws) FORWARD_IF(cuda_status(cudaDeviceSynchronize(), "prefill workspace"));
+        trellis_cuda_prefill_ws_free(st->pws);
+        st->pws = NULL;
+        st->pws_kn = 0, st->pws_k = st->pws_n = 0;
+        FORWARD_IF(trellis_cuda_prefill_ws_create(mkn, k, n, SQ_CUDA_PREFILL_ROWS, &st->pws));
+        st->pws_kn = mkn, st->pws_k = k, st->pws_n = n;
     }
     *out = lin;
     return SPARQ_OK;
@@ -369,7 +387,7 @@ static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int row
         trellis_cuda_linear *lin;
         sparq_status s = exl3_get(st, l, &lin);
         if (s == SPARQ_OK && rows <= 16) s = trellis_cuda_gemm(lin, x, rows, y, st->tws, NULL);
-        else if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, rows, y, NULL);
+        else if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, rows, y, st->pws, NULL);
         keep_err(st, s);
     } else {
         const size_t es = l->kind == SQ_LINEAR_F32 ? 4 : 2;
@@ -966,33 +984,12 @@ static sparq_status cuda_prepare(sq_exec *ex, const void *host, size_t bytes)
     return raw_get(state_of(ex), host, bytes, &d);
 }
 
-/* The prefill path decodes Q (k·n fp16, kept with the linear) and creates its
- * cuBLAS handle on first use: do it at load rather than inside the first
- * prompt, while the device has room for it (else on first use, as before). */
-static sparq_status exl3_warm(const sq_linear *l, trellis_cuda_linear *lin)
-{
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
-        free_b < 4 * (size_t)l->in * (size_t)l->out + ((size_t)1 << 30))
-        return SPARQ_OK;
-    float *x = NULL, *y = NULL;
-    sparq_status s = cuda_status(cudaMalloc((void **)&x, (size_t)17 * l->in * sizeof(float)), "prefill warm-up");
-    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&y, (size_t)17 * l->out * sizeof(float)), "prefill warm-up");
-    if (s == SPARQ_OK) s = cuda_status(cudaMemset(x, 0, (size_t)17 * l->in * sizeof(float)), "prefill warm-up");
-    if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, 17, y, NULL);
-    if (s == SPARQ_OK) s = cuda_status(cudaStreamSynchronize(0), "prefill warm-up");
-    cudaFree(x);
-    cudaFree(y);
-    return s;
-}
-
 static sparq_status cuda_prepare_linear(sq_exec *ex, const sq_linear *l)
 {
     cuda_state *st = state_of(ex);
     if (l->kind == SQ_LINEAR_EXL3) {
         trellis_cuda_linear *lin;
         FORWARD_IF(exl3_get(st, l, &lin));
-        FORWARD_IF(exl3_warm(l, lin));
     } else {
         void *w;
         FORWARD_IF(raw_get(st, l->w, (size_t)l->in * (size_t)l->out * (l->kind == SQ_LINEAR_F32 ? 4 : 2), &w));
@@ -1020,6 +1017,7 @@ static void cuda_exec_free(sq_exec *ex)
         }
     sparq_free(st->tab);
     trellis_cuda_ws_free(st->tws);
+    trellis_cuda_prefill_ws_free(st->pws);
     cudaFreeHost(st->h_stage);
     cudaFree(st->d_stage);
     cudaFreeHost(st->h_ids);

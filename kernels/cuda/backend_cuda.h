@@ -7,7 +7,8 @@
  *    and read by a warp-per-output GEMV (≤ 8 rows) or a tiled fp32 SIMT GEMM;
  *    fp32 accumulation, inputs never rounded;
  *  - EXL3 linears: kernels/cuda/trellis_cuda.h (tensor-core GEMM for ≤ 16
- *    rows, decode-then-cuBLAS above);
+ *    rows, decode-then-cuBLAS above through one shared prefill workspace:
+ *    nothing per linear beyond its own tensors);
  *  - MoE: router + top-k on the GPU; EXL3 experts at ≤ 16 rows through the
  *    fused trellis_cuda_moe_forward (no host round trip); otherwise the top-k
  *    ids (rows × k ints) come back to the host to group rows by expert, and

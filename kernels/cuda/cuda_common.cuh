@@ -51,8 +51,6 @@ struct trellis_cuda_linear {
     char name[96];
     uint32_t *trellis; /* (k/16)·(n/16) tiles of 8K words */
     __half *suh, *svh;
-    __half *q;             /* decoded Q for the prefill path, or NULL */
-    cublasHandle_t cublas; /* created by the first prefill, or NULL */
 };
 
 /* Rows the integer mul1 GEMV takes (one row group of its B operand). */

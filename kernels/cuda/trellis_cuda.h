@@ -34,6 +34,8 @@ extern "C" {
 
 /* Number of usable CUDA devices (0 if none or no driver); never fails. */
 int trellis_cuda_device_count(void);
+/* Free and total bytes of the current device (cudaMemGetInfo). */
+sparq_status trellis_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 /* Device memory (plain cudaMalloc) and copies; synchronous. */
 sparq_status trellis_cuda_alloc(void **dev, size_t bytes);
@@ -77,10 +79,19 @@ sparq_status trellis_cuda_decode_inner(const trellis_cuda_linear *lin, uint16_t 
 sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                trellis_cuda_ws *ws, void *stream);
 
-/* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on a decoded copy of Q
- * (decoded on the first call and kept with the linear: k·n·2 bytes). */
-sparq_status trellis_cuda_gemm_prefill(trellis_cuda_linear *lin, const float *x, int rows, float *y,
-                                       void *stream);
+/* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on Q decoded into the
+ * workspace (nothing is kept per linear). One prefill workspace serves every
+ * linear with k·n ≤ max_kn, k ≤ max_k and n ≤ max_n on one stream at a
+ * time: the decode scratch, input/output buffers of max_rows rows (more rows
+ * run in chunks) and one cuBLAS handle with its workspace. Its device bytes
+ * are trellis_cuda_prefill_ws_bytes(), for the memory plan. */
+typedef struct trellis_cuda_prefill_ws trellis_cuda_prefill_ws;
+size_t trellis_cuda_prefill_ws_bytes(size_t max_kn, int max_k, int max_n, int max_rows);
+sparq_status trellis_cuda_prefill_ws_create(size_t max_kn, int max_k, int max_n, int max_rows,
+                                            trellis_cuda_prefill_ws **out);
+void trellis_cuda_prefill_ws_free(trellis_cuda_prefill_ws *p);
+sparq_status trellis_cuda_gemm_prefill(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
+                                       trellis_cuda_prefill_ws *p, void *stream);
 
 /* --- fused MoE decode layer -------------------------------------------------
  * One layer's routed experts, each a SwiGLU MLP of three EXL3 linears:

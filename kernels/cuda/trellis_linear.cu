@@ -97,6 +97,12 @@ sparq_status trellis_cuda_alloc(void **dev, size_t bytes)
     return SPARQ_OK;
 }
 
+sparq_status trellis_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    CUDA_RETURN_IF(cudaMemGetInfo(free_bytes, total_bytes), "device memory info");
+    return SPARQ_OK;
+}
+
 void trellis_cuda_free(void *dev)
 {
     if (dev) cudaFree(dev);
@@ -127,8 +133,6 @@ void trellis_cuda_linear_free(trellis_cuda_linear *lin)
     cudaFree(lin->trellis);
     cudaFree(lin->suh);
     cudaFree(lin->svh);
-    cudaFree(lin->q);
-    if (lin->cublas) cublasDestroy(lin->cublas);
     free(lin);
 }
 

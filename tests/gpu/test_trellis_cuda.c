@@ -348,6 +348,7 @@ static double worst_nmse = 0;
  * product kernel `kernel` alone (trellis_cuda_gemm_run); PREFILL = the cuBLAS
  * path (rows may exceed 16). */
 enum { DEFAULT, LATE, KERNEL, PREFILL };
+static trellis_cuda_prefill_ws *g_pws; /* PREFILL mode's shared workspace */
 
 static int kernel_is_int(trellis_cuda_gemm_kernel k) { return k != TRELLIS_CUDA_GEMM_TC; }
 
@@ -406,7 +407,7 @@ static void check_gemm(const host_lin *h, trellis_cuda_linear *dl, trellis_cuda_
         CHECK(test_cuda_slow_copy(dx, dsrc, (size_t)rows * k * 4, 200, NULL) == SPARQ_OK);
     }
     const sparq_status st =
-        mode == PREFILL  ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, NULL)
+        mode == PREFILL  ? trellis_cuda_gemm_prefill(dl, dx, rows, dy, g_pws, NULL)
         : mode == KERNEL ? trellis_cuda_gemm_run(dl, dx, rows, dy, ws, NULL, kernel, TRELLIS_CUDA_PART_ALL)
                          : trellis_cuda_gemm(dl, dx, rows, dy, ws, NULL);
     CHECK_MSG(st == SPARQ_OK, "gemm (%s): %s", trellis_cuda_gemm_kernel_name(ran), sparq_errmsg());
@@ -555,16 +556,39 @@ static void test_gemm_shapes(void)
     trellis_cuda_ws_free(ws);
 }
 
+/* The prefill path: one workspace of 16 rows serves linears of several
+ * shapes (smaller after larger, so a stale decode would show), longer steps
+ * run in chunks, and a linear larger than the workspace is refused. */
 static void test_prefill(void)
 {
-    static const int rows_list[] = {1, 17, 40};
-    host_lin h;
-    host_lin_make(&h, 512, 384, 3, TRELLIS_CB_MUL1);
-    trellis_cuda_linear *dl = NULL;
-    CHECK(trellis_cuda_linear_upload(&h.lin, "prefill", &dl) == SPARQ_OK);
-    for (size_t r = 0; r < 3; r++) check_gemm(&h, dl, NULL, rows_list[r], PREFILL, 0);
-    trellis_cuda_linear_free(dl);
-    trellis_rand_lin_free(&h);
+    static const int rows_list[] = {1, 16, 17, 40};
+    static const int shapes[][3] = {{512, 384, 3}, {256, 1024, 6}, {512, 384, 2}, {128, 128, 8}};
+    CHECK(trellis_cuda_prefill_ws_create(512 * 1024, 512, 1024, 16, &g_pws) == SPARQ_OK);
+    CHECK(trellis_cuda_prefill_ws_bytes(512 * 1024, 512, 1024, 16) >= (size_t)512 * 1024 * 2 + 16 * 1024 * 4);
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0] && g_pws; sh++) {
+        host_lin h;
+        host_lin_make(&h, shapes[sh][0], shapes[sh][1], shapes[sh][2], TRELLIS_CB_MUL1);
+        trellis_cuda_linear *dl = NULL;
+        CHECK(trellis_cuda_linear_upload(&h.lin, "prefill", &dl) == SPARQ_OK);
+        for (size_t r = 0; r < sizeof rows_list / sizeof rows_list[0]; r++)
+            check_gemm(&h, dl, NULL, rows_list[r], PREFILL, 0);
+        trellis_cuda_linear_free(dl);
+        trellis_rand_lin_free(&h);
+    }
+    {
+        host_lin h;
+        host_lin_make(&h, 1024, 1024, 3, TRELLIS_CB_MUL1);
+        trellis_cuda_linear *dl = NULL;
+        float *d = NULL;
+        CHECK(trellis_cuda_linear_upload(&h.lin, "too-large", &dl) == SPARQ_OK);
+        CHECK(trellis_cuda_alloc((void **)&d, (size_t)4 * 1024 * 4) == SPARQ_OK);
+        CHECK(trellis_cuda_gemm_prefill(dl, d, 2, d, g_pws, NULL) == SPARQ_E_SHAPE);
+        trellis_cuda_free(d);
+        trellis_cuda_linear_free(dl);
+        trellis_rand_lin_free(&h);
+    }
+    trellis_cuda_prefill_ws_free(g_pws);
+    g_pws = NULL;
 }
 
 /* The fused MoE layer against the CPU: per token and routed expert,

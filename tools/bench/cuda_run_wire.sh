@@ -24,7 +24,8 @@ pack)
     b=${2:?build dir}
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
-             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda tools/bench/cuda_bench; do
+             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda tools/bench/cuda_bench \
+             tools/bench/runtime_bench tools/bench/make_exl3_model; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
     # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)

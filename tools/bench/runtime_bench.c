@@ -5,6 +5,16 @@
  * as much as two separate runs would).
  *
  *   runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N] [--gemv N]
+ *                 [--device cpu|cuda] [--compare-cpu N]
+ *
+ * --compare-cpu N (with --device cuda) also loads the model on the CPU and
+ * checks the GPU against it: the prompt's last logits, then N decode steps
+ * fed the GPU's greedy token on both; prints the worst relative error
+ * max|gpu - cpu| / max|cpu| and how many greedy tokens agree.
+ *
+ * --device cuda runs the model on the GPU (kernels/cuda/) and skips the
+ * host bandwidth and GEMV figures; the load time and the bytes the model
+ * holds are printed for either device.
  *
  * --gemv N (default 8192) also times the decode GEMV alone on a synthetic
  * bf16 N×N matrix much larger than the caches (one row, best of 10), which is
@@ -16,15 +26,20 @@
  * lm_head, one embedding row) + the KV cache it attends over (K and V of
  * every layer at the mean cached length). Prints one `key value` per line. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "sparq_version.h"
 #include "common/progress.h"
 #include "common/threadpool.h"
 #include "kernels/cpu/trellis.h"
 #include "runtime/model.h"
+#if SPARQ_HAVE_CUDA
+#include "kernels/cuda/trellis_cuda.h"
+#endif
 
 typedef struct bw_job {
     const float *buf;
@@ -81,21 +96,89 @@ static uint64_t lin_bytes(const sq_linear *l)
     }
 }
 
+static int argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+/* max|a - b| / max|b| over n */
+static double rel_err(const float *a, const float *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* The model on the GPU (m) against the same model on the CPU: see the header. */
+static int compare_cpu(sq_model *m, const char *dir, const sq_model_opts *o, const int32_t *toks, int n_prompt,
+                       int steps)
+{
+    sq_model_opts oc = *o;
+    oc.device = SQ_DEVICE_CPU;
+    sq_model *mc;
+    if (sq_model_load(&mc, dir, &oc) != SPARQ_OK) {
+        fprintf(stderr, "cpu load: %s\n", sparq_errmsg());
+        return 1;
+    }
+    const int V = (int)sq_model_cfg(m)->vocab_size;
+    float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+    sq_model_seq_reset(m, 0);
+    sq_model_seq_reset(mc, 0);
+    int agree = 0, done = 0, rc = 0;
+    double worst = 0;
+    if (sq_model_forward(m, 0, toks, n_prompt, SQ_LOGITS_LAST, a) != SPARQ_OK ||
+        sq_model_forward(mc, 0, toks, n_prompt, SQ_LOGITS_LAST, b) != SPARQ_OK) {
+        fprintf(stderr, "compare: %s\n", sparq_errmsg());
+        rc = 1;
+    }
+    for (int s = 0; rc == 0 && s <= steps; s++) {
+        worst = fmax(worst, rel_err(a, b, V));
+        const int32_t t = argmax(a, V);
+        agree += t == argmax(b, V);
+        done++;
+        if (s == steps) break;
+        if (sq_model_forward(m, 0, &t, 1, SQ_LOGITS_LAST, a) != SPARQ_OK ||
+            sq_model_forward(mc, 0, &t, 1, SQ_LOGITS_LAST, b) != SPARQ_OK) {
+            fprintf(stderr, "compare: %s\n", sparq_errmsg());
+            rc = 1;
+        }
+    }
+    printf("cpu_compare positions %d greedy_agree %d worst_rel_err %.3g\n", done, agree, worst);
+    free(a);
+    free(b);
+    sq_model_free(mc);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N]\n");
+        fprintf(stderr, "usage: runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N] "
+                        "[--gemv N] [--device cpu|cuda]\n");
         return 2;
     }
-    int threads = 0, n_prompt = 512, n_decode = 128, reps = 3, bw_mib = 512, gemv_n = 8192;
+    int threads = 0, n_prompt = 512, n_decode = 128, reps = 3, bw_mib = 512, gemv_n = 8192, compare = 0;
+    sq_device dev = SQ_DEVICE_CPU;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--threads")) threads = v;
+        if (!strcmp(argv[i], "--device")) {
+            if (sq_device_parse(argv[i + 1], &dev) != SPARQ_OK) {
+                fprintf(stderr, "--device %s: cpu or cuda\n", argv[i + 1]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--threads")) threads = v;
         else if (!strcmp(argv[i], "--prompt")) n_prompt = v;
         else if (!strcmp(argv[i], "--decode")) n_decode = v;
         else if (!strcmp(argv[i], "--reps")) reps = v;
         else if (!strcmp(argv[i], "--bw-mib")) bw_mib = v;
         else if (!strcmp(argv[i], "--gemv")) gemv_n = v;
+        else if (!strcmp(argv[i], "--compare-cpu")) compare = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -106,11 +189,18 @@ int main(int argc, char **argv)
     o.ctx = n_prompt + n_decode + 1;
     o.max_rows = n_prompt < 512 ? n_prompt : 512;
     o.n_threads = threads;
+    o.device = dev;
     sq_model *m;
+    const double tl0 = sparq_now();
     if (sq_model_load(&m, argv[1], &o) != SPARQ_OK) {
         fprintf(stderr, "load: %s\n", sparq_errmsg());
         return 1;
     }
+    const double load_s = sparq_now() - tl0;
+    size_t gpu_free = 0, gpu_total = 0;
+#if SPARQ_HAVE_CUDA
+    if (dev == SQ_DEVICE_CUDA) trellis_cuda_mem_info(&gpu_free, &gpu_total);
+#endif
     const sq_model_config *c = sq_model_cfg(m);
     const int V = (int)c->vocab_size;
     int32_t *toks = malloc((size_t)(n_prompt + n_decode) * 4);
@@ -146,9 +236,10 @@ int main(int argc, char **argv)
     }
     const double kv_read = kv_row * (n_prompt + n_decode / 2.0);
     const double bytes_tok = (double)per_tok + kv_read;
-    const double bw = measure_bandwidth(sq_model_exec(m)->pool, (size_t)bw_mib);
+    const bool host = dev == SQ_DEVICE_CPU;
+    const double bw = host ? measure_bandwidth(sq_model_exec(m)->pool, (size_t)bw_mib) : 0;
     double gemv_bps = 0;
-    if (gemv_n > 0) {
+    if (gemv_n > 0 && host) {
         /* a bf16 N×N weight (N² × 2 bytes), one input row */
         size_t nn = (size_t)gemv_n * gemv_n;
         uint16_t *w = sparq_aligned_alloc(64, nn * 2);
@@ -168,19 +259,32 @@ int main(int argc, char **argv)
         free(x);
         free(y);
     }
+    sq_model_mem mm;
+    sq_model_mem_report(m, &mm);
+    bool finite = true;
+    for (int i = 0; i < V; i++) finite &= isfinite(lg[i]) != 0;
     printf("model %s\n", argv[1]);
+    printf("device %s\n", sq_model_exec(m)->be->name);
     printf("threads %d\n", sq_model_exec(m)->n_threads);
+    printf("load_s %.2f\n", load_s);
+    printf("bytes weights %llu kv %llu workspace %llu (plan: kv %llu workspace %llu)\n",
+           (unsigned long long)mm.weights, (unsigned long long)mm.kv, (unsigned long long)mm.workspace,
+           (unsigned long long)mm.plan_kv, (unsigned long long)mm.plan_workspace);
+    printf("logits_finite %s\n", finite ? "yes" : "NO");
+    if (gpu_total) printf("gpu_bytes_in_use_after_load %zu of %zu\n", gpu_total - gpu_free, gpu_total);
     printf("prefill_tokens %d\nprefill_tok_s %.1f\n", n_prompt, best_pf);
     printf("decode_tokens %d\ndecode_tok_s %.1f\n", n_decode, best_dc);
     printf("decode_bytes_per_token %.0f (weights %llu, kv %.0f)\n", bytes_tok, (unsigned long long)per_tok, kv_read);
     printf("decode_bytes_s %.3g\n", bytes_tok * best_dc);
-    printf("memory_bw_bytes_s %.3g (streaming read of %d MiB, best of 5)\n", bw, bw_mib);
-    printf("decode_fraction_of_bw %.3f\n", bw > 0 ? bytes_tok * best_dc / bw : 0.0);
-    if (gemv_n > 0)
+    if (host) printf("memory_bw_bytes_s %.3g (streaming read of %d MiB, best of 5)\n", bw, bw_mib);
+    if (host) printf("decode_fraction_of_bw %.3f\n", bw > 0 ? bytes_tok * best_dc / bw : 0.0);
+    if (gemv_n > 0 && host)
         printf("gemv_bf16_%dx%d_bytes_s %.3g\ngemv_fraction_of_bw %.3f\n", gemv_n, gemv_n, gemv_bps,
                bw > 0 ? gemv_bps / bw : 0.0);
+    int bad = finite ? 0 : 1;
+    if (compare > 0 && !host) bad |= compare_cpu(m, argv[1], &o, toks, n_prompt, compare);
     free(toks);
     free(lg);
     sq_model_free(m);
-    return 0;
+    return bad;
 }

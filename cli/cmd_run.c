@@ -49,7 +49,7 @@ static const cli_opt opts[] = {
     [O_SEED] = {"seed", 0, "S", "random seed (default 0; same seed, same text)"},
     [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
-    [O_STATS] = {"stats", 0, NULL, "print peak RSS and weights/KV/workspace bytes to stderr"},
+    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes and (--device cuda) the device bytes planned and used, to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
     [O_PARALLEL] = {"parallel", 0, "N", "generate N continuations of the prompt at once, seeds S..S+N-1 (default 1); "
                                         "printed one after another when all are done"},
@@ -308,10 +308,11 @@ int cmd_run(int argc, char **argv)
             fprintf(stderr,
                     "stats: peak_rss_bytes=%llu\nstats: weights_bytes=%llu\nstats: kv_bytes=%llu\n"
                     "stats: workspace_bytes=%llu\nstats: plan_kv_bytes=%llu\nstats: plan_workspace_bytes=%llu\n"
-                    "stats: threads=%d\n",
+                    "stats: threads=%d\nstats: device_plan_bytes=%llu\nstats: device_used_bytes=%llu\n",
                     (unsigned long long)ru.ru_maxrss * 1024ull, (unsigned long long)mm.weights,
                     (unsigned long long)mm.kv, (unsigned long long)mm.workspace, (unsigned long long)mm.plan_kv,
-                    (unsigned long long)mm.plan_workspace, sq_model_exec(sq_dist_model(s.model))->n_threads);
+                    (unsigned long long)mm.plan_workspace, sq_model_exec(sq_dist_model(s.model))->n_threads,
+                    (unsigned long long)mm.device_plan, (unsigned long long)mm.device_used);
             sq_dist_stats ds;
             sq_dist_get_stats(s.model, &ds);
             fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",

@@ -161,6 +161,10 @@ typedef struct sq_backend {
                 const sq_moe_ws *ws);
     sparq_status (*prepare_moe)(sq_exec *ex, const sq_moe_layer *ml, int max_rows);
 
+    /* Free and total bytes of the device's memory (for the load-time check
+     * against the plan); NULL on the CPU. */
+    sparq_status (*mem_info)(sq_exec *ex, uint64_t *free_bytes, uint64_t *total_bytes);
+
     /* Release the exec's `dev` state (called by sq_exec_free); NULL on the CPU. */
     void (*exec_free)(sq_exec *ex);
 } sq_backend;

@@ -86,6 +86,16 @@ uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan
     return w.total;
 }
 
+static uint64_t up256(uint64_t b) { return sparq_sat_add_u64(b, 255) & ~(uint64_t)255; }
+
+uint64_t sq_memplan_cuda_prefill_bytes(uint64_t max_kn, uint64_t max_k, uint64_t max_n)
+{
+    if (max_kn == 0) return 0;
+    const uint64_t t[] = {up256(sparq_sat_mul_u64(2, max_kn)), up256(sparq_sat_mul_u64(256, max_k)),
+                          up256(sparq_sat_mul_u64(512, max_n)), (uint64_t)32 << 20};
+    return sq_memplan_sum(4, t);
+}
+
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes)
 {
     if (boxes <= 1) return 0;

@@ -108,6 +108,22 @@ uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan
 /* Pipeline communication buffers of one node (0 with one box):
  *     2 (send, recv) * 2 (double buffered) * rows * hidden_size * 4
  *     + SQ_MEMPLAN_COMM_FIXED (transport's own buffers: NCCL channels / MPI eager) */
+/* --- the CUDA runtime's device memory ----------------------------------
+ * On a GPU the runtime holds, besides the weights (each tensor rounded up to
+ * 256 bytes, carved from 256 MiB slabs: at most one slab's tail unused), the
+ * KV cache and the workspace of the terms above:
+ *   prefill = 2·max_kn + 128·max_k·2 + 128·max_n·4 + 32 MiB, each part
+ *             rounded up to 256: the one decode scratch of the EXL3 prefill
+ *             path (the largest linear's k·n fp16), its 128-row input and
+ *             output buffers over the widest linear, cuBLAS's workspace
+ *             (kernels/cuda/trellis_cuda.h trellis_cuda_prefill_ws_bytes;
+ *             tests/gpu compares the two); 0 without EXL3 linears
+ *   fixed   = SQ_MEMPLAN_CUDA_FIXED: the cuBLAS handle's own memory, the
+ *             small-batch GEMM workspace, the index staging ring, the MoE
+ *             layers' tables, and the slab tail. */
+#define SQ_MEMPLAN_CUDA_FIXED ((uint64_t)448 << 20)
+uint64_t sq_memplan_cuda_prefill_bytes(uint64_t max_kn, uint64_t max_k, uint64_t max_n);
+
 /* Saturating helpers for the architectures' memory terms: max(v, 0), and the
  * sum / product of n values (UINT64_MAX on overflow). */
 uint64_t sq_memplan_pos(int64_t v);

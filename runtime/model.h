@@ -63,6 +63,10 @@ sq_exec *sq_model_exec(sq_model *m);
 typedef struct sq_model_mem {
     uint64_t weights, kv, workspace;
     uint64_t plan_kv, plan_workspace; /* what runtime/memplan.h says for the same options */
+    /* a device exec (0 on the CPU): the bytes its load was planned to take on
+     * the device (checked against its free memory before any upload), and
+     * what the load took (the drop in free device memory) */
+    uint64_t device_plan, device_used;
 } sq_model_mem;
 void sq_model_mem_report(const sq_model *m, sq_model_mem *out);
 

@@ -64,6 +64,12 @@ typedef struct cuda_state {
     trellis_cuda_ws *tws;
     int tws_k, tws_n;
     trellis_cuda_prefill_ws *pws; /* the prefill path's one workspace and cuBLAS handle */
+    /* weight slabs: device copies of weights are carved from these, 256-byte
+     * aligned (one cudaMalloc per slab, not per tensor) */
+    char **slab;
+    size_t n_slab, cap_slab, slab_left;
+    char *slab_at;
+    uint64_t slab_bytes, weight_bytes; /* allocated in slabs / handed out */
     size_t pws_kn;
     int pws_k, pws_n;
     trellis_cuda_moe *moe_first; /* the first fused MoE layer: the others share its scratch */
@@ -75,6 +81,23 @@ typedef struct cuda_state {
 } cuda_state;
 
 static cuda_state *state_of(sq_exec *ex) { return (cuda_state *)ex->dev; }
+
+/* SPARQ_CUDA_MEMLOG=1: device memory in use at each growth step, on stderr
+ * (docs/cuda.md: where a model's GPU bytes go). */
+static void memlog(const char *what, size_t bytes)
+{
+    static int on = -1;
+    static size_t last;
+    if (on < 0) on = getenv("SPARQ_CUDA_MEMLOG") != NULL;
+    if (!on) return;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    const ssize_t delta = (ssize_t)(tot - fr - last);
+    if (!bytes && delta < ((ssize_t)1 << 20) && delta > -((ssize_t)1 << 20)) return;
+    fprintf(stderr, "[cuda mem] %-28s %10zu bytes asked; in use %12zu (+%zd)\n", what, bytes, tot - fr,
+            (ssize_t)(tot - fr - last));
+    last = tot - fr;
+}
 
 /* Keep the first error (with its message) for to_host / sync. */
 static void keep_err(cuda_state *st, sparq_status s)
@@ -137,6 +160,44 @@ static sparq_status add_ent(cuda_state *st, const void *key, void *dev, int type
     return SPARQ_OK;
 }
 
+/* A weight slab's size: large enough that cudaMalloc's rounding and the
+ * unused tail are small against the weights (at most one slab a process). */
+#define SLAB_BYTES ((size_t)256 << 20)
+
+/* `bytes` of device memory for a weight, from the current slab or a new one
+ * (its own allocation when it is larger than a slab). Freed with the exec. */
+static sparq_status weight_mem(cuda_state *st, size_t bytes, void **out)
+{
+    bytes = (bytes + 255) & ~(size_t)255;
+    if (bytes > st->slab_left) {
+        const size_t sz = bytes > SLAB_BYTES ? bytes : SLAB_BYTES;
+        if (st->n_slab == st->cap_slab) {
+            size_t cap = st->cap_slab ? 2 * st->cap_slab : 64;
+            char **t = (char **)sparq_realloc(st->slab, cap * sizeof *t);
+            RETURN_IF(!t, SPARQ_E_NOMEM, "cuda backend: out of memory (slab table)");
+            st->slab = t;
+            st->cap_slab = cap;
+        }
+        char *p = NULL;
+        FORWARD_IF(cuda_status(cudaMalloc((void **)&p, sz), "cudaMalloc of a weight slab"));
+        st->slab[st->n_slab++] = p;
+        st->slab_bytes += sz;
+        memlog("weight slab", sz);
+        if (sz > SLAB_BYTES) { /* a tensor of its own: the current slab stays current */
+            st->weight_bytes += bytes;
+            *out = p;
+            return SPARQ_OK;
+        }
+        st->slab_at = p;
+        st->slab_left = sz;
+    }
+    *out = st->slab_at;
+    st->slab_at += bytes;
+    st->slab_left -= bytes;
+    st->weight_bytes += bytes;
+    return SPARQ_OK;
+}
+
 /* The device copy of `bytes` of constant host data, uploaded on first use. */
 static sparq_status raw_get(cuda_state *st, const void *host, size_t bytes, void **dev)
 {
@@ -146,13 +207,9 @@ static sparq_status raw_get(cuda_state *st, const void *host, size_t bytes, void
         return SPARQ_OK;
     }
     void *d = NULL;
-    FORWARD_IF(cuda_status(cudaMalloc(&d, bytes ? bytes : 1), "cudaMalloc of a weight copy"));
-    sparq_status s = cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "weight upload");
-    if (s == SPARQ_OK) s = add_ent(st, host, d, ENT_RAW);
-    if (s != SPARQ_OK) {
-        cudaFree(d);
-        return s;
-    }
+    FORWARD_IF(weight_mem(st, bytes ? bytes : 1, &d));
+    FORWARD_IF(cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "weight upload"));
+    FORWARD_IF(add_ent(st, host, d, ENT_RAW)); /* the slab keeps d either way */
     *dev = d;
     return SPARQ_OK;
 }
@@ -165,7 +222,10 @@ static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_li
         return SPARQ_OK;
     }
     trellis_cuda_linear *lin;
-    FORWARD_IF(trellis_cuda_linear_upload((const trellis_linear *)l->impl, l->name ? l->name : "exl3", &lin));
+    const trellis_linear *h = (const trellis_linear *)l->impl;
+    void *mem = NULL;
+    FORWARD_IF(weight_mem(st, trellis_cuda_linear_bytes(h), &mem));
+    FORWARD_IF(trellis_cuda_linear_upload_into(h, l->name ? l->name : "exl3", mem, &lin));
     sparq_status s = add_ent(st, l->impl, lin, ENT_EXL3);
     if (s != SPARQ_OK) {
         trellis_cuda_linear_free(lin);
@@ -177,6 +237,7 @@ static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_li
         st->tws = NULL;
         st->tws_k = st->tws_n = 0;
         FORWARD_IF(trellis_cuda_ws_create(k, n, &st->tws));
+        memlog("gemm workspace", 0);
         st->tws_k = k;
         st->tws_n = n;
     }
@@ -189,6 +250,7 @@ static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_li
         st->pws = NULL;
         st->pws_kn = 0, st->pws_k = st->pws_n = 0;
         FORWARD_IF(trellis_cuda_prefill_ws_create(mkn, k, n, SQ_CUDA_PREFILL_ROWS, &st->pws));
+        memlog("prefill workspace", trellis_cuda_prefill_ws_bytes(mkn, k, n, SQ_CUDA_PREFILL_ROWS));
         st->pws_kn = mkn, st->pws_k = k, st->pws_n = n;
     }
     *out = lin;
@@ -575,11 +637,73 @@ __global__ void k_topk(const float *logits, int rows, int n_exp, int k, bool nor
     if (r < rows) sq_topk_row(logits + (size_t)r * n_exp, n_exp, k, norm, idx + (size_t)r * k, w + (size_t)r * k);
 }
 
+/* The same rule with one warp a row (TOPK_WARPS rows a block): the row in
+ * shared memory, its max and then each of the k picks by a warp reduction
+ * (larger logit first, the lower index on ties, as sq_topk_row), the softmax
+ * sum by lane 0 in the CPU's order. One thread a row (k_topk) read the row
+ * k + 2 times from global memory one value at a time: 201 µs a call for 128
+ * experts top-8 on the H200, most of a Qwen3-30B decode step; this takes a
+ * few µs. */
+#define TOPK_WARPS 4
+#define TOPK_WARP_MAX_EXP 2048
+__global__ void __launch_bounds__(32 * TOPK_WARPS) k_topk_warp(const float *logits, int rows, int n_exp, int k, bool norm,
+                                                              int *idx, float *w)
+{
+    extern __shared__ float tk_sm[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x * TOPK_WARPS + warp;
+    float *l = tk_sm + (size_t)warp * n_exp;
+    unsigned char *taken = (unsigned char *)(tk_sm + (size_t)TOPK_WARPS * n_exp) + (size_t)warp * n_exp;
+    if (r >= rows) return;
+    const float *lr = logits + (size_t)r * n_exp;
+    float mx = -INFINITY;
+    for (int e = lane; e < n_exp; e += 32) {
+        const float v = lr[e];
+        l[e] = v;
+        taken[e] = 0;
+        mx = fmaxf(mx, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    __syncwarp();
+    double sum = 0;
+    if (lane == 0)
+        for (int e = 0; e < n_exp; e++) sum += expf(l[e] - mx);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    float wsum = 0;
+    for (int i = 0; i < k; i++) {
+        float bv = -INFINITY;
+        int be = -1;
+        for (int e = lane; e < n_exp; e += 32)
+            if (!taken[e] && (be < 0 || l[e] > bv)) bv = l[e], be = e;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
+        }
+        if (lane == 0) {
+            taken[be] = 1;
+            const float wi = (float)(expf(l[be] - mx) / sum);
+            idx[(size_t)r * k + i] = be;
+            w[(size_t)r * k + i] = wi;
+            wsum += wi;
+        }
+        __syncwarp();
+    }
+    if (norm && lane == 0)
+        for (int i = 0; i < k; i++) w[(size_t)r * k + i] /= wsum;
+}
+
 static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_exp, int k, bool norm, int *idx,
                              float *w)
 {
     (void)ex;
     if (rows <= 0) return;
+    if (n_exp <= TOPK_WARP_MAX_EXP && k <= n_exp) {
+        const size_t smem = (size_t)TOPK_WARPS * n_exp * (sizeof(float) + 1);
+        k_topk_warp<<<(unsigned)((rows + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, smem>>>(logits, rows, n_exp, k,
+                                                                                               norm, idx, w);
+        return;
+    }
     k_topk<<<(unsigned)((rows + 63) / 64), 64>>>(logits, rows, n_exp, k, norm, idx, w);
 }
 
@@ -889,6 +1013,7 @@ static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int m
  * fused decode layer (keyed by the gate array). */
 static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int max_rows)
 {
+    memlog("layer's linears uploaded", 0);
     (void)max_rows;
     cuda_state *st = state_of(ex);
     const int E = ml->router ? ml->n_exp : 1;
@@ -957,8 +1082,18 @@ static sparq_status take_err(cuda_state *st)
     return s;
 }
 
+static sparq_status cuda_mem_info(sq_exec *ex, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    (void)ex;
+    size_t f = 0, t = 0;
+    FORWARD_IF(cuda_status(cudaMemGetInfo(&f, &t), "device memory info"));
+    *free_bytes = f, *total_bytes = t;
+    return SPARQ_OK;
+}
+
 static sparq_status cuda_sync(sq_exec *ex)
 {
+    memlog("sync", 0);
     cuda_state *st = state_of(ex);
     check(st, cudaStreamSynchronize(0), "synchronize");
     return take_err(st);
@@ -1013,9 +1148,11 @@ static void cuda_exec_free(sq_exec *ex)
                 sparq_free(e->dev);
             }
             if (pass == 1 && e->type == ENT_EXL3) trellis_cuda_linear_free((trellis_cuda_linear *)e->dev);
-            if (pass == 2 && e->type == ENT_RAW) cudaFree(e->dev);
+            /* pass 2: ENT_RAW copies live in the slabs */
         }
     sparq_free(st->tab);
+    for (size_t i = 0; i < st->n_slab; i++) cudaFree(st->slab[i]);
+    sparq_free(st->slab);
     trellis_cuda_ws_free(st->tws);
     trellis_cuda_prefill_ws_free(st->pws);
     cudaFreeHost(st->h_stage);
@@ -1050,6 +1187,7 @@ static const sq_backend cuda_backend = {
     .kv_store = cuda_kv_store,
     .moe = cuda_moe,
     .prepare_moe = cuda_prepare_moe,
+    .mem_info = cuda_mem_info,
     .exec_free = cuda_exec_free,
 };
 
@@ -1082,6 +1220,7 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
         sq_exec_free(ex);
         return s;
     }
+    memlog("exec created", 1);
     *out = ex;
     return SPARQ_OK;
 }

@@ -51,6 +51,7 @@ struct trellis_cuda_linear {
     char name[96];
     uint32_t *trellis; /* (k/16)·(n/16) tiles of 8K words */
     __half *suh, *svh;
+    bool owns; /* the three tensors are its own allocations (else the caller's memory) */
 };
 
 /* Rows the integer mul1 GEMV takes (one row group of its B operand). */

@@ -53,6 +53,14 @@ typedef struct trellis_cuda_linear trellis_cuda_linear;
 sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *name,
                                         trellis_cuda_linear **out);
 void trellis_cuda_linear_free(trellis_cuda_linear *lin);
+/* Device bytes of a linear's tensors (trellis, suh, svh, each rounded up to
+ * 256 bytes), and an upload into `dev`: that many bytes of device memory the
+ * caller owns and keeps while the handle lives (trellis_cuda_linear_free
+ * then frees only the handle). One allocation for many linears avoids
+ * cudaMalloc's per-allocation rounding (~35 KB a linear at Qwen3-30B shapes). */
+size_t trellis_cuda_linear_bytes(const trellis_linear *host);
+sparq_status trellis_cuda_linear_upload_into(const trellis_linear *host, const char *name, void *dev,
+                                             trellis_cuda_linear **out);
 /* The linear's shape and K (for callers that only hold the handle). */
 void trellis_cuda_linear_shape(const trellis_cuda_linear *lin, int *k, int *n, int *K);
 

@@ -130,13 +130,24 @@ sparq_status trellis_cuda_sync(void *stream)
 void trellis_cuda_linear_free(trellis_cuda_linear *lin)
 {
     if (!lin) return;
-    cudaFree(lin->trellis);
-    cudaFree(lin->suh);
-    cudaFree(lin->svh);
+    if (lin->owns) {
+        cudaFree(lin->trellis);
+        cudaFree(lin->suh);
+        cudaFree(lin->svh);
+    }
     free(lin);
 }
 
-sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *name, trellis_cuda_linear **out)
+static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+static size_t trellis_bytes(const trellis_linear *h) { return (size_t)h->k / 16 * (h->n / 16) * 32 * h->K; }
+
+size_t trellis_cuda_linear_bytes(const trellis_linear *host)
+{
+    return up256(trellis_bytes(host)) + up256((size_t)host->k * 2) + up256((size_t)host->n * 2);
+}
+
+/* Upload into dev (trellis_cuda_linear_bytes) or, dev NULL, into allocations of its own. */
+static sparq_status upload(const trellis_linear *host, const char *name, void *dev, trellis_cuda_linear **out)
 {
     RETURN_IF(!out, SPARQ_E_ARG, "cuda linear upload: no output handle");
     *out = NULL;
@@ -147,12 +158,20 @@ sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *
     lin->n = host->n;
     lin->K = host->K;
     lin->cb = (int)host->cb;
+    lin->owns = dev == NULL;
     snprintf(lin->name, sizeof lin->name, "%s", name ? name : "linear");
-    const size_t tbytes = (size_t)host->k / 16 * (host->n / 16) * 32 * host->K;
+    const size_t tbytes = trellis_bytes(host);
     sparq_status st = SPARQ_OK;
-    cudaError_t e = cudaMalloc((void **)&lin->trellis, tbytes);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&lin->suh, (size_t)host->k * 2);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&lin->svh, (size_t)host->n * 2);
+    cudaError_t e = cudaSuccess;
+    if (dev) {
+        lin->trellis = (uint32_t *)dev;
+        lin->suh = (__half *)((char *)dev + up256(tbytes));
+        lin->svh = (__half *)((char *)dev + up256(tbytes) + up256((size_t)host->k * 2));
+    } else {
+        e = cudaMalloc((void **)&lin->trellis, tbytes);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&lin->suh, (size_t)host->k * 2);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&lin->svh, (size_t)host->n * 2);
+    }
     if (e == cudaSuccess) e = cudaMemcpy(lin->trellis, host->trellis, tbytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(lin->suh, host->suh, (size_t)host->k * 2, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(lin->svh, host->svh, (size_t)host->n * 2, cudaMemcpyHostToDevice);
@@ -165,6 +184,18 @@ sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *
     }
     *out = lin;
     return SPARQ_OK;
+}
+
+sparq_status trellis_cuda_linear_upload(const trellis_linear *host, const char *name, trellis_cuda_linear **out)
+{
+    return upload(host, name, NULL, out);
+}
+
+sparq_status trellis_cuda_linear_upload_into(const trellis_linear *host, const char *name, void *dev,
+                                             trellis_cuda_linear **out)
+{
+    RETURN_IF(!dev, SPARQ_E_ARG, "%s: upload into no memory", name ? name : "linear");
+    return upload(host, name, dev, out);
 }
 
 void trellis_cuda_linear_shape(const trellis_cuda_linear *lin, int *k, int *n, int *K)

@@ -18,6 +18,7 @@
 #include "common/file.h"
 #include "formats/manifest.h"
 #include "kernels/cpu/ops.h"
+#include "runtime/memplan.h"
 #include "runtime/models/model_impl.h"
 
 void sq_model_opts_default(sq_model_opts *o)
@@ -308,6 +309,10 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
     if (!m->layers || !m->seq_len) FAIL(SPARQ_E_NOMEM, "out of memory");
     TRY(m->arch->graph->load(m, plan_threads));
+    if (m->dev_plan && m->ex->be->mem_info) { /* what the load took on the device */
+        uint64_t fr = 0, tot = 0;
+        if (m->ex->be->mem_info(m->ex, &fr, &tot) == SPARQ_OK && fr < m->dev_free0) m->dev_used = m->dev_free0 - fr;
+    }
     sparq_free(weights_dir);
     *out = m;
     return SPARQ_OK;
@@ -361,6 +366,43 @@ void sq_model_mem_report(const sq_model *m, sq_model_mem *out)
     out->workspace = m->ws_bytes + m->small_bytes + m->scratch_bytes;
     out->plan_kv = m->plan_kv;
     out->plan_workspace = m->plan_ws;
+    out->device_plan = m->dev_plan;
+    out->device_used = m->dev_used;
+}
+
+static void widest(const sq_linear *l, uint64_t *kn, uint64_t *k, uint64_t *n)
+{
+    if (l->kind != SQ_LINEAR_EXL3) return;
+    const uint64_t v = (uint64_t)l->in * (uint64_t)l->out;
+    if (v > *kn) *kn = v;
+    if ((uint64_t)l->in > *k) *k = (uint64_t)l->in;
+    if ((uint64_t)l->out > *n) *n = (uint64_t)l->out;
+}
+
+sparq_status sq_mdl_device_check(sq_model *m, uint64_t own_bytes)
+{
+    const sq_backend *be = m->ex->be;
+    if (!be->device || !be->mem_info) return SPARQ_OK;
+    uint64_t kn = 0, k = 0, n = 0;
+    for (int L = m->first; L < m->end; L++) {
+        const sq_layer_lin *ll = &m->layers[L];
+        for (int s = 0; s < ll->desc.n_slots; s++)
+            for (int e = 0; e < ll->desc.slot[s].instances; e++) widest(&ll->lin[s][e], &kn, &k, &n);
+    }
+    if (m->has_head) widest(&m->head, &kn, &k, &n);
+    const uint64_t prefill = sq_memplan_cuda_prefill_bytes(kn, k, n);
+    const uint64_t t[] = {m->weights_bytes, own_bytes, prefill, SQ_MEMPLAN_CUDA_FIXED};
+    m->dev_plan = sq_memplan_sum(4, t);
+    uint64_t total = 0;
+    FORWARD_IF(be->mem_info(m->ex, &m->dev_free0, &total));
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    RETURN_IF(m->dev_plan > m->dev_free0, SPARQ_E_NOMEM,
+              "device %s: this process's part of the model needs %.2f GiB (weights %.2f, KV cache and workspace %.2f, "
+              "prefill scratch %.2f, runtime %.2f) but %.2f GiB of the device's %.2f are free; refused before any "
+              "upload (fewer users or a shorter context shrink the KV cache; more boxes split the weights)",
+              be->name, m->dev_plan / G, m->weights_bytes / G, own_bytes / G, prefill / G,
+              SQ_MEMPLAN_CUDA_FIXED / G, m->dev_free0 / G, total / G);
+    return SPARQ_OK;
 }
 
 sq_linear *sq_model_head_linear(sq_model *m) { return &m->head; }

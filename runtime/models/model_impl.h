@@ -57,6 +57,7 @@ struct sq_model {
     int n_owned, cap_owned;
     uint64_t weights_bytes, small_bytes, ws_bytes, kv_bytes, scratch_bytes;
     uint64_t plan_kv, plan_ws;
+    uint64_t dev_plan, dev_free0, dev_used; /* device exec: planned bytes, free before the upload, used by the load */
     void *impl;                /* the architecture's own state */
 };
 
@@ -74,6 +75,15 @@ void sq_mdl_free_linear(sq_linear *l);
 /* Bind every slot instance of the layers [first, end) as their descriptions
  * name them (the architecture's load calls this first). */
 sparq_status sq_mdl_bind_layers(sq_model *m);
+/* A device exec: the bytes the load will take on the device — the weights
+ * this process holds, own_bytes (the architecture's KV cache, workspace and
+ * other buffers), and the CUDA runtime's prefill scratch and fixed part
+ * (runtime/memplan.h) — against the device's free memory, before anything is
+ * uploaded: SPARQ_E_NOMEM with the plan's numbers when it does not fit.
+ * Sets dev_plan and dev_free0 (the load's used bytes are measured from it).
+ * A no-op on the CPU. */
+sparq_status sq_mdl_device_check(sq_model *m, uint64_t own_bytes);
+
 /* Make the linears of layer L whose role is in the bit set `roles`
  * (1 << sq_lin_role) usable by the exec (a device backend uploads them). */
 sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles);

@@ -383,6 +383,10 @@ static sparq_status q3_load(sq_model *c, int plan_threads)
     c->kv_bytes = 2 * kv_floats * sizeof(float);
     FORWARD_IF(sq_exec_create_on(&c->ex, c->opts.device, c->opts.n_threads));
     const sq_backend *be = c->ex->be; /* KV cache and workspace in its memory (device memory for CUDA) */
+    if (be->device) { /* the plan against the device's free memory, before any upload */
+        const uint64_t dlog = (uint64_t)(c->opts.max_rows < 64 ? c->opts.max_rows : 64) * (uint64_t)m->vocab * 4;
+        FORWARD_IF(sq_mdl_device_check(c, c->kv_bytes + carve(m, NULL) + dlog));
+    }
     m->kv_k = be->alloc(c->ex, (size_t)(kv_floats ? kv_floats : 1) * sizeof(float));
     m->kv_v = be->alloc(c->ex, (size_t)(kv_floats ? kv_floats : 1) * sizeof(float));
     RETURN_IF(!m->kv_k || !m->kv_v, SPARQ_E_NOMEM, "cannot allocate the KV cache (%llu bytes)",

@@ -191,22 +191,32 @@ static void test_attention_kv(void)
     free(kc), free(vc), free(q), free(k), free(v), free(kg), free(vg), free(oc), free(og);
 }
 
+/* The router's top-k on the GPU chooses the CPU's experts: small and real
+ * shapes (Qwen3's 128 experts top-8, 256 top-8), logits with ties (to the
+ * lower index), and more experts than the warp kernel takes (the fallback). */
 static void test_router_embed(void)
 {
-    const int rows = 9, E = 20, K = 4;
-    float *l = randv((size_t)rows * E, 3.0f);
-    float *dl = up(l, (size_t)rows * E * 4);
-    int *dix = up(NULL, (size_t)rows * K * 4);
-    float *dw = up(NULL, (size_t)rows * K * 4);
-    for (int norm = 0; norm < 2; norm++) {
-        int ic[36], ig[36];
-        float wc[36], wg[36];
-        cpu->be->router_topk(cpu, l, rows, E, K, norm, ic, wc);
-        gpu->be->router_topk(gpu, dl, rows, E, K, norm, dix, dw);
-        down(ig, dix, sizeof ig);
-        down(wg, dw, sizeof wg);
-        CHECK(memcmp(ic, ig, sizeof ic) == 0);
-        check_nmse(wg, wc, (size_t)rows * K, 1e-12, norm ? "router weights (norm)" : "router weights");
+    static const int shapes[][3] = {{9, 20, 4}, {5, 128, 8}, {17, 256, 8}, {3, 3000, 6}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const int rows = shapes[sh][0], E = shapes[sh][1], K = shapes[sh][2];
+        float *l = randv((size_t)rows * E, 3.0f);
+        if (sh == 1)
+            for (int e = 0; e < E; e++) l[e] = (float)(e % 5); /* row 0: ties everywhere */
+        float *dl = up(l, (size_t)rows * E * 4);
+        int *dix = up(NULL, (size_t)rows * K * 4);
+        float *dw = up(NULL, (size_t)rows * K * 4);
+        int *ic = malloc((size_t)rows * K * 4), *ig = malloc((size_t)rows * K * 4);
+        float *wc = malloc((size_t)rows * K * 4), *wg = malloc((size_t)rows * K * 4);
+        for (int norm = 0; norm < 2; norm++) {
+            cpu->be->router_topk(cpu, l, rows, E, K, norm, ic, wc);
+            gpu->be->router_topk(gpu, dl, rows, E, K, norm, dix, dw);
+            down(ig, dix, (size_t)rows * K * 4);
+            down(wg, dw, (size_t)rows * K * 4);
+            CHECK_MSG(memcmp(ic, ig, (size_t)rows * K * 4) == 0, "router top-%d of %d: other experts", K, E);
+            check_nmse(wg, wc, (size_t)rows * K, 1e-12, norm ? "router weights (norm)" : "router weights");
+        }
+        gpu->be->free(gpu, dl), gpu->be->free(gpu, dix), gpu->be->free(gpu, dw);
+        free(l), free(ic), free(ig), free(wc), free(wg);
     }
     const int vocab = 50, d = 72, n = 7;
     for (int k = SQ_LINEAR_F32; k <= SQ_LINEAR_F16; k++) {
@@ -220,8 +230,6 @@ static void test_router_embed(void)
         CHECK(memcmp(hc, hg, sizeof hg) == 0);
         gpu->be->free(gpu, dh);
     }
-    gpu->be->free(gpu, dl), gpu->be->free(gpu, dix), gpu->be->free(gpu, dw);
-    free(l);
 }
 
 /* The CPU reference of the moe op, from CPU ops, one routed (row, expert) at a time. */

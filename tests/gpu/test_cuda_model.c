@@ -155,6 +155,36 @@ done:
 }
 
 static void test_fixture_bf16(void) { compare_model("tiny-qwen3moe", 1e-4, 1e-4); }
+
+/* Memory is planned: a load whose KV cache cannot fit the device is refused
+ * before any upload, naming the plan's numbers; one that fits reports what
+ * it planned and what it used on the device. */
+static void test_device_plan(void)
+{
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.device = SQ_DEVICE_CUDA;
+    o.ctx = 4096;
+    o.n_seq = 20000; /* ~330 GB of KV cache */
+    sq_model *m = NULL;
+    const sparq_status st = sq_model_load(&m, t_data_path("exl3-model/exl3-3.0bpw"), &o);
+    CHECK_MSG(st == SPARQ_E_NOMEM, "an unfitting load returned %s: %s", sparq_status_str(st), sparq_errmsg());
+    CHECK_MSG(strstr(sparq_errmsg(), "refused before any upload") && strstr(sparq_errmsg(), "GiB"), "message: %s",
+              sparq_errmsg());
+    CHECK(m == NULL);
+    o.n_seq = 2;
+    CHECK(sq_model_load(&m, t_data_path("exl3-model/exl3-3.0bpw"), &o) == SPARQ_OK);
+    if (!m) return;
+    sq_model_mem mm;
+    sq_model_mem_report(m, &mm);
+    CHECK(mm.device_plan > mm.weights + mm.kv);
+    CHECK_MSG(mm.device_used > 0 && mm.device_used <= mm.device_plan, "device bytes used %llu, planned %llu",
+              (unsigned long long)mm.device_used, (unsigned long long)mm.device_plan);
+    printf("  device plan %llu bytes, used %llu (weights %llu kv %llu workspace %llu)\n",
+           (unsigned long long)mm.device_plan, (unsigned long long)mm.device_used, (unsigned long long)mm.weights,
+           (unsigned long long)mm.kv, (unsigned long long)mm.workspace);
+    sq_model_free(m);
+}
 static void test_exl3_model(void) { compare_model("exl3-model/exl3-3.0bpw", 2e-2, 2e-2); }
 
 int main(void)
@@ -164,5 +194,6 @@ int main(void)
     RUN(test_fixture_bf16);
     RUN(test_exl3_model);
     RUN(test_decode_batch);
+    RUN(test_device_plan);
     return t_summary();
 }

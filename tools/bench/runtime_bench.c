@@ -191,13 +191,17 @@ int main(int argc, char **argv)
     o.n_threads = threads;
     o.device = dev;
     sq_model *m;
+    size_t gpu_free0 = 0, gpu_total = 0;
+#if SPARQ_HAVE_CUDA
+    if (dev == SQ_DEVICE_CUDA) trellis_cuda_mem_info(&gpu_free0, &gpu_total); /* after the context is made */
+#endif
     const double tl0 = sparq_now();
     if (sq_model_load(&m, argv[1], &o) != SPARQ_OK) {
         fprintf(stderr, "load: %s\n", sparq_errmsg());
         return 1;
     }
     const double load_s = sparq_now() - tl0;
-    size_t gpu_free = 0, gpu_total = 0;
+    size_t gpu_free = 0;
 #if SPARQ_HAVE_CUDA
     if (dev == SQ_DEVICE_CUDA) trellis_cuda_mem_info(&gpu_free, &gpu_total);
 #endif
@@ -271,7 +275,13 @@ int main(int argc, char **argv)
            (unsigned long long)mm.weights, (unsigned long long)mm.kv, (unsigned long long)mm.workspace,
            (unsigned long long)mm.plan_kv, (unsigned long long)mm.plan_workspace);
     printf("logits_finite %s\n", finite ? "yes" : "NO");
-    if (gpu_total) printf("gpu_bytes_in_use_after_load %zu of %zu\n", gpu_total - gpu_free, gpu_total);
+    if (mm.device_plan)
+        printf("device_bytes planned %llu used %llu (used / (weights + kv + workspace) %.3f)\n",
+               (unsigned long long)mm.device_plan, (unsigned long long)mm.device_used,
+               (double)mm.device_used / (double)(mm.weights + mm.kv + mm.workspace));
+    if (gpu_total)
+        printf("gpu_bytes_loaded %zu (in use %zu before the load, %zu after, of %zu)\n", gpu_free0 - gpu_free,
+               gpu_total - gpu_free0, gpu_total - gpu_free, gpu_total);
     printf("prefill_tokens %d\nprefill_tok_s %.1f\n", n_prompt, best_pf);
     printf("decode_tokens %d\ndecode_tok_s %.1f\n", n_decode, best_dc);
     printf("decode_bytes_per_token %.0f (weights %llu, kv %.0f)\n", bytes_tok, (unsigned long long)per_tok, kv_read);

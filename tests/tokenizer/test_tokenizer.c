@@ -10,7 +10,6 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <zstd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
@@ -43,39 +42,17 @@ static sq_tokenizer *load_dir(const char *rel)
     return t;
 }
 
-/* The DeepSeek V4 tokenizer.json is stored zstd-compressed. */
-static char *read_zst(const char *rel, size_t *n)
-{
-    size_t zn;
-    char *z = read_data(rel, &zn);
-    if (!z) return NULL;
-    unsigned long long sz = ZSTD_getFrameContentSize(z, zn);
-    char *out = NULL;
-    if (sz != ZSTD_CONTENTSIZE_ERROR && sz != ZSTD_CONTENTSIZE_UNKNOWN) {
-        out = malloc(sz + 1);
-        size_t r = ZSTD_decompress(out, sz, z, zn);
-        if (ZSTD_isError(r)) {
-            free(out);
-            out = NULL;
-        } else {
-            out[r] = 0;
-            *n = r;
-        }
-    }
-    sparq_free(z);
-    return out;
-}
-
 static sq_tokenizer *load_deepseek(void)
 {
     size_t n;
-    char *js = read_zst("tokenizer/deepseek-v4/tokenizer.json.zst", &n);
+    /* committed as tokenizer.json.zst; the build unpacks it (tests/datapack.c) */
+    char *js = read_data("tokenizer/deepseek-v4/tokenizer.json", &n);
     CHECK(js != NULL);
     if (!js) return NULL;
     sq_tokenizer *t = NULL;
     sparq_status st = sq_tokenizer_load_json(&t, js, n, "deepseek-v4/tokenizer.json");
     CHECK_MSG(st == SPARQ_OK, "load deepseek: %s", sparq_errmsg());
-    free(js);
+    sparq_free(js);
     return t;
 }
 

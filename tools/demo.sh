@@ -1,7 +1,8 @@
 #!/bin/sh
 # tools/demo.sh — README command (1): install the Debian packages sparq needs,
 # build build/ with meson, and run the main job on the small model shipped in
-# the repo (tests/data/tiny-qwen3moe, a trained 9.2M-parameter Qwen3-MoE):
+# the repo (tests/data/tiny-qwen3moe, a trained 9.2M-parameter Qwen3-MoE; its
+# weights are stored packed, and ninja unpacks them into build/tests/data):
 #
 #   inspect → quantize (EXL3, 3-bit experts, calibrated) → eval (perplexity and
 #   KL divergence against the original) → plan → pack (2 boxes) → verify → run
@@ -17,7 +18,7 @@ JOBS=${JOBS:-$(nproc)}
 ninja -C build -j "$JOBS"
 
 SPARQ=build/cli/sparq
-MODEL=tests/data/tiny-qwen3moe
+MODEL=build/tests/data/tiny-qwen3moe   # tests/data/tiny-qwen3moe, unpacked by ninja
 OUT=build/demo
 rm -rf "$OUT"
 mkdir -p "$OUT"

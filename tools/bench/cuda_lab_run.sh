@@ -12,7 +12,10 @@
 set -u
 out=$1
 bin=${2:-build-cuda-sh}
-export SPARQ_TEST_DATA=tests/data
+# tests/data with its packed files unpacked (tests/datapack.c; made by cuda_build.sh)
+"$bin/datapack" tree tests/data /tmp/sparq-test-data /tmp/sparq-test-data.stamp ||
+    { echo "cannot unpack tests/data: $bin/datapack missing? (tools/bench/cuda_build.sh makes it)"; exit 1; }
+export SPARQ_TEST_DATA=/tmp/sparq-test-data
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$out"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv; nvcc --version | tail -2; } > "$out/env.log" 2>&1

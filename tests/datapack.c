@@ -371,7 +371,7 @@ static void tree_dir(const char *src, const char *dst, const char *rel, strlist 
             int w = packed_width(name, &base);
             char *out_rel = xstrdup(r);
             if (w) out_rel[strlen(r) - (strlen(name) - base)] = 0;
-            if (sl_has(made, out_rel)) die("%s: %s is in %s twice (plain and packed, or packed twice)", src, out_rel, src);
+            if (sl_has(made, out_rel)) die("%s is in %s twice (plain and packed, or packed twice)", out_rel, src);
             sl_add(made, out_rel);
             char *dp = join(dst, out_rel);
             if (w) {
@@ -438,15 +438,35 @@ static void prune(const char *dst, const char *rel, const strlist *made)
     free(ddir);
 }
 
+/* The absolute path of a path whose last components may not exist yet: the
+ * longest existing prefix resolved by realpath, the rest appended as given. */
+static char *resolve_missing(const char *path)
+{
+    char *p = xstrdup(path);
+    size_t n = strlen(p);
+    for (;;) {
+        char *r = realpath(n ? p : ".", NULL);
+        if (r) {
+            char *out = n < strlen(path) ? join(r, path + n + (path[n] == '/')) : xstrdup(r);
+            free(r);
+            free(p);
+            return out;
+        }
+        while (n > 0 && p[n - 1] != '/') n--; /* drop the last component */
+        while (n > 0 && p[n - 1] == '/') n--;
+        p[n] = 0;
+        if (n == 0 && path[0] == '/') die("%s: %s", path, strerror(errno));
+    }
+}
+
 static int cmd_tree(const char *src_arg, const char *dst, const char *stamp)
 {
     char *src = realpath(src_arg, NULL);
     if (!src) die("%s: %s", src_arg, strerror(errno));
-    mkdir_p(dst);
-    char *rdst = realpath(dst, NULL);
-    if (!rdst) die("%s: %s", dst, strerror(errno));
+    char *rdst = resolve_missing(dst);
     size_t ns = strlen(src);
     if (strncmp(rdst, src, ns) == 0 && (rdst[ns] == 0 || rdst[ns] == '/')) die("%s is inside %s", dst, src_arg);
+    mkdir_p(dst);
     char *marker = join(dst, MARKER);
     DIR *d = opendir(dst);
     int empty = 1;

@@ -39,7 +39,7 @@ static const cli_spec spec = {
     "its window is scored; ppl = exp(mean NLL). With a reference, also KL(ref||model) per position (mean, "
     "median, p90, p99), top-1 and top-5 agreement and dPPL, on the same tokens.",
     opts,
-    "examples:\n  sparq eval tests/data/tiny-qwen3moe --text tests/data/text/eval.txt\n"
+    "examples:\n  sparq eval build/tests/data/tiny-qwen3moe --text tests/data/text/eval.txt\n"
     "  sparq eval ORIGINAL --text eval.txt --save-ref ref.lp\n"
     "  sparq eval QUANT --ref-logits ref.lp --json\n"};
 

@@ -34,7 +34,7 @@ static const cli_spec spec = {
     "transformers' num_parameters(): tied embeddings once, an EXL3 linear as its k x n weight), and "
     "stored bytes by dtype.",
     opts,
-    "examples:\n  sparq inspect tests/data/exl3-model/exl3-3.0bpw\n"
+    "examples:\n  sparq inspect build/tests/data/exl3-model/exl3-3.0bpw\n"
     "  sparq inspect model-dir --tensors --json\n"};
 
 /* One line of the tensor listing: a stored tensor, or an EXL3 linear folding

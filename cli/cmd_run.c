@@ -63,8 +63,8 @@ static const cli_spec spec = {
     "the CPU, streaming it to stdout. Prompt and decode speeds are printed to stderr at the end. A bundle packed "
     "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints).",
     opts,
-    "examples:\n  sparq run tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"
-    "  sparq run tests/data/tiny-qwen3moe --chat\n"
+    "examples:\n  sparq run build/tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"
+    "  sparq run build/tests/data/tiny-qwen3moe --chat\n"
     "  mpirun -np 2 sparq run bundle-2box -p 'The file system' -n 64 --temp 0\n"};
 
 typedef struct run_state {

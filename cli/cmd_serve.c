@@ -63,7 +63,7 @@ static const cli_spec spec = {
     "Requests run concurrently, batched (--parallel). A bundle packed for N boxes runs as N processes: "
     "`mpirun -np N sparq serve BUNDLE`. docs/cli-serve.md lists the request fields.",
     opts,
-    "examples:\n  sparq serve tests/data/tiny-qwen3moe --port 8080\n"
+    "examples:\n  sparq serve build/tests/data/tiny-qwen3moe --port 8080\n"
     "  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"The file system\", \"max_tokens\": 32, "
     "\"temperature\": 0}'\n"
     "  mpirun -np 2 sparq serve bundle-2box --host 0.0.0.0\n"};

@@ -32,7 +32,7 @@ static const cli_spec spec = {
     "--ids (default) the input is UTF-8 text and the output is its token ids on one line, separated by "
     "spaces; nothing is added (no BOS). With --text the input is ids and the output the decoded text. "
     "Invalid UTF-8 input is an error that gives the byte offset.",
-    opts, "examples:\n  printf 'Hello world' | sparq tokenize tests/data/tokenizer/exl3-model\n"
+    opts, "examples:\n  printf 'Hello world' | sparq tokenize build/tests/data/exl3-model/exl3-3.0bpw\n"
           "  echo 42 375 341 | sparq tokenize MODEL --text\n"
           "  echo '[{\"role\":\"user\",\"content\":\"Hi\"}]' | sparq tokenize MODEL --chat --render\n"};
 

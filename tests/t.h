@@ -80,12 +80,15 @@ static inline int t_summary(void)
     return t_fail_ ? 1 : 0;
 }
 
-/* Path of a file under tests/data (static buffer, valid until the next call). */
+/* Path of a file of the test data (static buffer, valid until the next call):
+ * under $SPARQ_TEST_DATA, which meson sets to BUILD/tests/data — tests/data
+ * with its packed files unpacked (tests/datapack.c); without it, the copy in
+ * build/ (a test run by hand from the repository root). */
 static inline const char *t_data_path(const char *rel)
 {
     static char buf[4096];
     const char *root = getenv("SPARQ_TEST_DATA");
-    if (!root) root = "tests/data";
+    if (!root) root = "build/tests/data";
     snprintf(buf, sizeof buf, "%s/%s", root, rel);
     return buf;
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tools/demo.sh — README command (1): install the Debian packages sparq needs,
-# build build/ with meson, and run the main job on the small model shipped in
-# the repo (tests/data/tiny-qwen3moe, a trained 9.2M-parameter Qwen3-MoE):
+# build sparq in build/ with meson, and run the main job on the small model shipped in
+# the repo (tests/data/tiny-qwen3moe, a trained 9.2M-parameter Qwen3-MoE; its
+# weights are stored packed, and ninja unpacks them into build/tests/data):
 #
 #   inspect → quantize (EXL3, 3-bit experts, calibrated) → eval (perplexity and
 #   KL divergence against the original) → plan → pack (2 boxes) → verify → run
@@ -14,10 +15,14 @@ cd "$(dirname "$0")/.."
 ./tools/install-deps.sh
 JOBS=${JOBS:-$(nproc)}
 [ -f build/build.ninja ] || meson setup build
-ninja -C build -j "$JOBS"
+# Only what the demo runs: sparq and build/tests/data (the test data, unpacked). The rest of
+# build/ (tests, benchmarks and, where nvcc is found, the CUDA module for --device cuda, whose
+# kernels/cuda/trellis.cu alone takes ~5.5 min to compile on 2 cores) is `ninja -C build`;
+# `meson test -C build` builds what the tests it runs need.
+ninja -C build -j "$JOBS" cli/sparq tests/data.stamp
 
 SPARQ=build/cli/sparq
-MODEL=tests/data/tiny-qwen3moe
+MODEL=build/tests/data/tiny-qwen3moe   # tests/data/tiny-qwen3moe, unpacked by ninja
 OUT=build/demo
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -27,10 +32,12 @@ step "sparq inspect $MODEL"
 $SPARQ inspect "$MODEL"
 
 step "sparq quantize $MODEL $OUT/tiny-3bpw --bits 3"
-# --scale-search shared: each MoE layer's global scale is searched on expert 0 and reused
-# for the others, instead of per tensor (exllamav3's way, the default): the same KLD on this
-# model (0.04864 vs 0.04862) in a third of the CPU time (docs/benchmarks-quantize.md)
-$SPARQ quantize "$MODEL" "$OUT/tiny-3bpw" --bits 3 --calib tests/data/text/calib.txt --scale-search shared \
+# --scale-search fixed: no search for each linear's global scale; it takes the per-bits value
+# that the search finds on exllamav3's golden case (quantize/ldlq.c, ldlq_default_g). On this
+# model that is the same quality as searching (KLD 0.0487 vs 0.0490 with `shared` on all of
+# eval.txt) for 38 % less CPU time; `shared` was itself a third of the CPU of the default
+# `full`, at the same KLD (docs/benchmarks-quantize.md §4.1, §5). On other models keep a search.
+$SPARQ quantize "$MODEL" "$OUT/tiny-3bpw" --bits 3 --calib tests/data/text/calib.txt --scale-search fixed \
   --report "$OUT/tiny-3bpw-report.json"
 
 step "sparq eval $OUT/tiny-3bpw --ref $MODEL (held-out text)"
@@ -53,3 +60,5 @@ $SPARQ run "$OUT/tiny-3bpw" -p "The SQLite library" -n 48 --temp 0
 step "mpirun -np 2 sparq run $OUT/bundle"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun --oversubscribe -np 2 $SPARQ run "$OUT/bundle" -p "The SQLite library" -n 48 --temp 0
+
+printf '\n(build/ holds only what the demo ran: `ninja -C build` builds the rest, the CUDA module included)\n'

@@ -3,7 +3,7 @@
  * baseline). Not a test: run it by hand, numbers go to
  * docs/benchmarks-formats.md.
  *
- *   build/tests/formats/bench_formats [MODEL_DIR]   (default tests/data/exl3-model/exl3-3.0bpw) */
+ *   build/tests/formats/bench_formats [MODEL_DIR]   (default build/tests/data/exl3-model/exl3-3.0bpw) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +45,7 @@ static sf_tensor mk(const char *name, sf_dtype dt, uint64_t rows, uint64_t cols,
 
 int main(int argc, char **argv)
 {
-    const char *model = argc > 1 ? argv[1] : "tests/data/exl3-model/exl3-3.0bpw";
+    const char *model = argc > 1 ? argv[1] : "build/tests/data/exl3-model/exl3-3.0bpw";
     sf_model *m;
     if (sf_open(&m, model) != SPARQ_OK) {
         fprintf(stderr, "bench_formats: %s\n", sparq_errmsg());

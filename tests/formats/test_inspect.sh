@@ -3,7 +3,7 @@
 # (table, --tensors, --json) and on a missing path. The fixture's parameter
 # count is checked by test_inspect_fixture.sh.
 SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
+DATA="${SPARQ_TEST_DATA:-build/tests/data}"
 M="$DATA/exl3-model/exl3-3.0bpw"
 pass=0; fail=0
 ok() { pass=$((pass+1)); }

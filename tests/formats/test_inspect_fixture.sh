@@ -4,7 +4,7 @@
 # fixtures tests/data/tiny-qwen3moe{,-b} (golden/golden.json, written by
 # tools/fixtures/make_golden.py). Skipped (exit 77) while no fixture exists.
 SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
+DATA="${SPARQ_TEST_DATA:-build/tests/data}"
 pass=0; fail=0; seen=0
 for fx in tiny-qwen3moe tiny-qwen3moe-b; do
   G="$DATA/$fx/golden/golden.json"

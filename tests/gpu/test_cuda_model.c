@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/trellis_cuda.h"
+#include "runtime/memplan.h"
+
 #include "gpu/gpu_probe.h"
 #include "npy.h"
 #include "runtime/model.h"
@@ -172,6 +175,14 @@ static void test_device_plan(void)
     CHECK_MSG(strstr(sparq_errmsg(), "refused before any upload") && strstr(sparq_errmsg(), "GiB"), "message: %s",
               sparq_errmsg());
     CHECK(m == NULL);
+    /* the plan's prefill term is the runtime's workspace (128-row chunks) */
+    static const uint64_t plan[][3] = {{512 * 1024, 512, 1024}, {2048ull * 151936, 2048, 151936}, {130, 17, 9}};
+    for (size_t i = 0; i < 3; i++)
+        CHECK_MSG(trellis_cuda_prefill_ws_bytes(plan[i][0], (int)plan[i][1], (int)plan[i][2], 128) ==
+                      sq_memplan_cuda_prefill_bytes(plan[i][0], plan[i][1], plan[i][2]),
+                  "prefill workspace of %llu: %zu bytes, the plan says %llu", (unsigned long long)plan[i][0],
+                  trellis_cuda_prefill_ws_bytes(plan[i][0], (int)plan[i][1], (int)plan[i][2], 128),
+                  (unsigned long long)sq_memplan_cuda_prefill_bytes(plan[i][0], plan[i][1], plan[i][2]));
     o.n_seq = 2;
     CHECK(sq_model_load(&m, t_data_path("exl3-model/exl3-3.0bpw"), &o) == SPARQ_OK);
     if (!m) return;

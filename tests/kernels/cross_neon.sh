@@ -5,7 +5,7 @@
 # with Debian's aarch64-linux-gnu-gcc (a direct compiler call, no meson cross
 # build) and run them under qemu-aarch64. Exits 77 (skip) if the cross
 # compiler or qemu is missing (tools/install-deps.sh installs both).
-#   usage: cross_neon.sh SOURCE_ROOT   (SPARQ_TEST_DATA must point at tests/data)
+#   usage: cross_neon.sh SOURCE_ROOT   (SPARQ_TEST_DATA must point at BUILD/tests/data)
 set -u
 SRC=${1:?usage: cross_neon.sh SOURCE_ROOT}
 CC=${AARCH64_CC:-aarch64-linux-gnu-gcc}

@@ -10,10 +10,10 @@
 #  - killing a rank mid-generation ends every rank, with mpirun naming it;
 #  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it;
 #  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT.
-# Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
+# Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
 SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
+DATA="${SPARQ_TEST_DATA:-build/tests/data}"
 MODEL="$DATA/tiny-qwen3moe"
 if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: mpirun not found"; exit 77; fi
 if ! "$SPARQ" version | grep -q "mpi: yes"; then echo "SKIP: sparq built without MPI"; exit 77; fi

@@ -5,10 +5,10 @@
 #    within the plan (sparq run --stats against sparq plan --json);
 #  - a truncated shard is refused at load, naming the file;
 #  - a bundle packed for 2 boxes is refused in one process with a clear message.
-# Usage: test_bundle_run.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
+# Usage: test_bundle_run.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
 SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
+DATA="${SPARQ_TEST_DATA:-build/tests/data}"
 MODEL="$DATA/tiny-qwen3moe"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

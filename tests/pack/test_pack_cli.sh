@@ -5,7 +5,7 @@
 # written, kill -9 during pack then --resume giving the identical bundle, a
 # flipped byte located by file and block, truncation reported.
 SPARQ="$1"
-MODEL="${SPARQ_TEST_DATA:-tests/data}/exl3-model/exl3-3.0bpw"
+MODEL="${SPARQ_TEST_DATA:-build/tests/data}/exl3-model/exl3-3.0bpw"
 [ -d "$MODEL" ] || { echo "SKIP: $MODEL absent"; exit 77; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/sparq-pack-cli-XXXXXX")
 trap 'rm -rf "$T"' EXIT

@@ -4,7 +4,7 @@
 # usage: test_tokenize_cli.sh SPARQ_BIN   (SPARQ_TEST_DATA set by meson)
 set -u
 bin="$1"
-d="$SPARQ_TEST_DATA/tokenizer/exl3-model"
+d="$SPARQ_TEST_DATA/exl3-model/exl3-3.0bpw"   # its tokenizer files (tokenizer.json, _config, chat_template)
 pass=0; fail=0
 ok() { pass=$((pass + 1)); }
 ko() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }

@@ -10,7 +10,6 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <zstd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
@@ -22,6 +21,11 @@
 #include "t.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
+
+/* The exl3-model tokenizer: the files exllamav3 copied into its 3.0 bpw model
+ * (tokenizer.json, tokenizer_config.json, chat_template.jinja; the loader reads
+ * nothing else of the folder). */
+#define EXL3_TOK "exl3-model/exl3-3.0bpw"
 
 static char *read_data(const char *rel, size_t *n)
 {
@@ -43,39 +47,17 @@ static sq_tokenizer *load_dir(const char *rel)
     return t;
 }
 
-/* The DeepSeek V4 tokenizer.json is stored zstd-compressed. */
-static char *read_zst(const char *rel, size_t *n)
-{
-    size_t zn;
-    char *z = read_data(rel, &zn);
-    if (!z) return NULL;
-    unsigned long long sz = ZSTD_getFrameContentSize(z, zn);
-    char *out = NULL;
-    if (sz != ZSTD_CONTENTSIZE_ERROR && sz != ZSTD_CONTENTSIZE_UNKNOWN) {
-        out = malloc(sz + 1);
-        size_t r = ZSTD_decompress(out, sz, z, zn);
-        if (ZSTD_isError(r)) {
-            free(out);
-            out = NULL;
-        } else {
-            out[r] = 0;
-            *n = r;
-        }
-    }
-    sparq_free(z);
-    return out;
-}
-
 static sq_tokenizer *load_deepseek(void)
 {
     size_t n;
-    char *js = read_zst("tokenizer/deepseek-v4/tokenizer.json.zst", &n);
+    /* committed as tokenizer.json.zst; the build unpacks it (tests/datapack.c) */
+    char *js = read_data("tokenizer/deepseek-v4/tokenizer.json", &n);
     CHECK(js != NULL);
     if (!js) return NULL;
     sq_tokenizer *t = NULL;
     sparq_status st = sq_tokenizer_load_json(&t, js, n, "deepseek-v4/tokenizer.json");
     CHECK_MSG(st == SPARQ_OK, "load deepseek: %s", sparq_errmsg());
-    free(js);
+    sparq_free(js);
     return t;
 }
 
@@ -116,7 +98,7 @@ static void check_file_ids(const sq_tokenizer *t, const char *text_rel, bool spe
 
 static void test_exl3_model_ids(void)
 {
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     if (!t) return;
     check_file_ids(t, "text/tokenizer-stress.txt", true, "tokenizer/golden/exl3-model.stress.special.npy");
     check_file_ids(t, "text/tokenizer-stress.txt", false, "tokenizer/golden/exl3-model.stress.plain.npy");
@@ -232,7 +214,7 @@ static void set_llama3_regex(json_t *root)
 static void test_variants(void)
 {
     size_t n, n1, n2;
-    char *js = read_data("tokenizer/exl3-model/tokenizer.json", &n);
+    char *js = read_data(EXL3_TOK "/tokenizer.json", &n);
     char *s1 = read_data("text/tokenizer-stress.txt", &n1), *s2 = read_data("tokenizer/random.txt", &n2);
     CHECK(js && s1 && s2);
     if (!js || !s1 || !s2) return;
@@ -340,14 +322,14 @@ static void test_probe_pieces(void)
     }
     size_t n;
     char *text = build_probe_text(&cps, &n);
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     if (t) check_pieces(t, text, n, "tokenizer/golden/probe.qwen2.lens.npy");
     sq_tokenizer_free(t);
     t = load_deepseek();
     if (t) check_pieces(t, text, n, "tokenizer/golden/probe.deepseek.lens.npy");
     sq_tokenizer_free(t);
     size_t jn;
-    char *js = read_data("tokenizer/exl3-model/tokenizer.json", &jn);
+    char *js = read_data(EXL3_TOK "/tokenizer.json", &jn);
     for (int v = 0; v < 2 && js; v++) {
         json_t *root = json_loadb(js, jn, 0, NULL);
         if (v == 0)
@@ -407,7 +389,7 @@ static void check_decode_golden(const sq_tokenizer *t, const char *name)
     }
     for (int skip = 0; skip < 2; skip++) {
         snprintf(rel, sizeof rel, "tokenizer/golden/%s.%s.txt", name, skip ? "decode-skip" : "decode");
-        size_t rn;
+        size_t rn = 0;
         char *ref = read_data(rel, &rn);
         char *out = NULL;
         size_t on = 0;
@@ -488,7 +470,7 @@ static void check_roundtrip(const sq_tokenizer *t, const char *text_rel, const c
 
 static void test_decode_and_stream(void)
 {
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     if (t) {
         check_decode_golden(t, "exl3-model");
         check_roundtrip(t, "text/eval.txt", NULL);
@@ -508,7 +490,7 @@ static void test_decode_and_stream(void)
 /* A character split across tokens is held back, then emitted whole. */
 static void test_detok_partial(void)
 {
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     if (!t) return;
     /* U+1F600 is 4 bytes; the tiny vocab spells it as several byte tokens */
     int32_t *ids;
@@ -558,7 +540,7 @@ static void test_detok_partial(void)
 
 static void test_invalid_utf8(void)
 {
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     size_t n, on;
     char *data = read_data("text/tokenizer-stress-invalid.bin", &n);
     char *offs = read_data("tokenizer/golden/invalid-offsets.txt", &on);
@@ -677,7 +659,7 @@ static void test_malformed(void)
 
     /* a real file cut in half */
     size_t n;
-    char *js = read_data("tokenizer/exl3-model/tokenizer.json", &n);
+    char *js = read_data(EXL3_TOK "/tokenizer.json", &n);
     if (js) {
         sq_tokenizer *t;
         CHECK(sq_tokenizer_load_json(&t, js, n / 2, "half.json") == SPARQ_E_FORMAT);
@@ -779,7 +761,7 @@ static void check_chat(const char *dir, const char *golden)
 
 static void test_chat(void)
 {
-    check_chat("tokenizer/exl3-model", "tokenizer/golden/exl3-model.chat.json");
+    check_chat(EXL3_TOK, "tokenizer/golden/exl3-model.chat.json");
     if (sparq_path_exists(t_data_path("tiny-qwen3moe/tokenizer_config.json")))
         check_chat("tiny-qwen3moe", "tokenizer/golden/tiny-qwen3moe.chat.json");
     /* a template we do not know is refused, never rendered */
@@ -797,7 +779,7 @@ static void test_chat(void)
     check_chat_tok(t, "tokenizer/golden/deepseek-v3.chat.json");
     sq_tokenizer_free(t);
     /* a ChatML template with a default system prompt is a different template */
-    t = load_dir("tokenizer/exl3-model");
+    t = load_dir(EXL3_TOK);
     if (t) {
         const char *dir = t_tmpdir();
         char path[512];
@@ -845,7 +827,7 @@ static void *enc_thread(void *arg)
 
 static void test_threads(void)
 {
-    sq_tokenizer *t = load_dir("tokenizer/exl3-model");
+    sq_tokenizer *t = load_dir(EXL3_TOK);
     size_t n;
     char *text = read_data("tokenizer/random.txt", &n);
     npy_array ref;
@@ -876,7 +858,7 @@ static void test_alloc_faults(void)
     for (int k = 1; k < 100000; k++) {
         sq_tokenizer *t = NULL;
         sparq_alloc_fail_at((uint64_t)k, false);
-        sparq_status st = sq_tokenizer_load(&t, t_data_path("tokenizer/exl3-model"));
+        sparq_status st = sq_tokenizer_load(&t, t_data_path(EXL3_TOK));
         sparq_alloc_fail_at(0, false);
         if (st == SPARQ_OK) {
             CHECK(t != NULL);

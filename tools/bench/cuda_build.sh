@@ -7,8 +7,8 @@
 #
 #   tools/bench/cuda_build.sh [OUTDIR] [ARCHS]     (defaults: build-cuda-sh, "90 121")
 # NVCCFLAGS (environment) is added to the nvcc lines. Writes OUTDIR/test_trellis_cuda,
-# OUTDIR/cuda_bench and OUTDIR/ptxas.log (registers, shared memory and spills of every
-# kernel). Run from the repo root.
+# OUTDIR/cuda_bench, OUTDIR/datapack and OUTDIR/ptxas.log (registers, shared memory and
+# spills of every kernel). Run from the repo root.
 set -eu
 out=${1:-build-cuda-sh}
 archs=${2:-"90 121"}
@@ -42,4 +42,8 @@ rm -f "$out/ptxas.tmp"
 libs="-L$(dirname "$NVCC")/../lib64 -lcublas -lcudart -lpthread -lm -ldl"
 $CC $cflags tests/gpu/test_trellis_cuda.c "$test_obj" $objs -o "$out/test_trellis_cuda" $libs -lstdc++
 $CC $cflags tools/bench/cuda_bench.c "$bench_obj" $objs -o "$out/cuda_bench" $libs -lstdc++
-echo "built $out/test_trellis_cuda $out/cuda_bench ($archs)"
+# the tests read tests/data with its packed files unpacked (tests/datapack.c); the GPU
+# machine has no libzstd-dev, so datapack is built here with libzstd linked in statically
+$CC -std=c11 -O2 tests/datapack.c -o "$out/datapack" -Wl,-Bstatic -lzstd -Wl,-Bdynamic ||
+    echo "datapack not built (libzstd-dev missing?): carry one built elsewhere"
+echo "built $out/test_trellis_cuda $out/cuda_bench $out/datapack ($archs)"

@@ -8,7 +8,7 @@
 set -eu
 B=${1:-build}
 T=${2:-128}
-MODEL=${MODEL:-tests/data/tiny-qwen3moe}
+MODEL=${MODEL:-build/tests/data/tiny-qwen3moe}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -28,7 +28,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import tokenizers  # noqa: E402
 
-TOKS = [("exl3-model (Qwen2 regex, NFC, 4k)", "tests/data/tokenizer/exl3-model/tokenizer.json"),
+TOKS = [("exl3-model (Qwen2 regex, NFC, 4k)", "tests/data/exl3-model/exl3-3.0bpw/tokenizer.json.zst"),
         ("deepseek-v4 (3 Splits, 128k)", "tests/data/tokenizer/deepseek-v4/tokenizer.json.zst")]
 
 

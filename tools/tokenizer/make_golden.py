@@ -7,12 +7,16 @@ ids and HF's chat-template rendering. This script runs HF tokenizers
 tokenizers and texts and writes what they produce; the C tests compare
 against it. Nothing here is computed by sparq's own code.
 
+    ninja -C build                             # unpacks tests/data into build/tests/data
     python3 tools/tokenizer/make_stress.py     # the stress texts (if changed)
     python3 tools/tokenizer/make_golden.py     # from the repository root
+    sh tools/pack-test-data.sh                 # packs the large .npy it wrote (tests/datapack.c)
+
+Reads the files that are stored packed (the exl3-model tokenizer, the fixtures'
+golden.safetensors) from the unpacked copy, build/tests/data ($SPARQ_TEST_DATA if set).
+The exl3-model tokenizer is the one exllamav3 copied into tests/data/exl3-model/exl3-3.0bpw/.
 
 Writes (see tests/data/tokenizer/README.md):
-  tests/data/tokenizer/exl3-model/    tokenizer.json, tokenizer_config.json, chat_template.jinja
-                                      (copied from /work/shared/golden/exl3-model/original when present)
   tests/data/tokenizer/random.txt     a seeded random text of edge-case characters
   tests/data/tokenizer/golden/<tok>.<text>.<mode>.npy  int32 ids; mode "special" = special tokens
         parsed (HF default), "plain" = special-token text encoded as text (encode_special_tokens)
@@ -24,7 +28,6 @@ Writes (see tests/data/tokenizer/README.md):
 import json
 import os
 import random
-import shutil
 import subprocess
 
 import jinja2
@@ -40,7 +43,8 @@ TEXTS = {
     "random": f"{D}/random.txt",
     "text": "tests/data/exl3-model/text.txt",  # the shared exl3 model's text (its ids.npy = first 512 ids)
 }
-SHARED = "/work/shared/golden/exl3-model/original"
+U = os.environ.get("SPARQ_TEST_DATA", "build/tests/data")  # tests/data with the packed files unpacked
+EXL3 = f"{U}/exl3-model/exl3-3.0bpw"  # tokenizer.json, tokenizer_config.json, chat_template.jinja
 
 CHATS = [
     ([("user", "Hello!")], True),
@@ -196,7 +200,7 @@ def do_tokenizer(name, d, tok_file, texts, fixture_golden=None):
             ids = encode(tok, text, mode == "special")
             if fixture_golden and tname == "eval":
                 from safetensors.numpy import load_file
-                ref = load_file(f"{fixture_golden}/golden.safetensors")["eval_ids"]
+                ref = load_file(f"{U}/{name}/golden/golden.safetensors")["eval_ids"]  # stored packed
                 assert ids.tolist() == ref.tolist(), f"{name}: eval ids differ from golden.safetensors"
             if fixture_golden and mode == "special" and tname == "stress":
                 np.save(f"{fixture_golden}/tokenizer_{tname}_ids.npy", ids)
@@ -225,20 +229,16 @@ def do_tokenizer(name, d, tok_file, texts, fixture_golden=None):
 
 def main():
     os.makedirs(G, exist_ok=True)
-    if os.path.isdir(SHARED):
-        os.makedirs(f"{D}/exl3-model", exist_ok=True)
-        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-            shutil.copy(f"{SHARED}/{f}", f"{D}/exl3-model/{f}")
     with open(TEXTS["random"], "w", encoding="utf-8", newline="") as f:
         f.write(random_text(1, 12000))
-    do_tokenizer("exl3-model", f"{D}/exl3-model", "tokenizer.json", ["stress", "eval", "random", "text"])
+    do_tokenizer("exl3-model", EXL3, "tokenizer.json", ["stress", "eval", "random", "text"])
     do_tokenizer("deepseek-v4", f"{D}/deepseek-v4", "tokenizer.json.zst", ["stress", "eval", "random"])
     # DeepSeek V3/R1's chat template (its tokenizer_config.json only; the test
     # pairs it with the V4 tokenizer.json, which has the same special tokens)
     write_chat("deepseek-v3", f"{D}/deepseek-v3")
     # variants of the exl3-model tokenizer exercising other code paths; the C
     # test applies the same patch to the JSON before loading it
-    base = json.load(open(f"{D}/exl3-model/tokenizer.json", encoding="utf-8"))
+    base = json.load(open(f"{EXL3}/tokenizer.json", encoding="utf-8"))
     text = open(TEXTS["stress"], "rb").read().decode("utf-8") + open(TEXTS["random"], "rb").read().decode("utf-8")
     for vname, patch in VARIANTS.items():
         v = json.loads(json.dumps(base))
@@ -250,7 +250,7 @@ def main():
     cps = probe_cps()
     np.save(f"{G}/probe.cps.npy", np.asarray(cps, dtype=np.int32))
     ptext = probe_text(cps)
-    pre = {"qwen2": load_tok(f"{D}/exl3-model/tokenizer.json").pre_tokenizer,
+    pre = {"qwen2": load_tok(f"{EXL3}/tokenizer.json").pre_tokenizer,
            "deepseek": load_tok(f"{D}/deepseek-v4/tokenizer.json.zst").pre_tokenizer}
     v = json.loads(json.dumps(base))
     _gpt2(v)
@@ -294,6 +294,7 @@ def main():
             continue
         seen[key] = fx
         do_tokenizer(fx, d, "tokenizer.json", ["stress", "eval", "random"], fixture_golden=f"{d}/golden")
+    print("now pack the large files written: sh tools/pack-test-data.sh")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 /* tests/runtime/test_http.c — the HTTP request parser (runtime/serve/http.h) on
- * whole, partial, pipelined and malformed requests, and the socket reader
- * over a socketpair (timeouts, Expect: 100-continue, a peer that hangs up). */
+ * whole, partial, pipelined and malformed requests (unfinished lines no ending
+ * can save refused at once), the socket readers over a socketpair (timeouts,
+ * Expect: 100-continue, a peer that hangs up or shuts its side mid-body). */
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,32 +56,44 @@ static void test_partial(void)
 
 static void test_malformed(void)
 {
+#define C(req, want) {req, sizeof req - 1, want}
     static const struct {
         const char *req;
+        size_t len; /* sizeof: a NUL may be part of the request */
         long want;
     } cases[] = {
-        {"get / HTTP/1.1\r\n\r\n", -400},
-        {"GET\r\n\r\n", -400},
-        {"GET  / HTTP/1.1\r\n\r\n", -400},
-        {"GET nope HTTP/1.1\r\n\r\n", -400},
-        {"GET / HTTP/2.0\r\n\r\n", -505},
-        {"GET / FTP/1.1\r\n\r\n", -400},
-        {"GET /\x01 HTTP/1.1\r\n\r\n", -400},
-        {"POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n", -400},
-        {"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", -413},
-        {"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", -400},
-        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", -501},
-        {"POST / HTTP/1.1\r\nExpect: something\r\n\r\n", -417},
-        {"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", -400},
-        {"GET / HTTP/1.1\r\n: empty name\r\n\r\n", -400},
-        {"GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", -400},
-        {"GET / HTTP/1.1\r\nA: b\x7f\r\n\r\n", -400},
-        {"\r\nGET / HTTP/1.1\r\n\r\n", -400},
+        C("get / HTTP/1.1\r\n\r\n", -400),
+        C("GET\r\n\r\n", -400),
+        C("GET  / HTTP/1.1\r\n\r\n", -400),
+        C("GET nope HTTP/1.1\r\n\r\n", -400),
+        C("GET / HTTP/2.0\r\n\r\n", -505),
+        C("GET / FTP/1.1\r\n\r\n", -400),
+        C("GET /\x01 HTTP/1.1\r\n\r\n", -400),
+        C("POST / HTTP/1.1\r\nContent-Length: 12a\r\n\r\n", -400),
+        C("POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", -413),
+        C("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", -400),
+        C("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", -501),
+        C("POST / HTTP/1.1\r\nExpect: something\r\n\r\n", -417),
+        C("GET / HTTP/1.1\r\nNo colon here\r\n\r\n", -400),
+        C("GET / HTTP/1.1\r\n: empty name\r\n\r\n", -400),
+        C("GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", -400),
+        C("GET / HTTP/1.1\r\nA: b\x7f\r\n\r\n", -400),
+        C("\r\nGET / HTTP/1.1\r\n\r\n", -400),
+        C("GET / HTTP/1.1\t\r\n\r\n", -400),
+        /* unfinished lines that no ending can make valid: refused at once */
+        C("\0\0\0\0", -400),
+        C("garbage", -400),
+        C("GETTINGVERYLONGMETHOD", -400),
+        C("GET /\0", -400),
+        C("GET / HTTP/1.1\r\nHost: a\0", -400),
+        C("GET / HTTP/1.1\r\n folded", -400),
+        C("GET / HTTP/1.1\r\nA: b\rc", -400),
     };
+#undef C
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         sq_http_request r;
         const char *why = NULL;
-        const long n = sq_http_parse(cases[i].req, strlen(cases[i].req), &r, &why);
+        const long n = sq_http_parse(cases[i].req, cases[i].len, &r, &why);
         CHECK_MSG(n == cases[i].want, "case %zu: got %ld, want %ld", i, n, cases[i].want);
         CHECK(why && why[0]);
     }
@@ -149,11 +162,54 @@ static void test_read(void)
     close(sv[0]);
 }
 
+static void test_reader(void)
+{
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    sq_http_reader r;
+    memset(&r, 0, sizeof r);
+    int status;
+    const char *why;
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_MORE); /* nothing yet: never blocks */
+    const char head[] = "POST /v1/completions HTTP/1.1\r\nContent-Length: 6\r\n\r\n{\"a\"";
+    CHECK(write(sv[1], head, sizeof head - 1) == (ssize_t)(sizeof head - 1));
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_HEADERS);
+    CHECK(r.req.content_length == 6 && strcmp(r.req.path, "/v1/completions") == 0);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_MORE);
+    CHECK(write(sv[1], ":1}", 3) == 3);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_DONE);
+    CHECK(r.req.body_len == 6 && memcmp(r.req.body, "{\"a\":1}", 6) == 0);
+    sq_http_reader_free(&r);
+    /* the client shuts its side with the body short of its Content-Length: 400, not silence */
+    CHECK(write(sv[1], head, sizeof head - 1) == (ssize_t)(sizeof head - 1));
+    shutdown(sv[1], SHUT_WR);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_HEADERS);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_BAD);
+    CHECK_EQ_INT(status, 400);
+    CHECK(strstr(why, "Content-Length"));
+    sq_http_reader_free(&r);
+    close(sv[0]);
+    close(sv[1]);
+    /* NUL bytes only: 400 at once */
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    CHECK(write(sv[1], "\0\0\0\0\0\0\0\0", 8) == 8);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_BAD);
+    CHECK_EQ_INT(status, 400);
+    sq_http_reader_free(&r);
+    /* the peer closes before a byte: nothing to answer */
+    close(sv[1]);
+    CHECK(sq_http_reader_step(&r, sv[0], &status, &why) == SQ_HTTP_GONE);
+    CHECK_EQ_INT(status, 0);
+    sq_http_reader_free(&r);
+    close(sv[0]);
+}
+
 int main(void)
 {
     RUN(test_whole);
     RUN(test_partial);
     RUN(test_malformed);
     RUN(test_read);
+    RUN(test_reader);
     return t_summary();
 }

@@ -1,15 +1,23 @@
 /* tests/runtime/test_http.c — the HTTP request parser (runtime/serve/http.h) on
  * whole, partial, pipelined and malformed requests (unfinished lines no ending
  * can save refused at once), the socket readers over a socketpair (timeouts,
- * Expect: 100-continue, a peer that hangs up or shuts its side mid-body). */
+ * Expect: 100-continue, a peer that hangs up or shuts its side mid-body), and
+ * the connection loop (runtime/serve/conns.h) over loopback: a request taken
+ * whole, the header and request timeouts, the connection cap, and an answer a
+ * client still sending its body receives without a reset. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/progress.h"
+#include "runtime/serve/conns.h"
 #include "runtime/serve/http.h"
 #include "t.h"
 
@@ -204,6 +212,162 @@ static void test_reader(void)
     close(sv[0]);
 }
 
+/* --- the connection loop (conns.h) over loopback ------------------------- */
+
+typedef struct seen {
+    int headers, requests;
+    char body[64];
+    int taken_fd;
+} seen;
+
+/* /answer is answered at its headers (413), /take is taken whole, the rest read on. */
+static sq_conn_verdict on_conn(void *ctx, int fd, sq_conn_event ev, const sq_http_request *req, char **buf)
+{
+    seen *s = ctx;
+    if (ev == SQ_CONN_HEADERS) {
+        s->headers++;
+        if (strcmp(req->path, "/answer") != 0) return SQ_CONN_GO_ON;
+        (void)sq_http_respond(fd, 413, "text/plain", "no\n", 3);
+        return SQ_CONN_ANSWERED;
+    }
+    s->requests++;
+    snprintf(s->body, sizeof s->body, "%.*s", (int)req->body_len, req->body);
+    if (strcmp(req->path, "/take") != 0) {
+        (void)sq_http_respond(fd, 200, "text/plain", "ok\n", 3);
+        return SQ_CONN_ANSWERED;
+    }
+    s->taken_fd = fd;
+    sparq_free(*buf);
+    *buf = NULL;
+    return SQ_CONN_TAKEN;
+}
+
+static int loopback_listener(int *port)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &al) != 0)
+        return -1;
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int dial(int port, const char *data, size_t len)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
+    if (len && write(fd, data, len) != (ssize_t)len) return -1;
+    return fd;
+}
+
+/* What the server sent until it closed ("" if nothing; "<reset>" appended on a reset). */
+static void reply(int fd, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 3000) != 1) break;
+        char tmp[4096];
+        const ssize_t got = read(fd, tmp, sizeof tmp);
+        if (got < 0) snprintf(out + n, cap - n, "<reset>");
+        if (got <= 0) break;
+        const size_t k = (size_t)got < cap - 1 - n ? (size_t)got : cap - 1 - n;
+        memcpy(out + n, tmp, k);
+        n += k;
+        out[n] = 0;
+    }
+    close(fd);
+}
+
+static void steps(sq_conns *cs, double seconds)
+{
+    const double end = sparq_now() + seconds;
+    while (sparq_now() < end) CHECK(sq_conns_step(cs, 0.02) == SPARQ_OK);
+}
+
+static void test_conns(void)
+{
+    int port = 0;
+    const int lfd = loopback_listener(&port);
+    CHECK(lfd >= 0);
+    seen s = {0, 0, "", -1};
+    sq_conns *cs = NULL;
+    const sq_conns_opts o = {4, 0.3, 0.6};
+    CHECK(sq_conns_create(&cs, lfd, &o, on_conn, &s) == SPARQ_OK);
+    char out[8192];
+
+    /* a whole request is taken by the callback with its body; a silent connection is closed
+     * without an answer at the header timeout, a half-open one answered 408 */
+    const char req[] = "POST /take HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
+    const int a = dial(port, req, sizeof req - 1);
+    const int silent = dial(port, NULL, 0);
+    const int half = dial(port, "GET /x HTTP/1.1\r\n", 17);
+    const int body = dial(port, "POST /x HTTP/1.1\r\nContent-Length: 9\r\n\r\nab", 43);
+    steps(cs, 0.1);
+    CHECK(s.requests == 1 && s.taken_fd >= 0 && strcmp(s.body, "hello") == 0);
+    CHECK_EQ_INT(sq_conns_open(cs), 3);
+    if (s.taken_fd >= 0) {
+        (void)sq_http_respond(s.taken_fd, 200, "text/plain", "taken\n", 6);
+        close(s.taken_fd);
+    }
+    reply(a, out, sizeof out);
+    CHECK(strstr(out, "200 OK") && strstr(out, "taken"));
+    const double t0 = sparq_now();
+    steps(cs, 0.4);
+    reply(half, out, sizeof out);
+    CHECK_MSG(strncmp(out, "HTTP/1.1 408", 12) == 0 && strstr(out, "--header-timeout"), "%s", out);
+    CHECK(sparq_now() - t0 < 1.0);
+    reply(silent, out, sizeof out);
+    CHECK_MSG(out[0] == 0, "a silent connection gets nothing: %s", out);
+    steps(cs, 0.3); /* the body's deadline: --request-timeout */
+    reply(body, out, sizeof out);
+    CHECK_MSG(strncmp(out, "HTTP/1.1 408", 12) == 0 && strstr(out, "--request-timeout"), "%s", out);
+    steps(cs, 0.05);
+
+    /* full (4): one more closes the one open longest, answered 503 */
+    int c[5];
+    for (int i = 0; i < 5; i++) {
+        c[i] = dial(port, "GET /x HTTP/1.1\r\n", 17);
+        steps(cs, 0.02);
+    }
+    CHECK_EQ_INT(sq_conns_open(cs), 4);
+    reply(c[0], out, sizeof out);
+    CHECK_MSG(strncmp(out, "HTTP/1.1 503", 12) == 0 && strstr(out, "max-connections"), "%s", out);
+    for (int i = 1; i < 5; i++) close(c[i]);
+    steps(cs, 0.05);
+    CHECK_EQ_INT(sq_conns_open(cs), 0);
+
+    /* answered at its headers while the client still sends a 2 MiB body: the client can send
+     * it all and reads the answer, no reset */
+    const pid_t pid = fork();
+    if (pid == 0) {
+        static char big[2u << 20];
+        memset(big, 'x', sizeof big);
+        char h[128];
+        const int hl = snprintf(h, sizeof h, "POST /answer HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", sizeof big);
+        const int fd = dial(port, h, (size_t)hl);
+        size_t sent = 0;
+        while (fd >= 0 && sent < sizeof big) {
+            const ssize_t w = send(fd, big + sent, sizeof big - sent, MSG_NOSIGNAL);
+            if (w <= 0) break;
+            sent += (size_t)w;
+        }
+        char got[256];
+        reply(fd, got, sizeof got);
+        _exit(sent == sizeof big && strncmp(got, "HTTP/1.1 413", 12) == 0 && !strstr(got, "<reset>") ? 0 : 1);
+    }
+    int wst = -1;
+    for (int i = 0; i < 200 && waitpid(pid, &wst, WNOHANG) == 0; i++) steps(cs, 0.02);
+    CHECK_MSG(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "a 413 to a client still sending: status %d", wst);
+    sq_conns_free(cs);
+    close(lfd);
+}
+
 int main(void)
 {
     RUN(test_whole);
@@ -211,5 +375,6 @@ int main(void)
     RUN(test_malformed);
     RUN(test_read);
     RUN(test_reader);
+    RUN(test_conns);
     return t_summary();
 }

@@ -110,6 +110,9 @@ static void respond_error(int fd, int status, const char *msg, const char *param
     respond_json(fd, status, sq_oai_error(status, msg, param));
 }
 
+/* How often a worker looks whether its client has gone (docs/cli-serve.md promises half a second). */
+#define GONE_CHECK_S 0.1
+
 /* Whether the client has closed its end (a pending EOF or error). */
 static bool client_gone(int fd)
 {
@@ -171,16 +174,20 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
     char *all = NULL;
     size_t len = 0;
     sq_job_update u;
+    double next_check = sparq_now() + GONE_CHECK_S;
     for (;;) {
-        st = sq_job_next(job, 0.5, &u);
-        if (st == SPARQ_E_TIMEOUT) {
+        st = sq_job_next(job, GONE_CHECK_S, &u);
+        const double now = sparq_now();
+        if ((st == SPARQ_OK || st == SPARQ_E_TIMEOUT) && now >= next_check) { /* also while text flows */
+            next_check = now + GONE_CHECK_S;
             if (client_gone(fd)) {
+                if (st == SPARQ_OK) sparq_free(u.text);
                 alive = false;
                 sq_job_cancel(job);
                 break;
             }
-            continue;
         }
+        if (st == SPARQ_E_TIMEOUT) continue;
         if (st != SPARQ_OK) break;
         if (u.len && rq.stream) {
             char *chunk = sq_oai_chunk(kind, &meta, u.text, u.len, first, SQ_OAI_FINISH_NONE, false, 0, 0);
@@ -322,9 +329,9 @@ static sq_conn_verdict on_request(void *ctx, int fd, sq_conn_event ev, const sq_
         char body[320];
         const int n = snprintf(body, sizeof body,
                                "{\"status\":\"%s\",\"slots\":%d,\"active\":%d,\"queued\":%d,\"completed\":%llu,"
-                               "\"tokens\":%llu}",
+                               "\"cancelled\":%llu,\"tokens\":%llu}",
                                sq_sched_failed(sv->sched) ? "failed" : "ok", ss.slots, ss.active, ss.queued,
-                               ss.jobs_done, ss.tokens);
+                               ss.jobs_done, ss.jobs_cancelled, ss.tokens);
         (void)sq_http_respond(fd, sq_sched_failed(sv->sched) ? 503 : 200, "application/json", body, (size_t)n);
     } else if (v1 && sv->api_key && strcmp(hr->auth, want) != 0) {
         respond_error(fd, 401, hr->auth[0] ? "wrong API key" : "this server needs 'Authorization: Bearer <key>'", NULL);

@@ -8,8 +8,8 @@
 # oversized bodies, a prompt longer than the context); a client that hangs up
 # mid-stream; --api-key; SIGTERM; usage errors and a busy port; and (issue 26)
 # half-open connections, the header timeout, NUL-only / short / oversized
-# requests, /health with every worker busy, --max-connections and the
-# open-file limit.
+# requests, /health with every worker busy, non-streaming clients that go away,
+# --max-connections and the open-file limit.
 SPARQ="${SPARQ_BIN:?}"
 M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
 [ -f "$M/config.json" ] || { echo "SKIP: $M/config.json missing"; exit 77; }
@@ -270,8 +270,8 @@ kill -INT $LAST_PID; wait $LAST_PID && ok || bad "SIGINT: exit 0"
 
 # robustness (issue 26): half-open connections must not lock clients out (reading a request holds
 # no worker; a slow header has --header-timeout), unauthenticated ones take no queue place, /health
-# always answers, NUL-only / short / oversized requests get 400 / 408 / 413, and open connections
-# are capped.
+# always answers, NUL-only / short / oversized requests get 400 / 408 / 413, a non-streaming client
+# that goes away has its job cancelled within half a second, and open connections are capped.
 start_server "$T/log3" --api-key k --parallel 2 --queue 4 --header-timeout 1 --request-timeout 2 && ok \
   || bad "server with --header-timeout starts"
 R_PID=$LAST_PID
@@ -338,7 +338,7 @@ check(sent == "whole" and out.startswith(b"HTTP/1.1 413") and not out.endswith(b
       "a 5 MiB body: sent %s, then 413 and a clean close (%r)" % (sent, out[:40] + out[-24:]))
 
 # every worker busy (2 slots + 4 queued, long non-streaming completions): /health still answers,
-# one more completion is refused
+# one more completion is refused; then their clients go away and every job ends within 0.5 s
 long_body = json.dumps({"prompt": "The file system", "max_tokens": 3000, "temperature": 0}).encode()
 def long_req():
     return opened(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: %d\r\n\r\n"
@@ -353,6 +353,13 @@ check(s == 200 and h["active"] == 2 and h["queued"] == 4 and dt < 0.5,
 s, _, raw = req("POST", "/v1/completions", {"prompt": "a", "max_tokens": 1}, KEY, 10)
 check(s == 503, "a completion beyond slots + queue: 503 (%s)" % s)
 for sk in busy: sk.close()
+t = time.monotonic()
+while time.monotonic() - t < 10 and (h["active"] or h["queued"]):
+    h = health()[1]
+    time.sleep(0.02)
+dt = time.monotonic() - t
+check(h["active"] == 0 and h["queued"] == 0 and dt < 0.5, "6 non-streaming clients closed: every job ended in %.2f s" % dt)
+check(h.get("cancelled") == 6, "/health counts the 6 cancelled jobs: %s" % h)
 summary()
 EOF
 rc=$?

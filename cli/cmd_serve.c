@@ -7,9 +7,13 @@
  * the model's KV slots (--parallel), batched into one decode step, and a
  * chat's next turn only prefills its new messages.
  *
- * Threads: the main thread accepts; each connection gets a thread that reads
- * the request, tokenizes, submits a job and writes what the scheduler's
- * engine thread produces. Connections beyond slots + queue are answered 503.
+ * Threads: the main thread accepts connections and reads their requests
+ * without blocking (runtime/serve/conns.h), answering at once what needs no
+ * model (/health, /v1/models, errors, a refused API key) when the headers are
+ * in; only a whole completion request gets a thread, which tokenizes, submits
+ * a job and writes what the scheduler's engine thread produces. So clients
+ * that send half a request hold no worker; completions beyond slots + queue
+ * are answered 503.
  *
  * Under mpirun (a bundle packed for N boxes) rank 0 listens and the other
  * ranks serve their pipeline stage, as for `sparq run`. SIGINT / SIGTERM
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -32,13 +37,15 @@
 #include "cli/commands.h"
 #include "cli/dist_cli.h"
 #include "common/alloc.h"
+#include "common/progress.h"
+#include "runtime/serve/conns.h"
 #include "runtime/serve/http.h"
 #include "runtime/serve/openai.h"
 #include "runtime/serve/sched.h"
 #include "runtime/serve/session.h"
 
 enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_PARALLEL, O_QUEUE, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT,
-       O_API_KEY };
+       O_HDRTIMEOUT, O_MAXCONN, O_API_KEY };
 static const cli_opt opts[] = {
     [O_HOST] = {"host", 0, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 = every interface)"},
     [O_PORT] = {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed at start)"},
@@ -46,13 +53,17 @@ static const cli_opt opts[] = {
     [O_MAXTOK] = {"max-tokens", 'n', "N", "tokens to generate when a request gives no max_tokens (default 512)"},
     [O_PARALLEL] = {"parallel", 0, "N", "requests generated at once, each in its own KV slot (default 4; a bundle: "
                                         "the users it was packed for, at most)"},
-    [O_QUEUE] = {"queue", 0, "N", "requests that may wait for a slot; more connections get 503 (default 64)"},
+    [O_QUEUE] = {"queue", 0, "N", "requests that may wait for a slot; more completion requests get 503 (default 64)"},
     [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096; a bundle: as packed)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
     [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
                                             "stops with an error naming it (default 60)"},
-    [O_REQTIMEOUT] = {"request-timeout", 0, "SECONDS", "time a client has to send its whole request (default 30)"},
+    [O_REQTIMEOUT] = {"request-timeout", 0, "SECONDS", "time a client has to send its whole request (default 30; then 408)"},
+    [O_HDRTIMEOUT] = {"header-timeout", 0, "SECONDS", "time a client has to send its request line and headers "
+                                                      "(default 5; then 408)"},
+    [O_MAXCONN] = {"max-connections", 0, "N", "connections still sending their request held at once; one more closes "
+                                              "the one open longest with 503 (default 1024; lowered to fit the open-file limit)"},
     [O_API_KEY] = {"api-key", 0, "KEY", "require 'Authorization: Bearer KEY' on /v1 requests (default: the "
                                         "SPARQ_API_KEY environment variable; none = open)"},
     {0}};
@@ -81,10 +92,9 @@ typedef struct server {
     const char *name;
     const char *api_key;
     int default_max;
-    double req_timeout;
-    pthread_mutex_t mu;        /* clients, served */
+    pthread_mutex_t mu;        /* workers, served */
     pthread_cond_t cv;
-    int clients, max_clients;
+    int workers, max_workers;  /* threads writing a completion: at most slots + queue */
     unsigned long long n_served, n_ids;
 } server;
 
@@ -99,6 +109,9 @@ static void respond_error(int fd, int status, const char *msg, const char *param
 {
     respond_json(fd, status, sq_oai_error(status, msg, param));
 }
+
+/* How often a worker looks whether its client has gone (docs/cli-serve.md promises half a second). */
+#define GONE_CHECK_S 0.1
 
 /* Whether the client has closed its end (a pending EOF or error). */
 static bool client_gone(int fd)
@@ -161,16 +174,20 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
     char *all = NULL;
     size_t len = 0;
     sq_job_update u;
+    double next_check = sparq_now() + GONE_CHECK_S;
     for (;;) {
-        st = sq_job_next(job, 0.5, &u);
-        if (st == SPARQ_E_TIMEOUT) {
+        st = sq_job_next(job, GONE_CHECK_S, &u);
+        const double now = sparq_now();
+        if ((st == SPARQ_OK || st == SPARQ_E_TIMEOUT) && now >= next_check) { /* also while text flows */
+            next_check = now + GONE_CHECK_S;
             if (client_gone(fd)) {
+                if (st == SPARQ_OK) sparq_free(u.text);
                 alive = false;
                 sq_job_cancel(job);
                 break;
             }
-            continue;
         }
+        if (st == SPARQ_E_TIMEOUT) continue;
         if (st != SPARQ_OK) break;
         if (u.len && rq.stream) {
             char *chunk = sq_oai_chunk(kind, &meta, u.text, u.len, first, SQ_OAI_FINISH_NONE, false, 0, 0);
@@ -222,96 +239,139 @@ static void complete(server *sv, int fd, const sq_http_request *hr, sq_oai_kind 
 
 /* --- one connection ------------------------------------------------------- */
 
-static void handle(server *sv, int fd)
-{
-    const struct timeval tv = {30, 0}; /* a client that stops reading cannot hold its thread forever */
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    char *buf = NULL;
-    sq_http_request hr;
-    int status = 0;
-    if (sq_http_read(fd, sv->req_timeout, &buf, &hr, &status) != SPARQ_OK) {
-        if (status) respond_error(fd, status, sparq_errmsg(), NULL);
-        return;
-    }
-    const bool get = !strcmp(hr.method, "GET"), post = !strcmp(hr.method, "POST");
-    const bool v1 = !strncmp(hr.path, "/v1/", 4);
-    char want[600];
-    snprintf(want, sizeof want, "Bearer %s", sv->api_key ? sv->api_key : "");
-    if (!strcmp(hr.path, "/health") && get) {
-        sq_sched_stats ss;
-        sq_sched_get_stats(sv->sched, &ss);
-        char body[256];
-        const int n = snprintf(body, sizeof body,
-                               "{\"status\":\"%s\",\"slots\":%d,\"active\":%d,\"queued\":%d,\"completed\":%llu,"
-                               "\"tokens\":%llu}",
-                               sq_sched_failed(sv->sched) ? "failed" : "ok", ss.slots, ss.active, ss.queued,
-                               ss.jobs_done, ss.tokens);
-        (void)sq_http_respond(fd, sq_sched_failed(sv->sched) ? 503 : 200, "application/json", body, (size_t)n);
-    } else if (v1 && sv->api_key && strcmp(hr.auth, want) != 0) {
-        respond_error(fd, 401, hr.auth[0] ? "wrong API key" : "this server needs 'Authorization: Bearer <key>'", NULL);
-    } else if (!strcmp(hr.path, "/v1/models") && get) {
-        respond_json(fd, 200, sq_oai_models(sv->name, (long long)time(NULL)));
-    } else if (!strcmp(hr.path, "/v1/completions") && post) {
-        complete(sv, fd, &hr, SQ_OAI_COMPLETION);
-    } else if (!strcmp(hr.path, "/v1/chat/completions") && post) {
-        complete(sv, fd, &hr, SQ_OAI_CHAT);
-    } else if (!strcmp(hr.path, "/health") || !strcmp(hr.path, "/v1/models") || !strcmp(hr.path, "/v1/completions") ||
-               !strcmp(hr.path, "/v1/chat/completions")) {
-        char msg[1100];
-        snprintf(msg, sizeof msg, "%s is not allowed on %s", hr.method, hr.path);
-        respond_error(fd, 405, msg, NULL);
-    } else {
-        char msg[1100];
-        snprintf(msg, sizeof msg, "no such endpoint: %s (try /v1/completions, /v1/chat/completions, /v1/models)",
-                 hr.path);
-        respond_error(fd, 404, msg, NULL);
-    }
-    sparq_free(buf);
-}
-
 typedef struct client {
     server *sv;
     int fd;
+    char *buf;
+    sq_http_request hr;
+    sq_oai_kind kind;
 } client;
 
 static void *client_main(void *arg)
 {
     client *c = arg;
-    handle(c->sv, c->fd);
+    const struct timeval tv = {30, 0}; /* a client that stops reading cannot hold its thread forever */
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    complete(c->sv, c->fd, &c->hr, c->kind);
     close(c->fd);
     pthread_mutex_lock(&c->sv->mu);
-    c->sv->clients--;
+    c->sv->workers--;
     c->sv->n_served++;
     pthread_cond_broadcast(&c->sv->cv);
     pthread_mutex_unlock(&c->sv->mu);
+    sparq_free(c->buf);
     sparq_free(c);
     return NULL;
 }
 
-/* Give a connection its thread, or answer 503 when there are too many. */
-static void dispatch(server *sv, int fd)
+/* Give a whole completion request a worker thread (which then owns fd and
+ * *buf); false when there are slots + queue workers already (nothing taken). */
+static bool dispatch(server *sv, int fd, const sq_http_request *hr, char **buf, sq_oai_kind kind)
 {
     pthread_mutex_lock(&sv->mu);
-    const bool room = sv->clients < sv->max_clients;
-    if (room) sv->clients++;
+    const bool room = sv->workers < sv->max_workers;
+    if (room) sv->workers++;
     pthread_mutex_unlock(&sv->mu);
     client *c = room ? sparq_malloc(sizeof *c) : NULL;
     pthread_t th;
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (c) *c = (client){sv, fd};
-    if (!c || pthread_create(&th, &at, client_main, c) != 0) {
-        respond_error(fd, 503, "the server is busy: too many connections; try again", NULL);
-        close(fd);
-        sparq_free(c);
-        if (room) {
-            pthread_mutex_lock(&sv->mu);
-            sv->clients--;
-            pthread_mutex_unlock(&sv->mu);
-        }
-    }
+    if (c) *c = (client){sv, fd, *buf, *hr, kind};
+    const bool ok = c && pthread_create(&th, &at, client_main, c) == 0;
     pthread_attr_destroy(&at);
+    if (ok) {
+        *buf = NULL;
+        return true;
+    }
+    sparq_free(c);
+    if (room) {
+        pthread_mutex_lock(&sv->mu);
+        sv->workers--;
+        pthread_mutex_unlock(&sv->mu);
+    }
+    return false;
+}
+
+static bool workers_full(server *sv)
+{
+    pthread_mutex_lock(&sv->mu);
+    const bool full = sv->workers >= sv->max_workers;
+    pthread_mutex_unlock(&sv->mu);
+    return full;
+}
+
+static void respond_busy(int fd)
+{
+    respond_error(fd, 503, "the server is busy: every slot is generating and the queue is full; try again", NULL);
+}
+
+/* The connection loop's callback (conns.h): everything but a completion is
+ * answered as soon as its headers are in, from this thread; a completion
+ * reads its body (unless the API key is wrong or every worker is busy) and
+ * then gets a worker. */
+static sq_conn_verdict on_request(void *ctx, int fd, sq_conn_event ev, const sq_http_request *hr, char **buf)
+{
+    server *sv = ctx;
+    const bool get = !strcmp(hr->method, "GET"), post = !strcmp(hr->method, "POST");
+    const bool v1 = !strncmp(hr->path, "/v1/", 4);
+    const bool chat = !strcmp(hr->path, "/v1/chat/completions"), compl = !strcmp(hr->path, "/v1/completions");
+    if (ev == SQ_CONN_REQUEST) { /* only completions read their body */
+        if (dispatch(sv, fd, hr, buf, chat ? SQ_OAI_CHAT : SQ_OAI_COMPLETION)) return SQ_CONN_TAKEN;
+        respond_busy(fd);
+        return SQ_CONN_ANSWERED;
+    }
+    char want[600];
+    snprintf(want, sizeof want, "Bearer %s", sv->api_key ? sv->api_key : "");
+    if (!strcmp(hr->path, "/health") && get) {
+        sq_sched_stats ss;
+        sq_sched_get_stats(sv->sched, &ss);
+        char body[320];
+        const int n = snprintf(body, sizeof body,
+                               "{\"status\":\"%s\",\"slots\":%d,\"active\":%d,\"queued\":%d,\"completed\":%llu,"
+                               "\"cancelled\":%llu,\"tokens\":%llu}",
+                               sq_sched_failed(sv->sched) ? "failed" : "ok", ss.slots, ss.active, ss.queued,
+                               ss.jobs_done, ss.jobs_cancelled, ss.tokens);
+        (void)sq_http_respond(fd, sq_sched_failed(sv->sched) ? 503 : 200, "application/json", body, (size_t)n);
+    } else if (v1 && sv->api_key && strcmp(hr->auth, want) != 0) {
+        respond_error(fd, 401, hr->auth[0] ? "wrong API key" : "this server needs 'Authorization: Bearer <key>'", NULL);
+    } else if (!strcmp(hr->path, "/v1/models") && get) {
+        respond_json(fd, 200, sq_oai_models(sv->name, (long long)time(NULL)));
+    } else if ((compl || chat) && post) {
+        if (!workers_full(sv)) return SQ_CONN_GO_ON;
+        respond_busy(fd);
+    } else if (!strcmp(hr->path, "/health") || !strcmp(hr->path, "/v1/models") || compl || chat) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s is not allowed on %s", hr->method, hr->path);
+        respond_error(fd, 405, msg, NULL);
+    } else {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "no such endpoint: %s (try /v1/completions, /v1/chat/completions, /v1/models)",
+                 hr->path);
+        respond_error(fd, 404, msg, NULL);
+    }
+    pthread_mutex_lock(&sv->mu);
+    sv->n_served++;
+    pthread_mutex_unlock(&sv->mu);
+    return SQ_CONN_ANSWERED;
+}
+
+/* Descriptors for max_conns connections and the workers: raise the soft
+ * open-file limit up to the hard one, else lower max_conns to fit (said). */
+static int fit_fd_limit(int max_conns, int workers)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return max_conns;
+    const rlim_t need = (rlim_t)max_conns + (rlim_t)workers + 64; /* 64: the model's files, stdio, MPI */
+    if (rl.rlim_cur < need) {
+        struct rlimit up = {rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl.rlim_cur = up.rlim_cur;
+    }
+    if (rl.rlim_cur >= need) return max_conns;
+    const long fit = (long)rl.rlim_cur - workers - 64 > 16 ? (long)rl.rlim_cur - workers - 64 : 16;
+    fprintf(stderr, "sparq serve: --max-connections %d lowered to %ld to fit the open-file limit (ulimit -n %llu)\n",
+            max_conns, fit, (unsigned long long)rl.rlim_cur);
+    return (int)fit;
 }
 
 static int listen_on(const char *host, const char *port, char *shown, size_t shown_len)
@@ -332,7 +392,7 @@ static int listen_on(const char *host, const char *port, char *shown, size_t sho
         if (fd < 0) continue;
         const int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
             err = errno;
             close(fd);
             fd = -1;
@@ -360,8 +420,8 @@ int cmd_serve(int argc, char **argv)
     const char *v;
     int id;
     const char *host = "127.0.0.1", *name = NULL, *api_key = getenv("SPARQ_API_KEY");
-    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64;
-    double timeout = 60, req_timeout = 30;
+    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64, max_conns = 1024;
+    double timeout = 60, req_timeout = 30, hdr_timeout = 5;
     sq_device device = SQ_DEVICE_CPU;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
@@ -378,6 +438,8 @@ int cmd_serve(int argc, char **argv)
         case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
         case O_TIMEOUT: ok = cli_parse_double(&spec, "timeout", v, 0.1, 1e6, &timeout); break;
         case O_REQTIMEOUT: ok = cli_parse_double(&spec, "request-timeout", v, 0.1, 1e6, &req_timeout); break;
+        case O_HDRTIMEOUT: ok = cli_parse_double(&spec, "header-timeout", v, 0.1, 1e6, &hdr_timeout); break;
+        case O_MAXCONN: ok = cli_parse_int(&spec, "max-connections", v, 1, 1 << 20, &max_conns); break;
         case O_API_KEY: api_key = v; break;
         }
         if (!ok) return 2;
@@ -397,7 +459,7 @@ int cmd_serve(int argc, char **argv)
     }
 
     const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout};
-    server sv = {.name = name, .api_key = api_key, .default_max = (int)max_tok, .req_timeout = req_timeout};
+    server sv = {.name = name, .api_key = api_key, .default_max = (int)max_tok};
     sq_transport *tr = NULL;
     sq_dist *model = NULL;
     const int started = cli_dist_start(&spec, dir, &ma, &tr, &model, &sv.tok);
@@ -419,10 +481,15 @@ int cmd_serve(int argc, char **argv)
     const int lfd = st == SPARQ_OK ? listen_on(host, portstr, shown, sizeof shown) : -1;
     if (st == SPARQ_OK && lfd < 0) st = SPARQ_E_IO;
     int rc = 0;
+    sq_sched_stats ss;
+    sq_conns *conns = NULL;
     if (st == SPARQ_OK) {
-        sq_sched_stats ss;
         sq_sched_get_stats(sv.sched, &ss);
-        sv.max_clients = ss.slots + (int)queue;
+        sv.max_workers = ss.slots + (int)queue;
+        const sq_conns_opts co = {fit_fd_limit((int)max_conns, sv.max_workers), hdr_timeout, req_timeout};
+        st = sq_conns_create(&conns, lfd, &co, on_request, &sv);
+    }
+    if (st == SPARQ_OK) {
         pthread_mutex_init(&sv.mu, NULL);
         pthread_cond_init(&sv.cv, NULL);
         struct sigaction sa;
@@ -433,18 +500,16 @@ int cmd_serve(int argc, char **argv)
         signal(SIGPIPE, SIG_IGN);
         fprintf(stderr, "sparq serve: %s on http://%s (pid %d; %d slots; OpenAI API under /v1; Ctrl-C stops)\n", name,
                 shown, (int)getpid(), ss.slots);
-        while (!stop_requested && !sq_sched_failed(sv.sched)) {
-            struct pollfd pfd = {lfd, POLLIN, 0};
-            if (poll(&pfd, 1, 500) <= 0) continue;
-            const int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-            if (cfd >= 0) dispatch(&sv, cfd);
-        }
+        while (!stop_requested && !sq_sched_failed(sv.sched) && st == SPARQ_OK) st = sq_conns_step(conns, 0.5);
+        sq_conns_free(conns); /* requests still being sent are dropped */
         close(lfd);
         pthread_mutex_lock(&sv.mu); /* the running requests finish (or fail, if the model did) */
-        while (sv.clients > 0) pthread_cond_wait(&sv.cv, &sv.mu);
+        while (sv.workers > 0) pthread_cond_wait(&sv.cv, &sv.mu);
         pthread_mutex_unlock(&sv.mu);
         sq_sched_get_stats(sv.sched, &ss);
-        if (sq_sched_failed(sv.sched)) {
+        if (st != SPARQ_OK) {
+            rc = cli_dist_fail(&spec, tr, st);
+        } else if (sq_sched_failed(sv.sched)) {
             char why[256];
             sq_sched_fail_message(sv.sched, why, sizeof why);
             rc = cli_dist_fail(&spec, tr, sparq_err(SPARQ_E_STATE, "the model failed (%s); the server stopped", why));
@@ -456,6 +521,7 @@ int cmd_serve(int argc, char **argv)
         pthread_mutex_destroy(&sv.mu);
         pthread_cond_destroy(&sv.cv);
     } else {
+        if (lfd >= 0) close(lfd);
         rc = cli_dist_fail(&spec, tr, st);
     }
     sq_sched_free(sv.sched);

@@ -26,8 +26,37 @@ static long fail(const char **why, const char *msg, int status)
     return -(long)status;
 }
 
+/* A control byte where none may be: anywhere on the request line, in a header
+ * line anything below 0x20 but tab (a CR only as the line's last byte). */
+static bool bad_ctl(const char *s, size_t l, bool request_line)
+{
+    for (size_t i = 0; i < l; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == 0x7F || (c < 0x20 && !(c == '\t' && !request_line))) return true;
+    }
+    return false;
+}
+
+/* The start of a line whose end has not arrived: malformed already? Only what
+ * the whole line would be refused for with 400 whatever follows (so a prefix of
+ * a good request always waits for more): a control byte, a method that is not
+ * 1..15 capital letters, a folded header line. A NUL-only request is answered at once. */
+static long partial_line(const char *s, size_t l, bool request_line, const char **why)
+{
+    if (l && s[l - 1] == '\r') l--; /* the LF may follow */
+    if (bad_ctl(s, l, request_line))
+        return fail(why, request_line ? "control character in the request line" : "control character in a header line", 400);
+    if (!request_line) return l && (s[0] == ' ' || s[0] == '\t') ? fail(why, "folded header lines are not allowed", 400) : 0;
+    size_t i = 0;
+    while (i < l && i < 16 && s[i] >= 'A' && s[i] <= 'Z') i++;
+    if (i < l && (i == 0 || i >= 16 || s[i] != ' '))
+        return fail(why, "malformed request line: expected METHOD /path HTTP/1.x", 400);
+    return 0;
+}
+
 static long parse_request_line(const char *s, size_t l, sq_http_request *req, const char **why)
 {
+    if (bad_ctl(s, l, true)) return fail(why, "control character in the request line", 400);
     size_t i = 0;
     while (i < l && s[i] >= 'A' && s[i] <= 'Z') i++;
     if (i == 0 || i >= sizeof req->method || i >= l || s[i] != ' ')
@@ -112,7 +141,11 @@ long sq_http_parse(const char *buf, size_t len, sq_http_request *req, const char
     bool have_length = false;
     for (int line = 0;; line++) {
         const char *nl = memchr(buf + pos, '\n', lim - pos);
-        if (!nl) return len >= SQ_HTTP_MAX_HEADER ? fail(why, "request headers longer than 16 KiB", 431) : 0;
+        if (!nl) {
+            const long r = partial_line(buf + pos, lim - pos, line == 0, why);
+            if (r < 0) return r;
+            return len >= SQ_HTTP_MAX_HEADER ? fail(why, "request headers longer than 16 KiB", 431) : 0;
+        }
         const size_t end = (size_t)(nl - buf);
         size_t l = end - pos;
         if (l && buf[end - 1] == '\r') l--;
@@ -166,67 +199,104 @@ sparq_status sq_http_send(int fd, const void *data, size_t len)
     return SPARQ_OK;
 }
 
+sparq_status sq_http_continue(int fd)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    return sq_http_send(fd, cont, sizeof cont - 1);
+}
+
+void sq_http_reader_free(sq_http_reader *r)
+{
+    sparq_free(r->buf);
+    memset(r, 0, sizeof *r);
+}
+
+sq_http_progress sq_http_reader_step(sq_http_reader *r, int fd, int *status, const char **why)
+{
+    *status = 0;
+    *why = "";
+    for (int reads = 0;; reads++) {
+        sq_http_request *q = &r->req;
+        if (!r->headers_seen || r->n >= q->header_len + q->content_length) {
+            const long p = sq_http_parse(r->buf ? r->buf : "", r->n, q, why);
+            if (p < 0) {
+                *status = (int)-p;
+                return SQ_HTTP_BAD;
+            }
+            if (q->header_len && !r->headers_seen) {
+                r->headers_seen = true;
+                return SQ_HTTP_HEADERS;
+            }
+            if (p > 0) {
+                r->buf[r->n] = 0;
+                return SQ_HTTP_DONE;
+            }
+        }
+        if (reads == 4) return SQ_HTTP_MORE; /* the others' turn; the socket stays readable */
+        const size_t need = r->headers_seen ? q->header_len + q->content_length : r->n + 4096;
+        if (need + 1 > r->cap) {
+            size_t nc = r->cap ? r->cap : 2048;
+            while (nc < need + 1) nc *= 2;
+            char *nb = sparq_realloc(r->buf, nc);
+            if (!nb) {
+                *status = 500;
+                *why = "out of memory for the request";
+                return SQ_HTTP_BAD;
+            }
+            r->buf = nb, r->cap = nc;
+        }
+        const ssize_t got = recv(fd, r->buf + r->n, r->cap - 1 - r->n, MSG_DONTWAIT);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return SQ_HTTP_MORE;
+        if (got < 0) {
+            *why = "the client's connection failed";
+            return SQ_HTTP_GONE;
+        }
+        if (got == 0 && r->n == 0) {
+            *why = "the client closed the connection";
+            return SQ_HTTP_GONE;
+        }
+        if (got == 0) {
+            *status = 400;
+            *why = r->headers_seen ? "the client closed its side before the whole body (Content-Length)"
+                                   : "the client closed its side before the end of the headers";
+            return SQ_HTTP_BAD;
+        }
+        r->n += (size_t)got;
+    }
+}
+
 sparq_status sq_http_read(int fd, double timeout_s, char **buf, sq_http_request *req, int *status)
 {
-    size_t cap = 8192, n = 0;
-    char *b = sparq_malloc(cap);
+    sq_http_reader r;
+    memset(&r, 0, sizeof r);
     *buf = NULL;
-    *status = 0;
-    RETURN_IF(!b, SPARQ_E_NOMEM, "http: out of memory");
-    bool continued = false;
     const double deadline = sparq_now() + timeout_s;
-    sparq_status st = SPARQ_OK;
     for (;;) {
         const char *why;
-        const long r = sq_http_parse(b, n, req, &why);
-        if (r > 0) break;
-        if (r < 0) {
-            *status = (int)-r;
-            st = sparq_err(SPARQ_E_FORMAT, "http: %s", why);
-            break;
-        }
-        if (req->header_len && req->expect_continue && !continued) {
-            static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-            if ((st = sq_http_send(fd, cont, sizeof cont - 1)) != SPARQ_OK) break;
-            continued = true;
-        }
-        const size_t need = req->header_len ? req->header_len + req->content_length : n + 4096;
-        if (need + 1 > cap) {
-            size_t nc = cap;
-            while (nc < need + 1) nc *= 2;
-            char *nb = sparq_realloc(b, nc);
-            if (!nb) {
-                st = sparq_err(SPARQ_E_NOMEM, "http: out of memory for a %zu-byte request", need);
-                *status = 500;
-                break;
-            }
-            b = nb, cap = nc;
-        }
-        const double left = deadline - sparq_now();
-        struct pollfd pfd = {fd, POLLIN, 0};
-        const int pr = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0) {
-            *status = n ? 408 : 0;
+        const sq_http_progress p = sq_http_reader_step(&r, fd, status, &why);
+        sparq_status st = SPARQ_OK;
+        if (p == SQ_HTTP_DONE) {
+            *req = r.req;
+            *buf = r.buf;
+            return SPARQ_OK;
+        } else if (p == SQ_HTTP_HEADERS) {
+            if (!r.req.expect_continue || (st = sq_http_continue(fd)) == SPARQ_OK) continue;
+        } else if (p == SQ_HTTP_BAD) {
+            st = sparq_err(*status == 500 ? SPARQ_E_NOMEM : SPARQ_E_FORMAT, "http: %s", why);
+        } else if (p == SQ_HTTP_GONE) {
+            st = sparq_err(SPARQ_E_IO, "http: %s", why);
+        } else {
+            const double left = deadline - sparq_now();
+            struct pollfd pfd = {fd, POLLIN, 0};
+            const int pr = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
+            if (pr != 0) continue; /* readable, EINTR, or an error the next read reports */
+            *status = r.n ? 408 : 0;
             st = sparq_err(SPARQ_E_TIMEOUT, "http: no complete request within %.0f s", timeout_s);
-            break;
         }
-        const ssize_t got = pr < 0 ? -1 : recv(fd, b + n, cap - 1 - n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) {
-            st = sparq_err(SPARQ_E_IO, "http: the client %s", got == 0 ? "closed the connection mid-request"
-                                                                          : "connection failed");
-            break;
-        }
-        n += (size_t)got;
-    }
-    if (st != SPARQ_OK) {
-        sparq_free(b);
+        sq_http_reader_free(&r);
         return st;
     }
-    b[n < cap ? n : cap - 1] = 0;
-    *buf = b;
-    return SPARQ_OK;
 }
 
 sparq_status sq_http_respond(int fd, int status, const char *content_type, const char *body, size_t len)

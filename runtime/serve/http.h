@@ -34,11 +34,39 @@ typedef struct sq_http_request {
  * bytes (> 0) when it is complete; 0 when more bytes are needed (if the
  * headers are complete, req is filled and req->expect_continue may be set);
  * or −status (−400, −413, −414, −431, −501, −505) when it is malformed, with
- * *why a static message saying what is wrong. */
+ * *why a static message saying what is wrong. An unfinished line is refused
+ * as soon as no ending could make it valid (a control byte, a bad method), so
+ * a prefix of a good request is always 0. */
 long sq_http_parse(const char *buf, size_t len, sq_http_request *req, const char **why);
 
 /* The reason phrase of a status code ("OK", "Bad Request", ...). */
 const char *sq_http_reason(int status);
+
+/* One request read without blocking: what the server's connection loop
+ * (conns.h) keeps for each connection, and what sq_http_read drives with poll. */
+typedef struct sq_http_reader {
+    char *buf;          /* sparq_malloc'ed, n bytes read (NUL-terminated once done) */
+    size_t n, cap;
+    bool headers_seen;  /* SQ_HTTP_HEADERS was returned */
+    sq_http_request req;
+} sq_http_reader;
+
+typedef enum sq_http_progress {
+    SQ_HTTP_MORE,    /* nothing more to read now: wait until fd is readable, then step again */
+    SQ_HTTP_HEADERS, /* the headers are in (req filled but the body): returned once; step again */
+    SQ_HTTP_DONE,    /* the whole request is in req (its body inside buf) */
+    SQ_HTTP_BAD,     /* malformed, too large, out of memory, or the client closed its side
+                      * mid-request: answer *status (*why says why) */
+    SQ_HTTP_GONE,    /* closed before sending a byte, or the socket failed: nothing to answer */
+} sq_http_progress;
+
+/* Read what fd has now (recv with MSG_DONTWAIT, a few times at most) into the
+ * reader r (zeroed to start) and say how far the request is. */
+sq_http_progress sq_http_reader_step(sq_http_reader *r, int fd, int *status, const char **why);
+/* Free r's buffer and zero it. */
+void sq_http_reader_free(sq_http_reader *r);
+/* The interim "100 Continue" a client that sent `Expect: 100-continue` waits for. */
+sparq_status sq_http_continue(int fd);
 
 /* Read one request from socket fd into *buf (grown as needed; the caller
  * frees it with sparq_free), waiting at most timeout_s in total. Returns

@@ -277,8 +277,12 @@ static void *engine(void *arg)
         bool active = false;
         for (int i = 0; i < s->slots; i++) {
             sq_job *j = s->slot_job[i];
-            if (j && j->cancelled) finish_locked(s, j, SQ_JOB_ERROR, "cancelled");
-            else if (j) active = true;
+            if (j && j->cancelled) {
+                s->stats.jobs_cancelled++;
+                finish_locked(s, j, SQ_JOB_ERROR, "cancelled");
+            } else if (j) {
+                active = true;
+            }
         }
         if (s->stopping)
             while (s->q_head) {
@@ -300,6 +304,7 @@ static void *engine(void *arg)
             if (!s->q_head) s->q_tail = NULL;
             s->n_queued--;
             if (j->cancelled) {
+                s->stats.jobs_cancelled++;
                 finish_locked(s, j, SQ_JOB_ERROR, "cancelled");
                 continue;
             }

@@ -81,6 +81,7 @@ void sq_job_release(sq_job *j);
 typedef struct sq_sched_stats {
     int slots, active, queued;
     unsigned long long jobs_done, tokens, rounds;
+    unsigned long long jobs_cancelled; /* of jobs_done: ended by sq_job_cancel (their reader went away) */
     unsigned long long prefill_tokens; /* prompt tokens run (the rest came from a slot's cache) */
     double t_decode, t_prefill;  /* seconds spent in decode rounds and in prefills */
 } sq_sched_stats;

@@ -2,7 +2,10 @@
  * (sq_http_parse, runtime/serve/http.h): what `sparq serve` reads from any client.
  * A complete request must lie inside the input, with its body at the end of
  * its headers; every prefix of a complete request must be "need more" or the
- * same error (the reader calls the parser on every prefix it receives). */
+ * same error (the reader calls the parser on every prefix it receives).
+ * And the parser only looks ahead soundly: if a prefix of the input is
+ * complete, so is the input (the same request); if a prefix is refused (an
+ * unfinished line no ending could save), so is the input. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +29,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     } else if (n < 0) {
         if (!why || !why[0] || n < -505 || n > -400) __builtin_trap();
+    }
+    for (size_t cut = 0; cut < size; cut += 1 + size / 16) {
+        sq_http_request p;
+        const long m = sq_http_parse((const char *)data, cut, &p, &why);
+        if ((m > 0 && m != n) || (m < 0 && n >= 0)) __builtin_trap();
     }
     return 0;
 }

@@ -2,7 +2,7 @@
  * fixture model with 2 KV slots: 5 greedy jobs submitted at once from 5
  * threads (so 3 wait for a slot) each give exactly the text of a one-sequence
  * session (runtime/serve/session.h) on the same prompt; stop strings cut the text
- * and end the job; max_new and max_new = 0; a cancelled job frees its slot;
+ * and end the job; max_new and max_new = 0; a cancelled job frees its slot (and is counted);
  * a full queue is refused; the prefix cache of a slot is reused. */
 #include <pthread.h>
 #include <string.h>
@@ -223,6 +223,9 @@ int main(void)
     } while (u.end == SQ_JOB_RUNNING && ++guard < 1000);
     CHECK(u.end == SQ_JOB_ERROR && strstr(u.error, "cancelled"));
     sq_job_release(a);
+    sq_sched_stats cs;
+    sq_sched_get_stats(sched, &cs);
+    CHECK(cs.jobs_cancelled == 1); /* what /health reports as "cancelled" */
     /* the slot is free again: another job runs to its end */
     p.max_new = 5;
     CHECK(sq_sched_submit(sched, &p, &b) == SPARQ_OK);

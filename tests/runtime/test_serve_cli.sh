@@ -6,7 +6,10 @@
 # requests each equal to their own `sparq run`; error answers
 # (bad JSON, unsupported fields, 404, 405, malformed HTTP, chunked bodies,
 # oversized bodies, a prompt longer than the context); a client that hangs up
-# mid-stream; --api-key; SIGTERM; usage errors and a busy port.
+# mid-stream; --api-key; SIGTERM; usage errors and a busy port; and (issue 26)
+# half-open connections, the header timeout, NUL-only / short / oversized
+# requests, /health with every worker busy, non-streaming clients that go away,
+# --max-connections and the open-file limit.
 SPARQ="${SPARQ_BIN:?}"
 M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
 [ -f "$M/config.json" ] || { echo "SKIP: $M/config.json missing"; exit 77; }
@@ -17,6 +20,34 @@ trap 'for p in $PIDS; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+# what every Python client below shares (PYTHONPATH="$T"): the port (argv[1]), checks, requests
+cat >"$T/sq_client.py" <<'EOF'
+import http.client, json, sys
+port = int(sys.argv[1])
+passed = failed = 0
+def check(cond, what):
+    global passed, failed
+    if cond: passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what)
+def summary():
+    print("py: %d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+def req(method, path, body=None, headers=None, timeout=60):
+    """(status, Content-Type, body); status 0 and the error when the connection failed"""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = json.dumps(body) if isinstance(body, (dict, list)) else body
+    try:
+        c.request(method, path, body=data, headers=headers or {})
+        r = c.getresponse()
+        raw = r.read()
+    except OSError as e:
+        return 0, None, repr(e).encode()
+    finally:
+        c.close()
+    return r.status, r.getheader("Content-Type"), raw
+EOF
 
 # start_server LOG ARGS...: start in the background, wait for its port
 start_server() {
@@ -56,29 +87,13 @@ start_server "$T/log" --ctx 256 --parallel 3 && ok || bad "server starts"
 PORT=$LAST_PORT; SPID=$LAST_PID
 grep -q "tiny-qwen3moe on http://127.0.0.1:$PORT" "$T/log" && ok || bad "start-up line names model and address"
 
-python3 - "$PORT" "$T/run_greedy" "$T/run_chat" "$T/run_turns" "$@" >"$T/py.out" 2>&1 <<'EOF'
-import http.client, json, socket, sys
-port = int(sys.argv[1])
+PYTHONPATH="$T" python3 - "$PORT" "$T/run_greedy" "$T/run_chat" "$T/run_turns" "$@" >"$T/py.out" 2>&1 <<'EOF'
+import json, socket, sys
+from sq_client import port, check, summary, req
 greedy = open(sys.argv[2], encoding="utf-8").read()
 assert greedy.startswith("The file system") and greedy.endswith("\n")
 greedy = greedy[len("The file system"):-1]
 chat_ref = open(sys.argv[3], encoding="utf-8").read()[:-1]
-passed = failed = 0
-def check(cond, what):
-    global passed, failed
-    if cond: passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
-
-def req(method, path, body=None, headers=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    data = json.dumps(body) if isinstance(body, (dict, list)) else body
-    c.request(method, path, body=data, headers=headers or {})
-    r = c.getresponse()
-    raw = r.read()
-    c.close()
-    return r.status, r.getheader("Content-Type"), raw
 
 def post(path, body, **kw):
     s, ct, raw = req("POST", path, body, **kw)
@@ -216,8 +231,7 @@ sk.recv(200)
 sk.close()
 s, ct, raw = req("GET", "/health")
 check(s == 200, "server alive after a client hung up mid-stream")
-print("py: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+summary()
 EOF
 rc=$?
 cat "$T/py.out"
@@ -254,9 +268,145 @@ P2=$LAST_PORT
 [ $rc -eq 1 ] && grep -q "cannot listen on 127.0.0.1 port $P2" "$T/busy" && ok || bad "busy port: exit $rc, $(cat "$T/busy")"
 kill -INT $LAST_PID; wait $LAST_PID && ok || bad "SIGINT: exit 0"
 
+# robustness (issue 26): half-open connections must not lock clients out (reading a request holds
+# no worker; a slow header has --header-timeout), unauthenticated ones take no queue place, /health
+# always answers, NUL-only / short / oversized requests get 400 / 408 / 413, a non-streaming client
+# that goes away has its job cancelled within half a second, and open connections are capped.
+start_server "$T/log3" --api-key k --parallel 2 --queue 4 --header-timeout 1 --request-timeout 2 && ok \
+  || bad "server with --header-timeout starts"
+R_PID=$LAST_PID
+PYTHONPATH="$T" python3 - "$LAST_PORT" >"$T/py3.out" 2>&1 <<'EOF'
+import json, socket, time
+from sq_client import port, check, summary, req
+KEY = {"Authorization": "Bearer k"}
+def health():
+    s, _, raw = req("GET", "/health", timeout=5)
+    h = json.loads(raw) if s else {}
+    return s, h if "status" in h else dict(h, status=None, active=-1, queued=-1)
+def opened(data):
+    sk = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if data: sk.sendall(data)
+    return sk
+def answer(sk, timeout):  # everything the server sends until it closes (or timeout)
+    sk.settimeout(timeout)
+    out = b""
+    try:
+        while True:
+            b = sk.recv(65536)
+            if not b: break
+            out += b
+    except OSError as e:
+        out += b"<%s>" % type(e).__name__.encode()
+    sk.close()
+    return out
+def timed(f):
+    t = time.monotonic(); r = f(); return r, time.monotonic() - t
+
+# 100 half-open connections (a request line, then nothing) and 8 unauthenticated ones with a body
+# still to come: /health and an authenticated completion answer at once
+half = [opened(b"GET /health HTTP/1.1\r\n") for _ in range(100)]
+unauth = [opened(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{") for _ in range(8)]
+time.sleep(0.2)
+(s, h), dt = timed(health)
+check(s == 200 and h["status"] == "ok" and dt < 0.5, "/health beside 108 half-open connections: %s %s in %.2f s" % (s, h, dt))
+(s, _, raw), dt = timed(lambda: req("POST", "/v1/completions", {"prompt": "The file", "max_tokens": 8, "temperature": 0}, KEY, 10))
+check(s == 200 and dt < 2, "a completion beside 108 half-open connections: %s in %.2f s (%r)" % (s, dt, raw[:80]))
+out = answer(unauth[0], 2)
+check(out.startswith(b"HTTP/1.1 401"), "an unauthenticated request is answered 401 before its body: %r" % out[:40])
+# the header timeout (1 s) answers a half-open connection with 408, long before --request-timeout
+out, dt = timed(lambda: answer(half[0], 5))
+check(out.startswith(b"HTTP/1.1 408") and dt < 1.6, "a half-open connection: 408 after --header-timeout (%.2f s, %r)" % (dt, out[:40]))
+for sk in half + unauth: sk.close()
+
+# NUL bytes only: 400 at once; a body shorter than its Content-Length: 408 after --request-timeout
+nul = opened(b"\0" * 64)
+short = opened(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+out, dt = timed(lambda: answer(nul, 5))
+check(out.startswith(b"HTTP/1.1 400") and dt < 0.5, "NUL-only request: 400 at once (%.2f s, %r)" % (dt, out[:40]))
+out, dt = timed(lambda: answer(short, 5))
+check(out.startswith(b"HTTP/1.1 408"), "a body shorter than Content-Length: 408 (%.2f s, %r)" % (dt, out[:40]))
+# a body over 4 MiB, sent whole: a 413 answer, not a reset
+big = b"x" * (5 << 20)
+sk = socket.create_connection(("127.0.0.1", port), timeout=10)
+sent = "whole"
+try:
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
+except OSError as e:
+    sent = repr(e)
+out = answer(sk, 5)
+check(sent == "whole" and out.startswith(b"HTTP/1.1 413") and not out.endswith(b">"),
+      "a 5 MiB body: sent %s, then 413 and a clean close (%r)" % (sent, out[:40] + out[-24:]))
+
+# every worker busy (2 slots + 4 queued, long non-streaming completions): /health still answers,
+# one more completion is refused; then their clients go away and every job ends within 0.5 s
+long_body = json.dumps({"prompt": "The file system", "max_tokens": 3000, "temperature": 0}).encode()
+def long_req():
+    return opened(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: %d\r\n\r\n"
+                  % len(long_body) + long_body)
+busy = [long_req() for _ in range(6)]
+t = time.monotonic()
+while time.monotonic() - t < 5 and health()[1]["active"] < 2: time.sleep(0.05)
+time.sleep(0.3)
+(s, h), dt = timed(health)
+check(s == 200 and h["active"] == 2 and h["queued"] == 4 and dt < 0.5,
+      "/health with every worker busy: %s %s (%.2f s)" % (s, h, dt))
+s, _, raw = req("POST", "/v1/completions", {"prompt": "a", "max_tokens": 1}, KEY, 10)
+check(s == 503, "a completion beyond slots + queue: 503 (%s)" % s)
+for sk in busy: sk.close()
+t = time.monotonic()
+while time.monotonic() - t < 10 and (h["active"] or h["queued"]):
+    h = health()[1]
+    time.sleep(0.02)
+dt = time.monotonic() - t
+check(h["active"] == 0 and h["queued"] == 0 and dt < 0.5, "6 non-streaming clients closed: every job ended in %.2f s" % dt)
+check(h.get("cancelled") == 6, "/health counts the 6 cancelled jobs: %s" % h)
+summary()
+EOF
+rc=$?
+cat "$T/py3.out"
+[ $rc -eq 0 ] && ok || bad "robustness checks (see above)"
+kill -TERM $R_PID; wait $R_PID && ok || bad "SIGTERM after the robustness checks: exit 0"
+
+# --max-connections: more sockets than it allows take no more descriptors, the oldest is answered
+# 503 to make room, and /health answers
+start_server "$T/log4" --max-connections 8 && ok || bad "server with --max-connections starts"
+C_PID=$LAST_PID
+PYTHONPATH="$T" python3 - "$LAST_PORT" "$C_PID" >"$T/py4.out" 2>&1 <<'EOF'
+import os, socket, sys, time
+from sq_client import port, check, summary, req
+pid = sys.argv[2]
+fds = lambda: len(os.listdir("/proc/%s/fd" % pid)) if os.path.isdir("/proc/%s/fd" % pid) else 0
+base = fds()
+socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+for sk in socks: sk.sendall(b"GET /health HTTP/1.1\r\n")
+time.sleep(0.3)
+n = fds()
+check(n <= base + 8, "40 half-open sockets hold %d descriptors (%d before, --max-connections 8)" % (n, base))
+t = time.monotonic()
+s, _, raw = req("GET", "/health", timeout=5)
+check(s == 200 and time.monotonic() - t < 0.5, "/health beside 40 sockets: %s" % s)
+socks[0].settimeout(2)
+try: first = socks[0].recv(100)
+except OSError as e: first = repr(e).encode()
+check(first.startswith(b"HTTP/1.1 503"), "the oldest connection, closed for a new one, is answered 503: %r" % first)
+for sk in socks: sk.close()
+summary()
+EOF
+[ $? -eq 0 ] && ok || bad "--max-connections: $(cat "$T/py4.out")"
+kill -TERM $C_PID; wait $C_PID
+# an open-file limit too low for --max-connections: raised to the hard limit, else the cap is lowered and said
+( ulimit -n 200 && exec "$SPARQ" serve "$M" --port 0 --threads 1 --parallel 2 --queue 2 ) 2>"$T/log5" &
+L_PID=$!; PIDS="$PIDS $L_PID"
+i=0; while [ $i -lt 300 ] && ! grep -q " on http://" "$T/log5"; do sleep 0.1; i=$((i+1)); done
+grep -q "max-connections 1024 lowered to 132 to fit the open-file limit (ulimit -n 200)" "$T/log5" && ok \
+  || bad "a low open-file limit lowers --max-connections: $(cat "$T/log5")"
+kill -TERM $L_PID; wait $L_PID
+
 # usage errors: exit 2
 "$SPARQ" serve "$M" --port 70000 >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "--port 70000 is a usage error"
 "$SPARQ" serve >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "no MODEL is a usage error"
+"$SPARQ" serve "$M" --header-timeout 0 >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "--header-timeout 0 is a usage error"
+"$SPARQ" serve "$M" --max-connections 0 >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "--max-connections 0 is a usage error"
 "$SPARQ" serve "$T/none" --port 0 >/dev/null 2>"$T/nomodel"; [ $? -eq 1 ] && grep -q "$T/none" "$T/nomodel" && ok \
   || bad "missing model: exit 1 naming it ($(cat "$T/nomodel"))"
 

@@ -30,8 +30,10 @@
  * Failures: every wait has a deadline (opts.timeout_s). When the leader's
  * deadline passes it pings the other ranks and names the first that does not
  * answer; the caller prints the message and calls sq_dist_abort(), which
- * ends every rank (MPI_Abort). A rank that dies is reported by mpirun, which
- * ends the others. */
+ * ends every rank (MPI_Abort). A rank that dies is reported by mpirun,
+ * which ends the others. Logits that are not finite (NaN / Inf weights,
+ * overflowing activations) fail the step on rank 0, naming the sequence and
+ * position, rather than being sampled. */
 #ifndef SPARQ_RUNTIME_DIST_H
 #define SPARQ_RUNTIME_DIST_H
 

@@ -222,6 +222,8 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
         sq_dist_close(d);
         return st;
     }
+    /* a worker waits for rank 0's next request without a deadline: rank 0's heartbeat bounds it */
+    if (d->size > 1 && t->vt->keepalive) t->vt->keepalive(t, d->o.timeout_s);
     *out = d;
     return SPARQ_OK;
 }

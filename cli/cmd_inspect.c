@@ -1,5 +1,7 @@
-/* cli/cmd_inspect.c — `sparq inspect PATH [--tensors] [--json]`: what a model
- * directory or safetensors file holds.
+/* cli/cmd_inspect.c — `sparq inspect PATH [--tensors] [--json] [--check]`:
+ * what a model directory or safetensors file holds; with --check, whether it
+ * is sound (config.json against the tensors through runtime/arch.h, and every
+ * tensor read for NaN / Inf).
  *
  * Reads config.json (when present) for the architecture and the MoE shape,
  * and the safetensors tensors for counts. Parameters are counted the way
@@ -19,15 +21,20 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "formats/hfconfig.h"
+#include "common/progress.h"
 #include "formats/safetensors.h"
+#include "runtime/arch.h"
 #include "runtime/memplan.h"
 
 static const cli_opt opts[] = {
     {"tensors", 't', NULL, "also list every tensor: name, dtype, shape, bytes (EXL3 linears as one line with bits per weight)"},
     {"json", 0, NULL, "print JSON instead of a table"},
+    {"check", 0, NULL, "also read every tensor and report each one holding NaN or Inf (with counts), and check "
+                       "config.json against the tensors (each one the architecture reads present with its shape, "
+                       "none left unused); exit status 1 on any problem"},
     {0}};
 static const cli_spec spec = {
-    "inspect", "PATH [--tensors] [--json]",
+    "inspect", "PATH [--tensors] [--json] [--check]",
     "Describe a model: PATH is a Hugging Face model directory (config.json plus model.safetensors or "
     "sharded model-*.safetensors with model.safetensors.index.json) or one .safetensors file. Prints the "
     "architecture, layers, experts, total parameters and active parameters per token (counted like "
@@ -35,7 +42,9 @@ static const cli_spec spec = {
     "stored bytes by dtype.",
     opts,
     "examples:\n  sparq inspect build/tests/data/exl3-model/exl3-3.0bpw\n"
-    "  sparq inspect model-dir --tensors --json\n"};
+    "  sparq inspect model-dir --tensors --json\n"
+    "  sparq inspect model-dir --check\n"
+    "docs: docs/cli-inspect.md"};
 
 /* One line of the tensor listing: a stored tensor, or an EXL3 linear folding
  * its .trellis/.suh/.svh/.mul1/.mcg parts. */
@@ -167,6 +176,105 @@ static void info_free(inspect_info *in)
     sq_config_free(&in->cfg);
 }
 
+/* --check: the config against the tensors, and every tensor's NaN / Inf. */
+typedef struct bad_tensor {
+    const sf_tensor *t;
+    uint64_t nan, inf;
+} bad_tensor;
+
+typedef struct inspect_check {
+    bool config_checked;
+    char config_note[600];      /* why the config was not checked, or a problem that is not a list */
+    sq_arch_problems probs;
+    bad_tensor *bad;
+    size_t n_bad;
+    size_t scanned;
+} inspect_check;
+
+static sparq_status run_check(const inspect_info *in, const sf_model *m, const char *path, inspect_check *c)
+{
+    memset(c, 0, sizeof *c);
+    if (!in->have_cfg) {
+        snprintf(c->config_note, sizeof c->config_note, "not checked (%s)", in->cfg_note);
+    } else {
+        c->config_checked = true;
+        sparq_status st = sq_arch_check_tensors(&in->cfg, m, NULL, path, &c->probs);
+        if (st == SPARQ_E_NOMEM) return st;
+        if (st != SPARQ_OK && c->probs.n == 0) snprintf(c->config_note, sizeof c->config_note, "%s", sparq_errmsg());
+        sparq_err_clear();
+    }
+    const size_t n = sf_count(m);
+    c->bad = sparq_calloc(n ? n : 1, sizeof *c->bad);
+    RETURN_IF(!c->bad, SPARQ_E_NOMEM, "out of memory");
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += sf_at(m, i)->nbytes;
+    sparq_progress pb;
+    sparq_progress_begin(&pb, "check", total, SPARQ_PROGRESS_BYTES);
+    for (size_t i = 0; i < n; i++) {
+        const sf_tensor *t = sf_at(m, i);
+        uint64_t nan, inf;
+        sf_count_nonfinite(t, &nan, &inf);
+        if (nan || inf) c->bad[c->n_bad++] = (bad_tensor){t, nan, inf};
+        c->scanned++;
+        sparq_progress_add(&pb, t->nbytes);
+    }
+    sparq_progress_end(&pb);
+    return SPARQ_OK;
+}
+
+static bool check_failed(const inspect_check *c)
+{
+    return c->probs.n > 0 || (c->config_checked && c->config_note[0]) || c->n_bad > 0;
+}
+
+static void print_check(const inspect_check *c)
+{
+    printf("\n");
+    if (!c->config_checked || c->config_note[0]) {
+        printf("%-14s config.json against the tensors: %s\n", "check", c->config_note);
+    } else if (c->probs.n == 0) {
+        printf("%-14s config.json against the tensors: ok\n", "check");
+    } else {
+        printf("%-14s config.json against the tensors: %zu problem%s\n", "check", c->probs.n,
+               c->probs.n == 1 ? "" : "s");
+        for (size_t i = 0; i < c->probs.n_lines; i++) printf("  %s\n", c->probs.line[i]);
+        if (c->probs.n > c->probs.n_lines) printf("  ... and %zu more\n", c->probs.n - c->probs.n_lines);
+    }
+    if (c->n_bad == 0) {
+        printf("%-14s NaN / Inf: none in %zu tensors\n", "check", c->scanned);
+    } else {
+        printf("%-14s NaN / Inf: %zu of %zu tensors\n", "check", c->n_bad, c->scanned);
+        for (size_t i = 0; i < c->n_bad; i++)
+            printf("  %s: %llu NaN, %llu Inf (of %llu values)\n", c->bad[i].t->name, (unsigned long long)c->bad[i].nan,
+                   (unsigned long long)c->bad[i].inf, (unsigned long long)c->bad[i].t->numel);
+    }
+    printf("%-14s %s\n", "verdict", check_failed(c) ? "FAILED" : "ok");
+}
+
+static json_t *check_json(const inspect_check *c)
+{
+    json_t *o = json_object(), *probs = json_array(), *bad = json_array();
+    for (size_t i = 0; i < c->probs.n_lines; i++) json_array_append_new(probs, json_string(c->probs.line[i]));
+    if (c->config_note[0] && c->config_checked) json_array_append_new(probs, json_string(c->config_note));
+    json_object_set_new(o, "config_checked", json_boolean(c->config_checked));
+    if (!c->config_checked) json_object_set_new(o, "config_note", json_string(c->config_note));
+    json_object_set_new(o, "config_problem_count", json_integer((json_int_t)(c->probs.n + (c->probs.n == 0 &&
+                                                                    c->config_checked && c->config_note[0]))));
+    json_object_set_new(o, "config_problems", probs);
+    for (size_t i = 0; i < c->n_bad; i++) {
+        json_t *t = json_object();
+        json_object_set_new(t, "tensor", json_string(c->bad[i].t->name));
+        json_object_set_new(t, "nan", json_integer((json_int_t)c->bad[i].nan));
+        json_object_set_new(t, "inf", json_integer((json_int_t)c->bad[i].inf));
+        json_object_set_new(t, "values", json_integer((json_int_t)c->bad[i].t->numel));
+        json_array_append_new(bad, t);
+    }
+    json_object_set_new(o, "tensors_scanned", json_integer((json_int_t)c->scanned));
+    json_object_set_new(o, "nonfinite", bad);
+    json_object_set_new(o, "ok", json_boolean(!check_failed(c)));
+    return o;
+}
+
 static void human(char *buf, size_t cap, double v, const char *unit)
 {
     const char *suf[] = {"", "K", "M", "G", "T", "P"};
@@ -267,7 +375,8 @@ static json_t *shape_json(int ndim, const uint64_t *shape)
     return a;
 }
 
-static int print_json(const inspect_info *in, const sf_model *m, const char *path, bool tensors)
+static int print_json(const inspect_info *in, const sf_model *m, const char *path, bool tensors,
+                      const inspect_check *check)
 {
     json_t *o = json_object();
     json_object_set_new(o, "path", json_string(path));
@@ -331,6 +440,7 @@ static int print_json(const inspect_info *in, const sf_model *m, const char *pat
         }
         json_object_set_new(o, "tensors", arr);
     }
+    if (check) json_object_set_new(o, "check", check_json(check));
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (!s) return sparq_err(SPARQ_E_NOMEM, "out of memory formatting JSON");
@@ -344,11 +454,12 @@ int cmd_inspect(int argc, char **argv)
     cli_args a;
     const char *v;
     int id;
-    bool tensors = false, as_json = false;
+    bool tensors = false, as_json = false, check = false;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
         if (id == 0) tensors = true;
         else if (id == 1) as_json = true;
+        else if (id == 2) check = true;
     }
     if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
     if (a.npos != 1) return cli_usage_error(&spec, "expects exactly one PATH (see --help)");
@@ -378,11 +489,23 @@ int cmd_inspect(int argc, char **argv)
     sparq_free(cfg_path);
 
     st = collect(&in, m);
+    inspect_check chk;
+    memset(&chk, 0, sizeof chk);
+    if (st == SPARQ_OK && check) st = run_check(&in, m, path, &chk);
     if (st == SPARQ_OK) {
-        if (as_json) st = print_json(&in, m, path, tensors);
+        if (as_json) st = print_json(&in, m, path, tensors, check ? &chk : NULL);
         else print_table(&in, m, path, tensors);
+        if (!as_json && check) print_check(&chk);
     }
+    const bool failed = st == SPARQ_OK && check && check_failed(&chk);
+    sq_arch_problems_free(&chk.probs);
+    sparq_free(chk.bad);
     info_free(&in);
     sf_close(m);
+    if (failed) {
+        fflush(stdout);
+        fprintf(stderr, "sparq inspect: %s: the check found problems (listed in its output)\n", path);
+        return 1;
+    }
     return st == SPARQ_OK ? 0 : cli_fail(&spec, st);
 }

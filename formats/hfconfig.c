@@ -305,6 +305,12 @@ static sparq_status parse_qwen3_moe(sq_model_config *c, const json_t *root, cons
         RETURN_IF(c->eos_token_ids[i] >= c->vocab_size, SPARQ_E_FORMAT,
                   "%s: eos_token_id %lld is not below vocab_size %lld", name, (long long)c->eos_token_ids[i],
                   (long long)c->vocab_size);
+    /* transformers' defaults for these describe one particular model, not the checkpoint at hand */
+    static const char *const required[] = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+        RETURN_IF(!member_present(root, required[i]), SPARQ_E_FORMAT,
+                  "%s: no '%s' (vocab_size, hidden_size, num_hidden_layers and num_attention_heads fix the tensors' "
+                  "shapes and have no default)", name, required[i]);
     return SPARQ_OK;
 }
 

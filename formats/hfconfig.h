@@ -3,9 +3,12 @@
  *
  * Only architectures sparq can run are accepted (today: `qwen3_moe`); any
  * other `model_type` is SPARQ_E_UNSUPPORTED with a message that lists the
- * supported ones. Missing fields take exactly the defaults transformers'
- * Qwen3MoeConfig has, so a config that loads in transformers describes the
- * same model here. Both config styles are read: transformers 4.x
+ * supported ones. The sizes that fix the tensors' shapes — vocab_size,
+ * hidden_size, num_hidden_layers, num_attention_heads — must be present
+ * (transformers' defaults for them describe one particular model, not the
+ * checkpoint at hand); other missing fields take exactly the defaults
+ * transformers' Qwen3MoeConfig has. Whether the config fits the tensors is
+ * checked against the checkpoint by runtime/arch.h (sq_arch_check_tensors). Both config styles are read: transformers 4.x
  * (`num_experts`, `rope_theta`) and 5.x (`num_local_experts`,
  * `rope_parameters: {rope_theta, rope_type}`); when both are present they
  * must agree. An EXL3 `quantization_config` is parsed when present.
@@ -58,10 +61,10 @@ typedef struct sq_model_config {
     sq_arch arch;
     char model_type[32];          /* as written in config.json */
 
-    int64_t vocab_size;           /* default 151936 */
-    int64_t hidden_size;          /* default 2048 */
-    int64_t num_hidden_layers;    /* default 24 */
-    int64_t num_attention_heads;  /* default 32 */
+    int64_t vocab_size;           /* required */
+    int64_t hidden_size;          /* required */
+    int64_t num_hidden_layers;    /* required */
+    int64_t num_attention_heads;  /* required */
     int64_t num_key_value_heads;  /* default 4 */
     int64_t head_dim;             /* default hidden_size / num_attention_heads */
     int64_t intermediate_size;    /* dense MLP (mlp_only_layers), default 6144 */

@@ -662,6 +662,38 @@ sparq_status sf_to_f32_range(const sf_tensor *t, uint64_t first, uint64_t n, flo
 
 sparq_status sf_to_f32(const sf_tensor *t, float *out) { return sf_to_f32_range(t, 0, t->numel, out); }
 
+/* Values of `size` bytes (little endian) whose bits under `exp` are all ones:
+ * NaN when any bit under `man` is set too, else Inf. */
+static inline void count_exp_ones(const uint8_t *p, uint64_t n, unsigned size, uint64_t exp, uint64_t man,
+                                  uint64_t *nan, uint64_t *inf)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t b = 0;
+        memcpy(&b, p + (size_t)size * i, size);
+        if ((b & exp) == exp) {
+            if (b & man) ++*nan;
+            else ++*inf;
+        }
+    }
+}
+
+void sf_count_nonfinite(const sf_tensor *t, uint64_t *n_nan, uint64_t *n_inf)
+{
+    const uint8_t *p = t->data;
+    const uint64_t n = t->numel;
+    *n_nan = *n_inf = 0;
+    switch (t->dtype) {
+    case SF_F32: count_exp_ones(p, n, 4, 0x7F800000u, 0x007FFFFFu, n_nan, n_inf); break;
+    case SF_F64: count_exp_ones(p, n, 8, 0x7FF0000000000000ull, 0x000FFFFFFFFFFFFFull, n_nan, n_inf); break;
+    case SF_F16: count_exp_ones(p, n, 2, 0x7C00u, 0x03FFu, n_nan, n_inf); break;
+    case SF_BF16: count_exp_ones(p, n, 2, 0x7F80u, 0x007Fu, n_nan, n_inf); break;
+    case SF_F8_E5M2: count_exp_ones(p, n, 1, 0x7Cu, 0x03u, n_nan, n_inf); break;
+    case SF_F8_E4M3: count_exp_ones(p, n, 1, 0x7Fu, 0x7Fu, n_nan, n_inf); break; /* e4m3fn: NaN = S.1111.111, no Inf */
+    case SF_F8_E8M0: count_exp_ones(p, n, 1, 0xFFu, 0xFFu, n_nan, n_inf); break; /* 0xFF is NaN */
+    default: break; /* integers, BOOL, F4 (E2M1): every value is finite */
+    }
+}
+
 /* One scale value of a block-scale tensor, as a multiplier. */
 static float scale_at(const sf_tensor *s, uint64_t i)
 {

@@ -85,6 +85,10 @@ sparq_status sf_to_f32(const sf_tensor *t, float *out);
 /* The same for a contiguous range of elements [first, first + n). */
 sparq_status sf_to_f32_range(const sf_tensor *t, uint64_t first, uint64_t n, float *out);
 
+/* How many of t's values are NaN and how many ±Inf (by their bits; 0 for
+ * integer, BOOL and F4 tensors, which have neither). Reads all of t->data. */
+void sf_count_nonfinite(const sf_tensor *t, uint64_t *n_nan, uint64_t *n_inf);
+
 /* Single-value decoders (exact). */
 float sf_e4m3_to_f32(uint8_t b);  /* NaN for S.1111.111 */
 float sf_e5m2_to_f32(uint8_t b);

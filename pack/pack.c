@@ -27,6 +27,8 @@
 #include "common/file.h"
 #include "common/progress.h"
 #include "formats/json.h"
+#include "formats/tokenizer.h"
+#include "runtime/arch.h"
 #include "sparq_version.h"
 
 /* Files copied from the model directory into the bundle root when present. */
@@ -48,6 +50,12 @@ sparq_status sq_pack_model_open(sq_pack_model *m, const char *model_dir)
     sparq_status st = sf_open(&m->sf, model_dir);
     if (st != SPARQ_OK) {
         sq_config_free(&m->cfg);
+        return st;
+    }
+    /* the config must describe exactly these tensors (headers only: nothing is read) */
+    st = sq_arch_check_tensors(&m->cfg, m->sf, NULL, model_dir, NULL);
+    if (st != SPARQ_OK) {
+        sq_pack_model_close(m);
         return st;
     }
     m->n_tensors = sf_count(m->sf);
@@ -538,6 +546,21 @@ static sparq_status pack_files(pack_ctx *c)
     return st;
 }
 
+/* The bundle's tokenizer must load (run and serve read it first), and its ids
+ * must index the embedding. */
+static sparq_status check_tokenizer(const char *model_dir, const sq_model_config *cfg)
+{
+    sq_tokenizer *tok = NULL;
+    sparq_status st = sq_tokenizer_load(&tok, model_dir);
+    if (st != SPARQ_OK) return sparq_err_context(st, "%s: the tokenizer does not load; nothing written", model_dir);
+    const int32_t n = sq_tokenizer_vocab_size(tok);
+    sq_tokenizer_free(tok);
+    RETURN_IF(n < 1 || n > cfg->vocab_size, SPARQ_E_FORMAT,
+              "%s: tokenizer.json has ids 0..%d, but config.json's vocab_size is %lld; nothing written", model_dir,
+              (int)n - 1, (long long)cfg->vocab_size);
+    return SPARQ_OK;
+}
+
 sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq_pack_options *o)
 {
     pack_ctx c;
@@ -548,7 +571,9 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     RETURN_IF(o->block_size < 4096 || (o->block_size & (o->block_size - 1)), SPARQ_E_ARG,
               "block size %llu is not a power of two >= 4096", (unsigned long long)o->block_size);
     FORWARD_IF(sq_pack_model_open(&c.model, model_dir));
-    sparq_status st = sq_memplan_build(&c.plan, &c.model.cfg, c.model.tensors, c.model.n_tensors, o->boxes,
+    sparq_status st = check_tokenizer(model_dir, &c.model.cfg);
+    if (st != SPARQ_OK) goto done;
+    st = sq_memplan_build(&c.plan, &c.model.cfg, c.model.tensors, c.model.n_tensors, o->boxes,
                                        &o->params, &o->budget);
     if (st != SPARQ_OK) goto done;
     if (!c.plan.fits) {

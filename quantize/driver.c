@@ -94,6 +94,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
     j.page = (size_t)sysconf(_SC_PAGESIZE);
     if (j.page == 0 || (j.page & (j.page - 1))) j.page = 4096;
+    if (st == SPARQ_OK) st = qz_check_source(&j);
     char *skel_dir = NULL;
     if (st == SPARQ_OK) st = qz_build_skeleton(&j, &skel_dir);
     j.skeleton = rep->skeleton = skel_dir != NULL;

@@ -6,7 +6,8 @@
  * (Hessians through the runtime's observer), layer.c (the per-layer loop and
  * lm_head), checkpoint.c (the work dir and --resume), skeleton.c (FP8/MXFP4
  * sources), output.c (the output directory), report.c (the report and its
- * files), memory.c (page release, resident set, the --max-mem estimate);
+ * files), memory.c (page release, resident set, the --max-mem estimate),
+ * check.c (what the source must satisfy: config against tensors, no NaN / Inf);
  * driver.c runs them in order. */
 #ifndef SPARQ_QUANTIZE_JOB_H
 #define SPARQ_QUANTIZE_JOB_H
@@ -158,6 +159,12 @@ sparq_status qz_assemble_output(qjob *j);
 
 /* report.c */
 sparq_status qz_report_add_tensor(qz_report *r, const char *key, int K, int k, int n, double proxy);
+
+/* check.c */
+/* The config against the source's tensors, and the tensors kept as they are free of NaN / Inf. */
+sparq_status qz_check_source(qjob *j);
+/* Linear `key`, as read (n fp32 values), holds no NaN / Inf. */
+sparq_status qz_check_finite(const qjob *j, const char *key, const float *w, uint64_t n);
 
 /* memory.c */
 void qz_release_mapped(const qjob *j, const void *p, uint64_t n);

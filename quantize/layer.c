@@ -80,6 +80,10 @@ static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n,
         sparq_free(a);
         return sparq_err_context(st, "%s", key);
     }
+    if ((st = qz_check_finite(j, key, a, numel)) != SPARQ_OK) {
+        sparq_free(a);
+        return st;
+    }
     if (transpose) {
         float *b = sparq_malloc(numel * sizeof(float));
         if (!b) {
@@ -214,7 +218,9 @@ static sparq_status swap_in(qjob *j, sq_linear *l, qlin *q)
 
 /* --- the layer loop --------------------------------------------------------------- */
 
-static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
+/* The quantized path against the reference after a layer; false when either
+ * holds NaN / Inf (the metrics would say nothing). */
+static bool hidden_metrics(const qjob *j, qz_layer_stat *ls)
 {
     size_t rows = (size_t)j->rows * j->T;
     double num = 0, den = 0, cos_sum = 0;
@@ -231,6 +237,7 @@ static void hidden_metrics(const qjob *j, qz_layer_stat *ls)
     ls->rel_err = den > 0 ? sqrt(num / den) : 0.0;
     ls->cosine = cos_sum / (double)rows;
     ls->sqnr_db = num > 0 ? 10.0 * log10(den / num) : 999.0;
+    return isfinite(num) && isfinite(den);
 }
 
 typedef struct lin_ref {
@@ -390,8 +397,10 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
                 qz_span_add(j, kept->w, (uint64_t)kept->in * kept->out * (kept->kind == SQ_LINEAR_F32 ? 4 : 2));
         }
     qz_spans_release(j);
+    if (st == SPARQ_OK && !hidden_metrics(j, ls))
+        st = sparq_err(SPARQ_E_FORMAT, "%s: layer %d: the hidden states are not finite (NaN / Inf) after it; "
+                       "`sparq inspect --check %s` scans the weights", j->o->model_dir, L, j->o->model_dir);
     if (st == SPARQ_OK) {
-        hidden_metrics(j, ls);
         ls->mean_proxy = psum / n_lin;
         ls->max_proxy = pmax;
         ls->seconds = sparq_now() - t0;

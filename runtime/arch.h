@@ -27,6 +27,7 @@
 
 #include "common/status.h"
 #include "formats/hfconfig.h"
+#include "formats/safetensors.h"
 #include "runtime/memplan.h"
 
 /* What a linear does in its layer: decides its default bits and whether the
@@ -63,6 +64,25 @@ typedef struct sq_layer_desc {
     sq_lin_desc slot[SQ_LAYER_MAX_SLOTS];
 } sq_layer_desc;
 
+/* The tensors of an architecture that are not layer slots: norms, the
+ * embedding table, the head. Their sizes are named, and resolved from the
+ * config (sq_dim_size). */
+typedef enum sq_dim { SQ_DIM_NONE = 0, SQ_DIM_HIDDEN, SQ_DIM_HEAD_DIM, SQ_DIM_VOCAB } sq_dim;
+
+/* Where such a tensor lives: in every layer ("{L}" in its key), with the
+ * embeddings (the first node of a bundle), or with the head (the last node). */
+typedef enum sq_tensor_place { SQ_PLACE_LAYER = 0, SQ_PLACE_EMBED, SQ_PLACE_HEAD } sq_tensor_place;
+
+typedef struct sq_tensor_desc {
+    const char *key;       /* the tensor's name, "{L}" for the layer ("model.layers.{L}.input_layernorm.weight");
+                              for a linear its key without the suffix ("lm_head") */
+    sq_tensor_place place;
+    int ndim;              /* 1 or 2 */
+    sq_dim dim[2];         /* [dim0] or [dim0, dim1] ([out, in] for a linear) */
+    bool linear;           /* stored as a linear: "<key>.weight" (dense, FP8, MXFP4) or EXL3 "<key>.trellis" ... */
+    bool tied;             /* may be absent when tie_word_embeddings: the embedding stands in */
+} sq_tensor_desc;
+
 typedef struct sq_graph_ops sq_graph_ops; /* runtime/models/model_impl.h */
 
 typedef struct sq_arch_info {
@@ -78,6 +98,10 @@ typedef struct sq_arch_info {
     /* Describe layer L (0 ≤ L < num_hidden_layers) from the config alone.
      * SPARQ_E_FORMAT when the config cannot describe it. */
     sparq_status (*layer)(const sq_model_config *cfg, int layer, sq_layer_desc *out);
+    /* Every tensor it reads besides the layers' slots (per-layer norms, the
+     * embedding, the final norm, the head): sq_arch_check_tensors checks them. */
+    const sq_tensor_desc *tensors;
+    int n_tensors;
     /* The memory its graph allocates (runtime/memplan.h documents the terms). */
     uint64_t (*kv_bytes)(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p);
     void (*workspace_terms)(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head,
@@ -103,5 +127,50 @@ sparq_status sq_lin_key(const sq_lin_desc *lin, int layer, int inst, char *buf, 
  * converts? Walks the layers' descriptions; *layer gets its layer (or -1).
  * The head is not a layer linear: false for it. */
 bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *layer);
+
+/* The size `dim` stands for in cfg (0 for SQ_DIM_NONE). */
+int64_t sq_dim_size(const sq_model_config *cfg, sq_dim dim);
+
+/* --- does a checkpoint hold what its config describes? ----------------------- */
+
+/* What one process reads of a checkpoint: layers [first, end), the tensors
+ * placed with the embeddings and those placed with the head. */
+typedef struct sq_arch_scope {
+    int first, end;
+    bool embed, head;
+} sq_arch_scope;
+
+/* Every problem found, one line each ("model.safetensors: tensor '...': shape
+ * [256, 2048], expected [2048, 256]"); at most SQ_ARCH_PROBLEMS_KEPT are kept,
+ * n counts all. */
+#define SQ_ARCH_PROBLEMS_KEPT 200
+typedef struct sq_arch_problems {
+    size_t n;
+    char **line;
+    size_t n_lines;
+} sq_arch_problems;
+void sq_arch_problems_free(sq_arch_problems *p);
+
+/* Check the tensors of `sf` (headers only: names, dtypes, shapes; no data is
+ * read, so `sparq plan` can run it) against the config's architecture, for
+ * what `scope` reads (NULL: the whole model):
+ *  - the architecture's own check of the config sizes (sq_arch_info.check);
+ *  - every slot instance of every layer in scope: a dense / FP8 / MXFP4
+ *    "<key>.weight" of shape [out, in] (formats/weights.h), or an EXL3 linear
+ *    ("<key>.trellis" I16 [in/16, out/16, 16·K] with ".suh" F16 [in] and
+ *    ".svh" F16 [out]);
+ *  - the architecture's other tensors (sq_arch_info.tensors) with their shapes;
+ *  - no tensor left unused: one of a layer at or beyond num_hidden_layers, of
+ *    a layer outside the scope, or one the architecture does not describe is
+ *    a problem. (Engram tables belong to the bundle format: `sparq pack`
+ *    checks them, here they are ignored.)
+ * A layer in scope without a single tensor is one problem ("layers 4..999
+ * have no tensors"), not one per missing tensor. Returns SPARQ_OK, or the
+ * status of the first problem (SPARQ_E_NOTFOUND, SPARQ_E_SHAPE,
+ * SPARQ_E_FORMAT) with a message "<where>: config.json and the tensors
+ * disagree (N problems): <the first few>". `report` (may be NULL) gets every
+ * problem; free it with sq_arch_problems_free. */
+sparq_status sq_arch_check_tensors(const sq_model_config *cfg, const sf_model *sf, const sq_arch_scope *scope,
+                                   const char *where, sq_arch_problems *report);
 
 #endif

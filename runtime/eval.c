@@ -469,6 +469,9 @@ sparq_status sq_eval_run(sq_dist *model, sq_dist *ref, sq_reflp_reader *ref_in, 
             const int rows = len - c0 < R ? len - c0 : R;
             st = sq_dist_forward(model, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lg);
             if (st == SPARQ_OK && ref) st = sq_dist_forward(ref, 0, tokens + first + c0, rows, SQ_LOGITS_ALL, lgr);
+            if (st != SPARQ_OK)
+                st = sparq_err_context(st, "eval: window %lld (text tokens %lld..%lld, positions from 0)",
+                                       (long long)w, (long long)first, (long long)(first + len - 1));
             for (int r = 0; r < rows && st == SPARQ_OK; r++) {
                 const int p = c0 + r;
                 if (p == len - 1) break; /* the window's last token predicts nothing scored */

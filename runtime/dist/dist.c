@@ -18,6 +18,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "formats/manifest.h"
+#include "formats/safetensors.h"
 #include "runtime/dist/dist.h"
 
 #define MSG_MAGIC 0x54535153u /* "SQST" */
@@ -44,6 +45,7 @@ typedef struct pending_step {
     int rows;
     sq_logits_mode mode;
     float *logits;
+    int *seqs, *pos; /* [rows], for messages: d->qrows of its queue slot */
 } pending_step;
 
 struct sq_dist {
@@ -57,6 +59,7 @@ struct sq_dist {
     msg_hdr res_hdr;  /* last rank: the result header being sent */
     float *lbuf;      /* last rank: LOGIT_CHUNK rows of logits */
     int *pos, *seqs;  /* [max_rows] */
+    int *qrows;       /* rank 0 of several: [QCAP][2][max_rows] sequences and positions of the steps in flight */
     pending_step q[QCAP];
     int q_head, q_n;
     int q_done;       /* entries from q_head whose result is already received */
@@ -179,7 +182,9 @@ static sparq_status attach_model(sq_dist *d)
     if (pipe)
         for (int i = 0; i < 2; i++) d->buf[i] = sparq_aligned_alloc(64, d->buf_bytes);
     if (last) d->lbuf = sparq_aligned_alloc(64, (size_t)LOGIT_CHUNK * (size_t)d->vocab * sizeof(float));
-    RETURN_IF(!d->pos || !d->seqs || (pipe && (!d->buf[0] || !d->buf[1])) || (last && !d->lbuf), SPARQ_E_NOMEM,
+    if (pipe && d->rank == 0) d->qrows = sparq_malloc((size_t)QCAP * 2 * (size_t)d->max_rows * sizeof(int));
+    RETURN_IF(!d->pos || !d->seqs || (pipe && (!d->buf[0] || !d->buf[1])) || (last && !d->lbuf) ||
+                  (pipe && d->rank == 0 && !d->qrows), SPARQ_E_NOMEM,
               "rank %d: cannot allocate the pipeline buffers (2 x %zu bytes)", d->rank, d->buf_bytes);
     return SPARQ_OK;
 }
@@ -217,6 +222,8 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
         sq_dist_close(d);
         return st;
     }
+    /* a worker waits for rank 0's next request without a deadline: rank 0's heartbeat bounds it */
+    if (d->size > 1 && t->vt->keepalive) t->vt->keepalive(t, d->o.timeout_s);
     *out = d;
     return SPARQ_OK;
 }
@@ -264,6 +271,32 @@ void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s)
 void sq_dist_abort(sq_dist *d, int code) { d->t->vt->abort(d->t, code); }
 
 static sparq_status receive_next(sq_dist *d);
+
+/* Rank 0: the logits of a finished step must be finite. NaN or Inf comes from
+ * broken weights or overflowing activations, and sampling from it prints
+ * garbage with exit status 0; say where instead. Row i of the n_out rows is
+ * row rows - n_out + i of the step. */
+static sparq_status check_logits(const sq_dist *d, const float *lg, int n_out, int rows, const int *seqs,
+                                 const int *pos)
+{
+    for (int i = 0; i < n_out; i++) {
+        const float *row = lg + (size_t)i * (size_t)d->vocab;
+        float z = 0.0f; /* 0 * x is NaN exactly when x is NaN or Inf */
+        for (int v = 0; v < d->vocab; v++) z += row[v] * 0.0f;
+        if (z == 0.0f) continue;
+        const sf_tensor view = {.name = "logits", .dtype = SF_F32, .ndim = 1, .shape = {(uint64_t)d->vocab},
+                                .numel = (uint64_t)d->vocab, .data = row};
+        uint64_t nan, inf;
+        sf_count_nonfinite(&view, &nan, &inf);
+        const int r = rows - n_out + i;
+        return sparq_err(SPARQ_E_FORMAT,
+                         "the logits of sequence %d at position %d are not finite (%llu NaN, %llu Inf of %d): the "
+                         "model's weights hold NaN / Inf or its activations overflow (`sparq inspect --check MODEL` "
+                         "scans the weights)",
+                         seqs[r], pos[r], (unsigned long long)nan, (unsigned long long)inf, d->vocab);
+    }
+    return SPARQ_OK;
+}
 
 /* The next message buffer, once its previous send has completed. On rank 0
  * with steps in flight, results are received while waiting: the last rank
@@ -352,7 +385,7 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
             const int n = n_out - r0 < LOGIT_CHUNK ? n_out - r0 : LOGIT_CHUNK;
             FORWARD_IF(sq_model_head(d->m, first + (size_t)r0 * d->d, n, logits + (size_t)r0 * d->vocab));
         }
-        return SPARQ_OK;
+        return check_logits(d, logits, n_out, rows, seqs, d->pos);
     }
     char *buf;
     FORWARD_IF(take_buffer(d, &buf));
@@ -370,8 +403,13 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
     FORWARD_IF(sq_model_forward_rows(d->m, work, rows, seqs, d->pos));
     if (work != hidden) FORWARD_IF(stage_out(d, hidden, work, rows));
     FORWARD_IF(send_on(d, buf, step_bytes(d, rows)));
-    pending_step *p = &d->q[(d->q_head + d->q_n) % QCAP];
-    *p = (pending_step){.id = h.id, .rows = rows, .mode = mode, .logits = logits};
+    const int slot = (d->q_head + d->q_n) % QCAP;
+    pending_step *p = &d->q[slot];
+    *p = (pending_step){.id = h.id, .rows = rows, .mode = mode, .logits = logits,
+                        .seqs = d->qrows + (size_t)slot * 2 * (size_t)d->max_rows};
+    p->pos = p->seqs + d->max_rows;
+    memcpy(p->seqs, seqs, (size_t)rows * sizeof(int));
+    memcpy(p->pos, d->pos, (size_t)rows * sizeof(int));
     d->q_n++;
     return SPARQ_OK;
 }
@@ -417,6 +455,7 @@ static sparq_status receive_next(sq_dist *d)
         RETURN_IF(got != want, SPARQ_E_COMM, "rank 0: logits message from rank %d has %zu bytes, expected %zu", last,
                   got, want);
     }
+    FORWARD_IF(check_logits(d, p->logits, n_out, p->rows, p->seqs, p->pos));
     d->q_done++;
     return SPARQ_OK;
 }
@@ -613,5 +652,6 @@ void sq_dist_close(sq_dist *d)
     sparq_aligned_free(d->lbuf);
     sparq_free(d->pos);
     sparq_free(d->seqs);
+    sparq_free(d->qrows);
     sparq_free(d);
 }

@@ -30,8 +30,13 @@
  * Failures: every wait has a deadline (opts.timeout_s). When the leader's
  * deadline passes it pings the other ranks and names the first that does not
  * answer; the caller prints the message and calls sq_dist_abort(), which
- * ends every rank (MPI_Abort). A rank that dies is reported by mpirun, which
- * ends the others. */
+ * ends every rank (MPI_Abort). A worker's wait for the next request has no
+ * deadline (rank 0 may wait for a user), but rank 0 sends heartbeats
+ * (transport keepalive): a worker that hears nothing from rank 0 for
+ * timeout_s stops naming rank 0. A rank that dies is reported by mpirun,
+ * which ends the others. Logits that are not finite (NaN / Inf weights,
+ * overflowing activations) fail the step on rank 0, naming the sequence and
+ * position, rather than being sampled. */
 #ifndef SPARQ_RUNTIME_DIST_H
 #define SPARQ_RUNTIME_DIST_H
 

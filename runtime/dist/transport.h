@@ -18,7 +18,9 @@
  *    A negative timeout waits forever (a worker idling between requests);
  *  - while a rank waits it answers liveness pings, so that the rank that
  *    noticed a timeout can find out which peer stopped answering
- *    (find_silent) before it aborts the whole job.
+ *    (find_silent) before it aborts the whole job;
+ *  - rank 0 sends heartbeats (keepalive), so a worker waiting without a
+ *    deadline for rank 0's next request still notices when rank 0 stops.
  * Time spent inside waits and the bytes moved are counted for the
  * per-token communication figures of tools/bench/dist_bench.c. */
 #ifndef SPARQ_RUNTIME_TRANSPORT_H
@@ -57,6 +59,14 @@ typedef struct sq_transport_vt {
     /* End every rank of the job now (after the caller printed why). */
     void (*abort)(sq_transport *t, int code);
     void (*close)(sq_transport *t);
+    /* Liveness of rank 0, for the waits that have no deadline (a worker idle
+     * between requests): rank 0 tells every other rank that it is alive every
+     * timeout_s / 4 seconds, from a thread of its own, so also while it waits
+     * for a user or computes; every other rank then ends any wait with
+     * SPARQ_E_TIMEOUT naming rank 0 once timeout_s pass without a word from
+     * it (stopped, hung or dead). Every rank calls it once, with the same
+     * timeout. NULL where ranks cannot stall on their own (local, threads). */
+    void (*keepalive)(sq_transport *t, double timeout_s);
 } sq_transport_vt;
 
 struct sq_transport {

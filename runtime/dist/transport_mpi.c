@@ -7,8 +7,13 @@
  * rank does not steal a core from a busy one on an oversubscribed box (the
  * mpi test suite runs 3 ranks on 2 cores). While any rank other than 0
  * waits, it answers rank 0's liveness pings; rank 0 uses them after a
- * timeout to name the rank that stopped answering. */
+ * timeout to name the rank that stopped answering. The other direction:
+ * after keepalive(), a thread of rank 0 sends every other rank a heartbeat
+ * every timeout / 4 (MPI_THREAD_MULTIPLE), and a rank that has heard nothing
+ * from rank 0 for a whole timeout ends its wait naming it — even the idle
+ * wait for the next request, which has no deadline of its own. */
 #include <mpi.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +23,7 @@
 #include "common/progress.h"
 #include "runtime/dist/transport.h"
 
-enum { TAG_PING = 100, TAG_PONG = 101 };
+enum { TAG_PING = 100, TAG_PONG = 101, TAG_HEARTBEAT = 102 };
 
 typedef struct mpi_transport {
     sq_transport base;
@@ -28,6 +33,19 @@ typedef struct mpi_transport {
     MPI_Request ping_req; /* ranks > 0: a posted receive for rank 0's ping */
     int ping_buf;
     bool we_initialized;
+    bool thread_multiple; /* MPI_THREAD_MULTIPLE provided: keepalive can run */
+    /* keepalive, ranks > 0: a posted receive of rank 0's heartbeat, when it last came */
+    double live_timeout;  /* > 0: expect rank 0's heartbeat */
+    double last_heard;
+    MPI_Request hb_req;
+    int hb_buf;
+    /* keepalive, rank 0: the heartbeat thread and its sends (one per rank) */
+    pthread_t hb_thread;
+    bool hb_running, hb_stop;
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cv;
+    double hb_period;
+    MPI_Request *hb_send;
 } mpi_transport;
 
 static const char *mpi_errstr(int rc, char buf[MPI_MAX_ERROR_STRING])
@@ -50,6 +68,13 @@ static const char *mpi_errstr(int rc, char buf[MPI_MAX_ERROR_STRING])
 
 static void service_pings(mpi_transport *t)
 {
+    if (t->hb_req != MPI_REQUEST_NULL) { /* rank 0's heartbeat */
+        int got = 0;
+        while (t->hb_req != MPI_REQUEST_NULL && MPI_Test(&t->hb_req, &got, MPI_STATUS_IGNORE) == MPI_SUCCESS && got) {
+            t->last_heard = sparq_now();
+            MPI_Irecv(&t->hb_buf, 1, MPI_INT, 0, TAG_HEARTBEAT, t->comm, &t->hb_req);
+        }
+    }
     if (t->ping_req == MPI_REQUEST_NULL) return;
     int flag = 0;
     MPI_Status st;
@@ -91,6 +116,13 @@ static sparq_status wait_req(mpi_transport *t, MPI_Request *r, MPI_Status *st, d
         if (flag) break;
         service_pings(t);
         const double el = sparq_now() - t0;
+        if (t->live_timeout > 0 && sparq_now() - t->last_heard > t->live_timeout) {
+            t->base.t_wait += el;
+            return sparq_err(SPARQ_E_TIMEOUT,
+                             "rank %d: %s rank %d: rank 0 has said nothing for %.1f s (no heartbeat within the "
+                             "--timeout of %.1f s): rank 0 is stopped, hung or dead", t->base.rank, what, peer,
+                             sparq_now() - t->last_heard, t->live_timeout);
+        }
         if (timeout_s >= 0 && el > timeout_s) {
             t->base.t_wait += el;
             return sparq_err(SPARQ_E_TIMEOUT, "rank %d: %s rank %d: nothing after %.1f s (the --timeout)",
@@ -206,6 +238,77 @@ static int m_find_silent(sq_transport *bt, double wait_s)
     return silent;
 }
 
+/* Rank 0's heartbeat thread: a one-int message to every other rank each
+ * period (a rank whose previous heartbeat is still undelivered is skipped). */
+static void *heartbeat_main(void *arg)
+{
+    mpi_transport *t = arg;
+    static const int beat = 0;
+    pthread_mutex_lock(&t->hb_mu);
+    while (!t->hb_stop) {
+        for (int r = 1; r < t->base.size; r++) {
+            int done = 1;
+            if (t->hb_send[r] != MPI_REQUEST_NULL) MPI_Test(&t->hb_send[r], &done, MPI_STATUS_IGNORE);
+            if (done) MPI_Isend(&beat, 1, MPI_INT, r, TAG_HEARTBEAT, t->comm, &t->hb_send[r]);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const double until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + t->hb_period;
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        while (!t->hb_stop && pthread_cond_timedwait(&t->hb_cv, &t->hb_mu, &ts) == 0) {}
+    }
+    pthread_mutex_unlock(&t->hb_mu);
+    return NULL;
+}
+
+static void m_keepalive(sq_transport *bt, double timeout_s)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    if (bt->size <= 1 || !(timeout_s > 0) || !t->thread_multiple || t->live_timeout > 0 || t->hb_running) return;
+    if (bt->rank != 0) {
+        t->live_timeout = timeout_s;
+        t->last_heard = sparq_now();
+        MPI_Irecv(&t->hb_buf, 1, MPI_INT, 0, TAG_HEARTBEAT, t->comm, &t->hb_req);
+        return;
+    }
+    t->hb_send = sparq_malloc((size_t)bt->size * sizeof *t->hb_send);
+    if (!t->hb_send) return; /* no heartbeat: the others would stop after a timeout, so they must not expect one */
+    for (int r = 0; r < bt->size; r++) t->hb_send[r] = MPI_REQUEST_NULL;
+    t->hb_period = timeout_s / 4;
+    pthread_mutex_init(&t->hb_mu, NULL);
+    pthread_cond_init(&t->hb_cv, NULL);
+    t->hb_running = pthread_create(&t->hb_thread, NULL, heartbeat_main, t) == 0;
+}
+
+/* Rank 0: stop the heartbeat thread and settle its sends. */
+static void heartbeat_stop(mpi_transport *t)
+{
+    if (t->hb_running) {
+        pthread_mutex_lock(&t->hb_mu);
+        t->hb_stop = true;
+        pthread_cond_signal(&t->hb_cv);
+        pthread_mutex_unlock(&t->hb_mu);
+        pthread_join(t->hb_thread, NULL);
+        t->hb_running = false;
+        pthread_cond_destroy(&t->hb_cv);
+        pthread_mutex_destroy(&t->hb_mu);
+    }
+    for (int r = 0; t->hb_send && r < t->base.size; r++) {
+        const double t0 = sparq_now();
+        int done = 0;
+        while (t->hb_send[r] != MPI_REQUEST_NULL && MPI_Test(&t->hb_send[r], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+               !done && sparq_now() - t0 < 2.0)
+            nap(sparq_now() - t0);
+        if (t->hb_send[r] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&t->hb_send[r]);
+            MPI_Request_free(&t->hb_send[r]);
+        }
+    }
+    sparq_free(t->hb_send);
+    t->hb_send = NULL;
+}
+
 static void m_abort(sq_transport *bt, int code)
 {
     (void)bt;
@@ -217,13 +320,23 @@ static void m_abort(sq_transport *bt, int code)
 static void m_close(sq_transport *bt)
 {
     mpi_transport *t = (mpi_transport *)bt;
+    heartbeat_stop(t);
     for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++)
         if (t->send_req[s] != MPI_REQUEST_NULL) MPI_Wait(&t->send_req[s], MPI_STATUS_IGNORE);
-    /* every rank reaches close; after this barrier no ping can be in flight */
+    /* every rank reaches close; after this barrier no ping or heartbeat can be sent */
     MPI_Barrier(t->comm);
     if (t->ping_req != MPI_REQUEST_NULL) {
         MPI_Cancel(&t->ping_req);
         MPI_Wait(&t->ping_req, MPI_STATUS_IGNORE);
+    }
+    if (t->hb_req != MPI_REQUEST_NULL) {
+        MPI_Cancel(&t->hb_req);
+        MPI_Wait(&t->hb_req, MPI_STATUS_IGNORE);
+    }
+    for (int flag = 1; t->live_timeout > 0 && flag;) { /* heartbeats nobody received */
+        flag = 0;
+        if (MPI_Iprobe(0, TAG_HEARTBEAT, t->comm, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        if (flag) MPI_Recv(&t->hb_buf, 1, MPI_INT, 0, TAG_HEARTBEAT, t->comm, MPI_STATUS_IGNORE);
     }
     MPI_Comm_free(&t->comm);
     int fin = 0;
@@ -232,28 +345,32 @@ static void m_close(sq_transport *bt)
     sparq_free(t);
 }
 
-static const sq_transport_vt mpi_vt = {m_isend,  m_wait_send,   m_send_done, m_recv, m_bcast,
-                                       m_gather, m_find_silent, m_abort,     m_close};
+static const sq_transport_vt mpi_vt = {m_isend,  m_wait_send,   m_send_done, m_recv,  m_bcast,
+                                       m_gather, m_find_silent, m_abort,     m_close, m_keepalive};
 
 sparq_status sq_transport_mpi(sq_transport **out)
 {
     *out = NULL;
-    int inited = 0;
+    int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     bool we = false;
     if (!inited) {
-        int provided = 0;
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        /* MULTIPLE: rank 0's heartbeat thread sends while the main thread works */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return sparq_err(SPARQ_E_COMM, "MPI_Init_thread failed (was this started by mpirun?)");
         we = true;
+    } else {
+        MPI_Query_thread(&provided);
     }
     mpi_transport *t = sparq_calloc(1, sizeof *t);
     RETURN_IF(!t, SPARQ_E_NOMEM, "transport: out of memory");
     t->base.vt = &mpi_vt;
     t->base.name = "mpi";
     t->we_initialized = we;
+    t->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) t->send_req[s] = MPI_REQUEST_NULL;
     t->ping_req = MPI_REQUEST_NULL;
+    t->hb_req = MPI_REQUEST_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &t->comm);
     MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(t->comm, &t->base.rank);

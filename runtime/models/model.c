@@ -305,6 +305,7 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
     TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
+    TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head}, dir, NULL));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);
     m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
     if (!m->layers || !m->seq_len) FAIL(SPARQ_E_NOMEM, "out of memory");

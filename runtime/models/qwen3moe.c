@@ -95,6 +95,17 @@ static sparq_status q3_layer(const sq_model_config *c, int L, sq_layer_desc *out
     return SPARQ_OK;
 }
 
+/* The tensors besides the slots: the norms load_layer and q3_load bind. */
+static const sq_tensor_desc q3_tensors[] = {
+    {"model.embed_tokens.weight", SQ_PLACE_EMBED, 2, {SQ_DIM_VOCAB, SQ_DIM_HIDDEN}, false, false},
+    {"model.norm.weight", SQ_PLACE_HEAD, 1, {SQ_DIM_HIDDEN}, false, false},
+    {"lm_head", SQ_PLACE_HEAD, 2, {SQ_DIM_VOCAB, SQ_DIM_HIDDEN}, true, true},
+    {"model.layers.{L}.input_layernorm.weight", SQ_PLACE_LAYER, 1, {SQ_DIM_HIDDEN}, false, false},
+    {"model.layers.{L}.post_attention_layernorm.weight", SQ_PLACE_LAYER, 1, {SQ_DIM_HIDDEN}, false, false},
+    {"model.layers.{L}.self_attn.q_norm.weight", SQ_PLACE_LAYER, 1, {SQ_DIM_HEAD_DIM}, false, false},
+    {"model.layers.{L}.self_attn.k_norm.weight", SQ_PLACE_LAYER, 1, {SQ_DIM_HEAD_DIM}, false, false},
+};
+
 /* --- the memory its graph allocates (runtime/memplan.h documents the terms) ---- */
 
 /* KV cache: 2 (K and V) * layers * KV heads * head_dim * ctx * users * bytes. */
@@ -670,6 +681,8 @@ const sq_arch_info sq_arch_qwen3moe = {
     .norm_key = "model.norm",
     .check = q3_check,
     .layer = q3_layer,
+    .tensors = q3_tensors,
+    .n_tensors = (int)(sizeof q3_tensors / sizeof q3_tensors[0]),
     .kv_bytes = q3_kv_bytes,
     .workspace_terms = q3_workspace_terms,
     .graph = &q3_graph,

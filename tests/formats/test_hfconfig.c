@@ -5,6 +5,9 @@
 #include "formats/hfconfig.h"
 #include "t.h"
 
+/* The sizes a config must state (hfconfig.h), as Qwen3MoeConfig's defaults have them. */
+#define SIZES "\"vocab_size\":151936,\"hidden_size\":2048,\"num_hidden_layers\":24,\"num_attention_heads\":32,"
+
 static sparq_status parse(sq_model_config *c, const char *json)
 {
     return sq_config_parse_json(c, json, strlen(json), "config.json");
@@ -70,7 +73,7 @@ static void test_golden_exl3_config(void)
 static void test_transformers5_style(void)
 {
     sq_model_config c;
-    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":8,\"num_experts_per_tok\":2,"
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\"," SIZES "\"num_local_experts\":8,\"num_experts_per_tok\":2,"
                            "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"},"
                            "\"dtype\":\"float16\",\"eos_token_id\":[5,7],\"bos_token_id\":1}"),
                  SPARQ_OK);
@@ -87,7 +90,7 @@ static void test_transformers5_style(void)
 static void test_transformers4_style(void)
 {
     sq_model_config c;
-    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"num_experts\":64,\"rope_theta\":500000,"
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"vocab_size\":151936,\"num_experts\":64,\"rope_theta\":500000,"
                            "\"rope_scaling\":null,\"torch_dtype\":\"bfloat16\",\"hidden_size\":1024,"
                            "\"num_attention_heads\":16,\"num_key_value_heads\":4,\"num_hidden_layers\":6,"
                            "\"decoder_sparse_step\":2,\"mlp_only_layers\":[5,0],\"eos_token_id\":151645,"
@@ -104,11 +107,12 @@ static void test_transformers4_style(void)
     sq_config_free(&c);
 }
 
-/* Missing fields take Qwen3MoeConfig's defaults. */
+/* Missing fields take Qwen3MoeConfig's defaults, except the sizes that fix
+ * the tensors' shapes: without one of them the config is refused. */
 static void test_defaults(void)
 {
     sq_model_config c;
-    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\"}"), SPARQ_OK);
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\"," SIZES "\"architectures\":[]}"), SPARQ_OK);
     CHECK_EQ_INT(c.vocab_size, 151936);
     CHECK_EQ_INT(c.hidden_size, 2048);
     CHECK_EQ_INT(c.intermediate_size, 6144);
@@ -131,9 +135,18 @@ static void test_defaults(void)
     CHECK(!strcmp(c.hidden_act, "silu"));
     sq_config_free(&c);
     /* head_dim explicitly different from hidden/heads (Qwen3-30B-A3B: 2048 / 32 heads x 128) */
-    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\",\"head_dim\":128}"), SPARQ_OK);
+    CHECK_EQ_INT(parse(&c, "{\"model_type\":\"qwen3_moe\"," SIZES "\"head_dim\":128}"), SPARQ_OK);
     CHECK_EQ_INT(c.head_dim, 128);
     sq_config_free(&c);
+    /* a 256-wide checkpoint must not be read as transformers' 2048 */
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"vocab_size\":4096,\"num_hidden_layers\":4,"
+               "\"num_attention_heads\":4,\"head_dim\":64}", SPARQ_E_FORMAT, "no 'hidden_size'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":256,\"num_hidden_layers\":4,"
+               "\"num_attention_heads\":4}", SPARQ_E_FORMAT, "no 'vocab_size'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"vocab_size\":4096,\"hidden_size\":256,"
+               "\"num_attention_heads\":4}", SPARQ_E_FORMAT, "no 'num_hidden_layers'");
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"vocab_size\":4096,\"hidden_size\":256,"
+               "\"num_hidden_layers\":4,\"num_attention_heads\":null}", SPARQ_E_FORMAT, "no 'num_attention_heads'");
 }
 
 static void test_bad_configs(void)
@@ -184,7 +197,8 @@ static void test_bad_configs(void)
 
 static void test_fault_injection(void)
 {
-    const char *json = "{\"model_type\":\"qwen3_moe\",\"num_hidden_layers\":8,\"mlp_only_layers\":[1,2],"
+    const char *json = "{\"model_type\":\"qwen3_moe\",\"vocab_size\":100,\"hidden_size\":64,\"num_attention_heads\":4,"
+                       "\"num_hidden_layers\":8,\"mlp_only_layers\":[1,2],"
                        "\"quantization_config\":{\"quant_method\":\"exl3\",\"bits\":3,\"calibration\":{\"rows\":1}}}";
     int n, fails = 0;
     for (n = 1; n < 2000; n++) {

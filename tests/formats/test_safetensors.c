@@ -239,6 +239,38 @@ static void test_to_f32(void)
 }
 
 /* DeepSeek V3: E4M3 [130, 260] with F32 weight_scale_inv [2, 3] per 128x128. */
+/* NaN and Inf counted by their bits, in every float dtype; unaligned data. */
+static void test_count_nonfinite(void)
+{
+    struct {
+        sf_dtype dt;
+        unsigned size;
+        uint64_t bits[6]; /* values as stored, little endian */
+        uint64_t nan, inf;
+    } cases[] = {
+        {SF_F32, 4, {0x3F800000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F7FFFFFu, 0xFF800001u}, 2, 2},
+        {SF_F64, 8, {0x7FF0000000000000ull, 0x7FF8000000000000ull, 0x3FF0000000000000ull, 0, 0, 0}, 1, 1},
+        {SF_F16, 2, {0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0x3C00, 0x7C01}, 2, 2},
+        {SF_BF16, 2, {0x7F80, 0x7FC0, 0xFF81, 0x7F7F, 0x3F80, 0}, 2, 1},
+        {SF_F8_E4M3, 1, {0x7F, 0xFF, 0x7E, 0x78, 0, 0x80}, 2, 0},
+        {SF_F8_E5M2, 1, {0x7C, 0xFC, 0x7D, 0x7B, 0xFF, 0}, 2, 2},
+        {SF_F8_E8M0, 1, {0xFF, 0xFE, 0, 0x7F, 0xFF, 1}, 2, 0},
+        {SF_I16, 2, {0xFFFF, 0x7C00, 0x7F80, 0, 0, 0}, 0, 0},
+        {SF_F4, 1, {0xFF, 0x77, 0, 0, 0, 0}, 0, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint8_t buf[1 + 6 * 8];
+        for (int i = 0; i < 6; i++) memcpy(buf + 1 + i * cases[c].size, &cases[c].bits[i], cases[c].size);
+        const uint64_t n = cases[c].dt == SF_F4 ? 12 : 6;
+        sf_tensor t = {.name = "t", .dtype = cases[c].dt, .ndim = 1, .shape = {n}, .numel = n, .data = buf + 1};
+        uint64_t nan = 99, inf = 99;
+        sf_count_nonfinite(&t, &nan, &inf);
+        CHECK_MSG(nan == cases[c].nan && inf == cases[c].inf, "%s: %llu NaN, %llu Inf; want %llu, %llu",
+                  sf_dtype_name(cases[c].dt), (unsigned long long)nan, (unsigned long long)inf,
+                  (unsigned long long)cases[c].nan, (unsigned long long)cases[c].inf);
+    }
+}
+
 static void test_dequant_fp8_128(void)
 {
     enum { O = 130, I = 260 };
@@ -601,6 +633,7 @@ int main(void)
     RUN(test_writer_rejects);
     RUN(test_scalar_decoders);
     RUN(test_to_f32);
+    RUN(test_count_nonfinite);
     RUN(test_dequant_fp8_128);
     RUN(test_dequant_fp8_e8m0);
     RUN(test_dequant_mxfp4);

@@ -9,6 +9,8 @@
 #  - a bundle on the wrong number of ranks is refused, naming both numbers;
 #  - killing a rank mid-generation ends every rank, with mpirun naming it;
 #  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it;
+#  - stopping rank 0 (SIGSTOP) ends every rank after --timeout too, a worker naming
+#    rank 0 (its heartbeat stopped);
 #  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT.
 # Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
@@ -111,6 +113,12 @@ wait_for() {
   while running "$1" && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i+1)); done
   if running "$1"; then RC=999; else wait "$1"; RC=$?; fi
 }
+# no sparq process of bundle $1 is left (after $2)
+none_left() {
+  sleep 0.5
+  [ -z "$(pgrep -f "sparq run $1")" ] && ok || bad "$2: sparq processes left behind"
+  pkill -9 -f "sparq run $1" 2>/dev/null
+}
 
 # a rank dies mid-generation
 SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 \
@@ -125,25 +133,37 @@ wait_for $mp 20; rc=$RC
 grep -qi "rank 1" "$T/k.err" && ok || bad "kill: no message names rank 1: $(cat "$T/k.err")"
 echo "--- kill: what the ranks and mpirun said:"; cat "$T/k.err"
 [ -s "$T/k.out" ] && ok || bad "kill: nothing was generated before the kill (not mid-generation)"
-sleep 0.5
-[ -z "$(pgrep -f "sparq run $T/b3")" ] && ok || bad "kill: sparq processes left behind"
-pkill -9 -f "sparq run $T/b3" 2>/dev/null
+none_left "$T/b3" kill
 
+# stall NAME NP BUNDLE RANK TIMEOUT: a generation on NP ranks with --timeout TIMEOUT, rank RANK
+# stopped (SIGSTOP) once it has started; waits up to 30 s for mpirun, sets RC (999: still running)
+# and SECS (how long every rank took to end after the stop); stderr in $T/NAME.err
+stall() {
+  SPARQ_DIST_DELAY_MS=20 $MPIRUN -np $2 "$SPARQ" run "$3" -p "$P" -n 4000 --ignore-eos --temp 0 -t 1 --timeout $5 \
+    >"$T/$1.out" 2>"$T/$1.err" &
+  mp=$!
+  started "$T/$1.out"
+  victim=$(rank_pid "$3" $4)
+  [ -n "$victim" ] && ok || bad "$1: rank $4 not found"
+  [ -n "$victim" ] && kill -STOP "$victim"
+  t0=$(date +%s)
+  wait_for $mp 30
+  SECS=$(( $(date +%s) - t0 ))
+  [ "$RC" != 999 ] && [ "$RC" != 0 ] && ok || bad "$1: mpirun exit '$RC' (999 = still running after 30 s)"
+  echo "--- $1: what the ranks and mpirun said:"; cat "$T/$1.err"
+}
 # a rank stalls (SIGSTOP): rank 0's deadline names it, every rank ends
-SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 --timeout 2 \
-  >"$T/s.out" 2>"$T/s.err" &
-mp=$!
-started "$T/s.out"
-victim=$(rank_pid "$T/b3" 1)
-[ -n "$victim" ] && ok || bad "stall: rank 1 not found"
-[ -n "$victim" ] && kill -STOP "$victim"
-wait_for $mp 30; rc=$RC
-[ "$rc" != 999 ] && [ "$rc" != 0 ] && ok || bad "stall: mpirun exit '$rc' (999 = still running after 30 s)"
-echo "--- stall: what the ranks and mpirun said:"; cat "$T/s.err"
-grep -q "rank 1 does not answer" "$T/s.err" && ok || bad "stall: rank 0 does not name rank 1: $(cat "$T/s.err")"
-sleep 0.5
-[ -z "$(pgrep -f "sparq run $T/b3")" ] && ok || bad "stall: sparq processes left behind"
-pkill -9 -f "sparq run $T/b3" 2>/dev/null
+stall stall 3 "$T/b3" 1 2
+grep -q "rank 1 does not answer" "$T/stall.err" && ok || bad "stall: rank 0 does not name rank 1: $(cat "$T/stall.err")"
+none_left "$T/b3" stall
+
+# rank 0 stalls (SIGSTOP): the workers wait for its next step without a deadline of their own,
+# but rank 0's heartbeat stops; every rank ends within --timeout (+ slack), a worker naming rank 0
+stall stall0 2 "$T/b2" 0 3
+[ "$SECS" -le 15 ] && ok || bad "stall of rank 0: every rank ended only after $SECS s (--timeout 3)"
+grep -q "rank 1: .*rank 0 has said nothing for .* rank 0 is stopped, hung or dead" "$T/stall0.err" && ok ||
+  bad "stall of rank 0: rank 1 does not name rank 0: $(cat "$T/stall0.err")"
+none_left "$T/b2" "stall of rank 0"
 
 # sparq serve on 2 ranks: rank 0 answers over HTTP with the one-process greedy text;
 # SIGINT to rank 0 shuts the pipeline down and every rank exits 0

@@ -76,8 +76,13 @@ static void write_model_to(const char *sub, int engram, uint64_t rows_bad)
                       " \"head_dim\": 64, \"moe_intermediate_size\": 64, \"num_experts\": 4,"
                       " \"num_experts_per_tok\": 2, \"tie_word_embeddings\": false}\n";
     CHECK_EQ_INT(sparq_file_write_atomic(path, cfg, strlen(cfg)), SPARQ_OK);
+    /* pack loads the tokenizer: a real one, with ids below the vocab_size */
+    char *tok = NULL;
+    size_t tok_n = 0;
+    CHECK_EQ_INT(sparq_file_read_all(t_data_path("quantize/tiny-synth/tokenizer.json"), 0, &tok, &tok_n), SPARQ_OK);
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-    CHECK_EQ_INT(sparq_file_write_atomic(path, "{}\n", 3), SPARQ_OK);
+    CHECK_EQ_INT(sparq_file_write_atomic(path, tok, tok_n), SPARQ_OK);
+    sparq_free(tok);
     snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
     sf_writer *w;
     CHECK_EQ_INT(sf_writer_create(&w, path), SPARQ_OK);
@@ -92,8 +97,12 @@ static void write_model_to(const char *sub, int engram, uint64_t rows_bad)
             snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[i]);
             add(w, name, out[i], HID);
         }
-        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        add(w, name, HID, 0);
+        static const char *const norms[] = {"input_layernorm", "post_attention_layernorm", "self_attn.q_norm",
+                                            "self_attn.k_norm"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, norms[i]);
+            add(w, name, i < 2 ? HID : 64, 0);
+        }
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
         add(w, name, EXPERTS, HID);
         for (int e = 0; e < EXPERTS; e++) {
@@ -149,7 +158,11 @@ static void test_pack(void)
     CHECK(sq_manifest_find(&m, "node-1/model.safetensors") != NULL);
     CHECK(sq_manifest_find(&m, "config.json") != NULL);
     const sq_manifest_file *tok = sq_manifest_find(&m, "tokenizer.json");
-    CHECK(tok && tok->node == -1 && tok->size == 3 && tok->n_blocks == 1);
+    char tpath[800];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", model_dir);
+    struct stat tst;
+    CHECK(stat(tpath, &tst) == 0);
+    CHECK(tok && tok->node == -1 && tok->size == (uint64_t)tst.st_size && tok->n_blocks == 1);
     CHECK_EQ_INT(m.nodes[0].first_layer + m.nodes[0].n_layers, m.nodes[1].first_layer);
     CHECK_EQ_INT(m.nodes[1].first_layer + m.nodes[1].n_layers, LAYERS);
     CHECK(m.nodes[0].has_embed && m.nodes[1].has_head);
@@ -395,6 +408,15 @@ static void test_manifest_rejects(void)
     sq_manifest m;
     CHECK_EQ_INT(sq_manifest_parse(&m, text, n, "m.json"), SPARQ_OK);
     sq_manifest_free(&m);
+    /* the tokenizer's entry: a file of one block */
+    char tok_size[64];
+    {
+        char tp[800];
+        struct stat tst;
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", bundle);
+        CHECK(stat(tp, &tst) == 0);
+        snprintf(tok_size, sizeof tok_size, "\"size\": %llu,", (unsigned long long)tst.st_size);
+    }
     struct {
         const char *from, *to, *msg;
     } cases[] = {
@@ -403,7 +425,7 @@ static void test_manifest_rejects(void)
         {"\"block_size\": 65536", "\"block_size\": 65535", "power of two"},
         {"\"path\": \"tokenizer.json\"", "\"path\": \"../tokenizer.json\"", "without '..'"},
         {"\"path\": \"tokenizer.json\"", "\"path\": \"config.json\"", "listed twice"},
-        {"\"size\": 3,", "\"size\": 70000,", "block digests"},
+        {tok_size, "\"size\": 70000,", "block digests"},
         {"\"boxes\": 2", "\"boxes\": 3", "3 nodes"},
         {"\"first_layer\": 0", "\"first_layer\": 1", "first_layer"},
         {"\"kv_dtype\": \"f32\"", "\"kv_dtype\": \"q8\"", "kv_dtype"},

@@ -17,6 +17,7 @@
 #include "common/half.h"
 #include "formats/safetensors.h"
 #include "kernels/cpu/ops.h"
+#include "runtime/arch.h"
 #include "runtime/model.h"
 #include "t.h"
 
@@ -364,6 +365,83 @@ static void test_arch_desc(void)
     sq_model_free(m);
 }
 
+/* The config against the checkpoint's tensors (runtime/arch.h), from headers:
+ * the model as written passes; a config that says more or fewer layers,
+ * other sizes, or a scope (a bundle node) that leaves tensors unused does
+ * not, each problem named; allocation failures are clean. */
+static void test_arch_check(void)
+{
+    sq_model_config c;
+    sf_model *sf = NULL;
+    CHECK(sq_config_load(&c, model_dir) == SPARQ_OK);
+    CHECK(sf_open(&sf, model_dir) == SPARQ_OK);
+    if (!sf) return;
+    sq_arch_problems p;
+    CHECK_MSG(sq_arch_check_tensors(&c, sf, NULL, "m", &p) == SPARQ_OK, "%s", sparq_errmsg());
+    CHECK(p.n == 0 && p.n_lines == 0);
+    sq_arch_problems_free(&p);
+    /* a node holding layer 1 only, without embeddings and head: the rest is not its */
+    CHECK(sq_arch_check_tensors(&c, sf, &(sq_arch_scope){1, 2, false, false}, "m", &p) == SPARQ_E_FORMAT);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "m: config.json and the tensors disagree (");
+    CHECK_STR_CONTAINS(sparq_errmsg(), "of layer 0, which is not among the layers 1..1 read here: left unused");
+    CHECK_EQ_INT(p.n, 2 * (4 + 4 + 1 + 3 * E) + 3); /* layers 0 and 2, embed, head, norm */
+    sq_arch_problems_free(&p);
+    /* the same node with the head: lm_head and model.norm are read */
+    CHECK(sq_arch_check_tensors(&c, sf, &(sq_arch_scope){1, 3, false, true}, "m", &p) == SPARQ_E_FORMAT);
+    CHECK_EQ_INT(p.n, (4 + 4 + 1 + 3 * E) + 1);
+    sq_arch_problems_free(&p);
+    /* fewer layers than the file has */
+    c.num_hidden_layers = 2;
+    CHECK(sq_arch_check_tensors(&c, sf, NULL, "m", NULL) == SPARQ_E_FORMAT);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "the tensors of layer 2 ('model.layers.2.");
+    CHECK_STR_CONTAINS(sparq_errmsg(), "are left unused: config.json says num_hidden_layers 2");
+    /* more */
+    c.num_hidden_layers = 10;
+    CHECK(sq_arch_check_tensors(&c, sf, NULL, "m", &p) == SPARQ_E_NOTFOUND);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "layers 3..9 have no tensors (config.json: num_hidden_layers 10)");
+    CHECK_EQ_INT(p.n, 1);
+    sq_arch_problems_free(&p);
+    c.num_hidden_layers = NL;
+    /* other sizes: every tensor of that size disagrees, named with both shapes */
+    c.moe_intermediate_size = 2 * I_MOE;
+    CHECK(sq_arch_check_tensors(&c, sf, NULL, "m", &p) == SPARQ_E_SHAPE);
+    CHECK_EQ_INT(p.n, 2 * 3 * E);
+    CHECK_STR_CONTAINS(p.line[0], "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' (layer 0 experts.gate_proj "
+                                  "0): shape [32, 64], expected [64, 64]");
+    CHECK_STR_CONTAINS(sparq_errmsg(), "; and 45 more");
+    sq_arch_problems_free(&p);
+    c.moe_intermediate_size = I_MOE;
+    c.vocab_size = V + 1;
+    CHECK(sq_arch_check_tensors(&c, sf, NULL, "m", NULL) == SPARQ_E_SHAPE);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "'lm_head.weight' (the head): shape [100, 64], expected [101, 64]");
+    CHECK_STR_CONTAINS(sparq_errmsg(), "'model.embed_tokens.weight' (the embeddings): shape [100, 64], expected [101, 64]");
+    c.vocab_size = V;
+    /* a tied head may be absent (not here: it is present and checked) */
+    c.tie_word_embeddings = true;
+    CHECK(sq_arch_check_tensors(&c, sf, NULL, "m", NULL) == SPARQ_OK);
+    /* the model is read as its config says, or not at all */
+    int ok = 0, failed = 0;
+    for (uint64_t nth = 1; nth < 2000 && !ok; nth++) {
+        sparq_alloc_fail_at(nth, false);
+        sparq_status st = sq_arch_check_tensors(&c, sf, &(sq_arch_scope){1, 2, false, false}, "m", &p);
+        sparq_alloc_fail_at(0, false);
+        if (st == SPARQ_E_FORMAT) ok = 1;
+        else CHECK_MSG(st == SPARQ_E_NOMEM && p.n_lines == 0, "nth %llu: %d %s", (unsigned long long)nth, st,
+                       sparq_errmsg());
+        failed += st == SPARQ_E_NOMEM;
+        sq_arch_problems_free(&p);
+    }
+    CHECK(ok && failed > 3);
+    sf_close(sf);
+    sq_config_free(&c);
+    /* an EXL3 model: <key>.trellis / .suh / .svh / .mul1 and a separate lm_head with tied embeddings */
+    CHECK(sq_config_load(&c, t_data_path("exl3-model/exl3-3.0bpw")) == SPARQ_OK);
+    CHECK(sf_open(&sf, t_data_path("exl3-model/exl3-3.0bpw")) == SPARQ_OK);
+    CHECK_MSG(sf && sq_arch_check_tensors(&c, sf, NULL, "exl3", NULL) == SPARQ_OK, "%s", sparq_errmsg());
+    sf_close(sf);
+    sq_config_free(&c);
+}
+
 static void test_mem_report(void)
 {
     sq_model *m = load(32, 100, 3);
@@ -430,6 +508,7 @@ int main(void)
     RUN(test_layer_api);
     RUN(test_linear_swap);
     RUN(test_arch_desc);
+    RUN(test_arch_check);
     RUN(test_mem_report);
     RUN(test_errors);
     RUN(test_alloc_faults);

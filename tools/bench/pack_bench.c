@@ -83,13 +83,19 @@ int main(int argc, char **argv)
              " \"moe_intermediate_size\": 512, \"num_experts\": %d, \"num_experts_per_tok\": 4}\n",
              L, E < 1 ? 1 : E);
     if (sparq_file_write_atomic(path, cfg, strlen(cfg)) != SPARQ_OK) return die("config");
+    /* pack loads the tokenizer: the smallest byte-level BPE it reads */
+    static const char tok[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+                              " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+                              " \"decoder\": {\"type\": \"ByteLevel\"}}\n";
+    snprintf(path, sizeof path, "%s/tokenizer.json", model);
+    if (sparq_file_write_atomic(path, tok, strlen(tok)) != SPARQ_OK) return die("tokenizer");
     snprintf(path, sizeof path, "%s/model.safetensors", model);
     sf_writer *w;
     if (sf_writer_create(&w, path) != SPARQ_OK) return die("writer");
-    const uint64_t ex_n = 512 * 1024;
-    uint16_t *buf = sparq_malloc(ex_n * 2);
+    const uint64_t ex_n = 512 * 1024, buf_n = 1024 * 1024; /* an expert; the largest tensor (q_proj) */
+    uint16_t *buf = sparq_malloc(buf_n * 2);
     uint64_t x = 88172645463325252ull;
-    for (uint64_t i = 0; i < ex_n; i++) {
+    for (uint64_t i = 0; i < buf_n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         buf[i] = (uint16_t)x;
     }
@@ -97,6 +103,25 @@ int main(int argc, char **argv)
     char name[128];
     sf_writer_add_ref(w, "model.embed_tokens.weight", SF_BF16, 2, emb, buf, ex_n * 2);
     sf_writer_add_ref(w, "lm_head.weight", SF_BF16, 2, emb, buf, ex_n * 2);
+    /* what the architecture reads besides the experts (the config check wants it all): norms of
+     * 1024 and of head_dim 128, attention 1024 -> 1024 / 256, the router */
+    const uint64_t hid[1] = {1024}, hd[1] = {128}, q[2] = {1024, 1024}, kv[2] = {256, 1024};
+    const uint64_t rt[2] = {(uint64_t)(E < 1 ? 1 : E), 1024};
+    sf_writer_add_ref(w, "model.norm.weight", SF_BF16, 1, hid, buf, 1024 * 2);
+    static const char *const lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"};
+    static const char *const norm[] = {"input_layernorm", "post_attention_layernorm", "self_attn.q_norm",
+                                       "self_attn.k_norm"};
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < 4; i++) {
+            const uint64_t *sh = i == 1 || i == 2 ? kv : q;
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[i]);
+            sf_writer_add_ref(w, name, SF_BF16, 2, sh, buf, sh[0] * sh[1] * 2);
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, norm[i]);
+            sf_writer_add_ref(w, name, SF_BF16, 1, i < 2 ? hid : hd, buf, (i < 2 ? 1024 : 128) * 2);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+        sf_writer_add_ref(w, name, SF_BF16, 2, rt, buf, rt[0] * rt[1] * 2);
+    }
     for (int l = 0; l < L; l++)
         for (int e = 0; e < (E < 1 ? 1 : E); e++) {
             snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);

@@ -38,7 +38,7 @@
 #include "runtime/serve/session.h"
 
 enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_PARALLEL, O_QUEUE, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT,
-       O_API_KEY };
+       O_API_KEY, O_NO_VERIFY };
 static const cli_opt opts[] = {
     [O_HOST] = {"host", 0, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 = every interface)"},
     [O_PORT] = {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed at start)"},
@@ -55,6 +55,8 @@ static const cli_opt opts[] = {
     [O_REQTIMEOUT] = {"request-timeout", 0, "SECONDS", "time a client has to send its whole request (default 30)"},
     [O_API_KEY] = {"api-key", 0, "KEY", "require 'Authorization: Bearer KEY' on /v1 requests (default: the "
                                         "SPARQ_API_KEY environment variable; none = open)"},
+    [O_NO_VERIFY] = {"no-verify", 0, NULL, "a bundle: skip the XXH3 check of every block at load (for a copy already "
+                                           "checked with `sparq verify`; sizes are still checked)"},
     {0}};
 static const cli_spec spec = {
     "serve", "MODEL [options]",
@@ -361,6 +363,7 @@ int cmd_serve(int argc, char **argv)
     int id;
     const char *host = "127.0.0.1", *name = NULL, *api_key = getenv("SPARQ_API_KEY");
     long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64;
+    bool no_verify = false;
     double timeout = 60, req_timeout = 30;
     sq_device device = SQ_DEVICE_CPU;
     cli_args_init(&a, argc, argv, &spec);
@@ -379,6 +382,7 @@ int cmd_serve(int argc, char **argv)
         case O_TIMEOUT: ok = cli_parse_double(&spec, "timeout", v, 0.1, 1e6, &timeout); break;
         case O_REQTIMEOUT: ok = cli_parse_double(&spec, "request-timeout", v, 0.1, 1e6, &req_timeout); break;
         case O_API_KEY: api_key = v; break;
+        case O_NO_VERIFY: no_verify = true; break;
         }
         if (!ok) return 2;
     }
@@ -396,7 +400,7 @@ int cmd_serve(int argc, char **argv)
         name = dname;
     }
 
-    const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout};
+    const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout, no_verify};
     server sv = {.name = name, .api_key = api_key, .default_max = (int)max_tok, .req_timeout = req_timeout};
     sq_transport *tr = NULL;
     sq_dist *model = NULL;

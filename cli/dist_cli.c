@@ -50,6 +50,7 @@ int cli_dist_start(const cli_spec *spec, const char *dir, const cli_model_args *
     mo.device = ma->device;
     mo.max_rows = 256;
     mo.n_seq = ma->n_seq;
+    mo.no_verify = ma->no_verify;
     sq_dist_opts dop;
     sq_dist_opts_default(&dop);
     dop.timeout_s = ma->timeout_s;

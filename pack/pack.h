@@ -82,7 +82,9 @@ typedef struct sq_verify_options {
 typedef sq_bundle_report sq_verify_report;
 
 /* Check a bundle: its files against the manifest (formats/bundle.h, what the
- * runtime checks at load, with every unlisted file a problem). SPARQ_OK when
+ * runtime checks at load, with every unlisted file a problem), then — when
+ * they all match — the manifest's model config, layer count and plan against
+ * config.json and the shards (pack/verify.c says which). SPARQ_OK when
  * everything matches; otherwise the first problem's status
  * (SPARQ_E_CHECKSUM, SPARQ_E_FORMAT, SPARQ_E_NOTFOUND) with it as the
  * message and all of them in the report. Draws a progress bar. */

@@ -320,6 +320,11 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
         FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,
              m->end, m->n_layers);
+    if (m->has_head && m->end != m->n_layers) /* a bundle's last node: its plan must end with the model */
+        FAIL(SPARQ_E_FORMAT,
+             "%s: node %d holds layers [%d, %d) and the head, but config.json has %d layers: the manifest's plan "
+             "does not match the model (`sparq verify %s`)",
+             dir, m->opts.node, m->first, m->end, m->n_layers, dir);
     if (m->opts.ctx <= 0) m->opts.ctx = 4096;
     if (c->max_position_embeddings > 0 && m->opts.ctx > c->max_position_embeddings)
         m->opts.ctx = (int)c->max_position_embeddings;

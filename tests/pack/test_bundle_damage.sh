@@ -4,9 +4,11 @@
 #    tokenizer.json, generation_config.json or config.json: `run` and `serve` refuse at
 #    load, naming the file and the block; `--no-verify` skips the check (and runs the
 #    damaged shard);
-#  - `sparq verify` also fails on a file the manifest does not list and on a manifest entry
-#    removed (the shard, or tokenizer.json) — and `run` refuses a bundle whose shard or
-#    tokenizer entry was removed (it could not check them).
+#  - `sparq verify` also fails on a file the manifest does not list, on a manifest entry
+#    removed (the shard, or tokenizer.json), and on a manifest whose model config, layer
+#    count or ctx disagree with config.json and the shards — and `run` refuses a bundle
+#    whose shard or tokenizer entry was removed (it could not check them), or whose plan
+#    covers fewer layers than the model has.
 # Usage: test_bundle_damage.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
 set -u
 SPARQ="$1"
@@ -146,6 +148,10 @@ edited "the shard's entry removed" 'm["files"] = [f for f in m["files"] if f["pa
   "node-0/model.safetensors: not listed in manifest.json" run
 edited "tokenizer.json's entry removed" 'm["files"] = [f for f in m["files"] if f["path"] != "tokenizer.json"]' \
   "tokenizer.json: not listed in manifest.json" run
+edited "model.config edited" 'm["model"]["config"]["num_hidden_layers"] = 2' "model.config differs from config.json"
+edited "model.n_layers edited" 'm["model"]["n_layers"] = 3' "model.n_layers 3"
+edited "the plan's layers edited" 'm["plan"]["nodes"][0]["n_layers"] = 3; m["plan"]["n_layers"] = 3' "layers \[0, 3)" run
+edited "the plan's ctx edited" 'm["plan"]["ctx"] = 4096' "ctx 4096"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

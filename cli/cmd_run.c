@@ -47,7 +47,8 @@ static const cli_opt opts[] = {
     [O_REP] = {"repeat-penalty", 0, "R", "penalty for recent tokens (default 1.0 = off)"},
     [O_REPN] = {"repeat-last-n", 0, "N", "tokens the penalty looks back over (default 64)"},
     [O_SEED] = {"seed", 0, "S", "random seed (default 0; same seed, same text)"},
-    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096, or a bundle's planned "
+                                "ctx, capped at the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_STATS] = {"stats", 0, NULL, "print peak RSS and weights/KV/workspace bytes to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
@@ -203,7 +204,7 @@ int cmd_run(int argc, char **argv)
     const char *v;
     int id;
     const char *prompt = NULL, *system = NULL;
-    long long n_new = 128, ctx = 4096, threads = 0, repn = 64, seed = 0;
+    long long n_new = 128, ctx = 0, threads = 0, repn = 64, seed = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
     long long top_k = 40;
     bool chat = false, stats = false, ignore_eos = false, no_verify = false;

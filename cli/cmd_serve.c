@@ -47,7 +47,8 @@ static const cli_opt opts[] = {
     [O_PARALLEL] = {"parallel", 0, "N", "requests generated at once, each in its own KV slot (default 4; a bundle: "
                                         "the users it was packed for, at most)"},
     [O_QUEUE] = {"queue", 0, "N", "requests that may wait for a slot; more connections get 503 (default 64)"},
-    [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096; a bundle: as packed)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096, or a bundle's planned ctx, capped at "
+                                "the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
     [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
@@ -362,7 +363,7 @@ int cmd_serve(int argc, char **argv)
     const char *v;
     int id;
     const char *host = "127.0.0.1", *name = NULL, *api_key = getenv("SPARQ_API_KEY");
-    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64;
+    long long port = 8080, max_tok = 512, ctx = 0, threads = 0, parallel = 0, queue = 64;
     bool no_verify = false;
     double timeout = 60, req_timeout = 30;
     sq_device device = SQ_DEVICE_CPU;

@@ -37,7 +37,10 @@
 typedef struct sq_model sq_model;
 
 typedef struct sq_model_opts {
-    int ctx;       /* KV cache tokens per sequence (default 4096, capped at max_position_embeddings) */
+    int ctx;       /* KV cache tokens per sequence. 0 (the default): 4096 for a model directory, the planned
+                      ctx for a bundle, either capped at max_position_embeddings. N > 0: exactly N, and
+                      SPARQ_E_ARG when N exceeds max_position_embeddings (no RoPE scaling: positions past it
+                      were never trained) or, for a bundle, the ctx it was packed for */
     int n_seq;     /* sequences with a KV cache (default 1) */
     int max_rows;  /* rows per forward step: prefill chunk / calibration batch (default 512) */
     int n_threads; /* ≤ 0: all CPUs (or SPARQ_THREADS) */

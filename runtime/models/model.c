@@ -24,7 +24,7 @@
 
 void sq_model_opts_default(sq_model_opts *o)
 {
-    o->ctx = 4096;
+    o->ctx = 0; /* 4096, or the bundle's planned ctx; capped at max_position_embeddings */
     o->n_seq = 1;
     o->max_rows = 512;
     o->n_threads = 0;
@@ -214,7 +214,8 @@ sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles)
  * hashing reads the files through the page cache the mapping then uses). The
  * KV cache and workspace are sized from the plan the bundle was packed for
  * (ctx × users, prefill chunk), as design.md asks: a bundle that plan said
- * fits is loaded with exactly the sizes that were planned. A bundle
+ * fits is loaded with exactly the sizes that were planned (a smaller ctx
+ * asked for is allowed, a larger one refused). A bundle
  * packed for N boxes runs as N processes (o->nodes), this one loading node
  * o->node: its layers, plus the embeddings on the first node and the final
  * norm and lm_head on the last. On success *weights_dir is the node's folder
@@ -256,9 +257,14 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
                            dir, man.boxes, man.boxes == 1 ? "" : "es", o->nodes, man.boxes, man.boxes, o->nodes);
     } else if (o->node < 0 || o->node >= man.boxes) {
         st = sparq_err(SPARQ_E_RANGE, "%s: node %d outside [0, %d)", dir, o->node, man.boxes);
+    } else if (o->ctx > man.ctx) {
+        st = sparq_err(SPARQ_E_ARG,
+                       "%s: ctx %d exceeds the %lld the bundle was packed for (its plan sizes the KV cache); pack "
+                       "it again with --ctx %d",
+                       dir, o->ctx, (long long)man.ctx, o->ctx);
     } else if ((st = check_bundle(dir, &man, o)) == SPARQ_OK) {
         const sq_manifest_node *nd = &man.nodes[o->node];
-        o->ctx = (int)man.ctx;
+        if (o->ctx <= 0) o->ctx = (int)man.ctx;
         o->n_seq = (int)man.users;
         o->max_rows = (int)man.chunk;
         *plan_threads = (int)man.threads;
@@ -299,6 +305,7 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     m->end = -1; /* all layers, set below */
     m->has_embed = m->has_head = true;
     if (m->opts.nodes <= 0) m->opts.nodes = 1;
+    const bool ctx_given = m->opts.ctx > 0;
     {
         char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME);
         if (!mpath) FAIL(SPARQ_E_NOMEM, "out of memory");
@@ -325,9 +332,14 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
              "%s: node %d holds layers [%d, %d) and the head, but config.json has %d layers: the manifest's plan "
              "does not match the model (`sparq verify %s`)",
              dir, m->opts.node, m->first, m->end, m->n_layers, dir);
+    if (c->max_position_embeddings > 0 && ctx_given && m->opts.ctx > c->max_position_embeddings)
+        FAIL(SPARQ_E_ARG,
+             "%s: ctx %d exceeds the model's max_position_embeddings %lld (sparq has no RoPE scaling: later "
+             "positions were never trained); ask for at most %lld",
+             dir, m->opts.ctx, (long long)c->max_position_embeddings, (long long)c->max_position_embeddings);
     if (m->opts.ctx <= 0) m->opts.ctx = 4096;
     if (c->max_position_embeddings > 0 && m->opts.ctx > c->max_position_embeddings)
-        m->opts.ctx = (int)c->max_position_embeddings;
+        m->opts.ctx = (int)c->max_position_embeddings; /* the default, or a bundle's plan */
     if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 

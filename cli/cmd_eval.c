@@ -19,7 +19,7 @@
 #include "runtime/eval.h"
 #include "runtime/model.h"
 
-enum { O_TEXT, O_CTX, O_REF, O_SAVE_REF, O_REF_LOGITS, O_REF_F32, O_JSON, O_MAXW, O_THREADS, O_DEVICE };
+enum { O_TEXT, O_CTX, O_REF, O_SAVE_REF, O_REF_LOGITS, O_REF_F32, O_JSON, O_MAXW, O_THREADS, O_DEVICE, O_NO_VERIFY };
 static const cli_opt opts[] = {
     [O_TEXT] = {"text", 'f', "FILE", "text to score (UTF-8); optional with --ref-logits"},
     [O_CTX] = {"ctx", 'c', "N", "window length in tokens (default 512, or the --ref-logits file's)"},
@@ -31,6 +31,7 @@ static const cli_opt opts[] = {
     [O_MAXW] = {"max-windows", 0, "N", "score at most the first N windows"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0; also runs --ref there)"},
+    [O_NO_VERIFY] = {"no-verify", 0, NULL, "a bundle (MODEL or REF): skip the XXH3 check of every block at load"},
     {0}};
 static const cli_spec spec = {
     "eval", "MODEL --text FILE [options]",
@@ -99,7 +100,7 @@ int cmd_eval(int argc, char **argv)
     const char *text_path = NULL, *ref_dir = NULL, *save_path = NULL, *ref_logits = NULL;
     long long ctx = 0, maxw = 0, threads = 0;
     sq_device device = SQ_DEVICE_CPU;
-    bool json = false, f32 = false;
+    bool json = false, f32 = false, no_verify = false;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
         bool ok = true;
@@ -114,6 +115,7 @@ int cmd_eval(int argc, char **argv)
         case O_MAXW: ok = cli_parse_int(&spec, "max-windows", v, 1, INT64_MAX, &maxw); break;
         case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
         case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
+        case O_NO_VERIFY: no_verify = true; break;
         }
         if (!ok) return 2;
     }
@@ -134,6 +136,7 @@ int cmd_eval(int argc, char **argv)
         sq_model_opts_default(&mo);
         mo.n_threads = (int)threads;
         mo.device = device;
+        mo.no_verify = no_verify;
         sq_dist *d = NULL;
         bool reported = false;
         st = sq_dist_open(&d, dir, &mo, NULL, tr, &reported);
@@ -192,6 +195,7 @@ int cmd_eval(int argc, char **argv)
     mo.max_rows = ctx < 512 ? (int)ctx : 512;
     mo.n_threads = (int)threads;
     mo.device = device;
+    mo.no_verify = no_verify;
     st = sq_dist_open(&model, dir, &mo, NULL, tr, &reported);
     open_tried = true;
     opened = st == SPARQ_OK;

@@ -6,8 +6,10 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/file.h"
 #include "common/progress.h"
 #include "quantize/driver.h"
+#include "sparq_version.h"
 
 enum {
     O_BITS, O_BITS_FOR, O_HEAD_BITS, O_CALIB, O_CALIB_ROWS, O_CALIB_LEN, O_RANDOM, O_CODEBOOK, O_METHOD,
@@ -21,7 +23,8 @@ static const cli_opt opts[] = {
                                                 "(repeatable, last match wins), e.g. '*.down_proj=4'"},
     [O_HEAD_BITS] = {"head-bits", 0, "K", "lm_head bits (default 6)"},
     [O_CALIB] = {"calib", 0, "FILE", "calibration text (repeatable; *.jsonl: the \"text\" field of each line); "
-                                     "default tests/data/text/calib.txt"},
+                                     "default " SPARQ_DEFAULT_CALIB " (sparq's source tree, fixed at build "
+                                     "time; required when that file is not there)"},
     [O_CALIB_ROWS] = {"calib-rows", 0, "N", "calibration rows (default 16)"},
     [O_CALIB_LEN] = {"calib-len", 0, "N", "tokens per calibration row (default 256)"},
     [O_RANDOM] = {"random-rows-frac", 0, "F", "share of rows of uniform random tokens (default 0.15)"},
@@ -178,8 +181,13 @@ int cmd_quantize(int argc, char **argv)
     if (a.npos != 2) return cli_usage_error(&spec, "expected MODEL and OUT");
     o.model_dir = a.pos[0];
     o.out_dir = a.pos[1];
-    if (o.n_calib == 0 && o.method == QZ_METHOD_TRELLIS) o.calib[o.n_calib++] = "tests/data/text/calib.txt";
-    if (o.n_calib == 0) o.calib[o.n_calib++] = "tests/data/text/calib.txt"; /* reference rows for the report */
+    /* every method reads calibration text: trellis for its Hessians, the others for the report's reference rows */
+    if (o.n_calib == 0) {
+        if (!sparq_path_exists(SPARQ_DEFAULT_CALIB))
+            return cli_usage_error(&spec, "give --calib FILE (the default, %s, is not there: sparq was moved or "
+                                          "installed without its source tree)", SPARQ_DEFAULT_CALIB);
+        o.calib[o.n_calib++] = SPARQ_DEFAULT_CALIB;
+    }
 
     qz_report rep = {0};
     sparq_status st = qz_run(&o, &rep);

@@ -33,7 +33,7 @@
 
 enum {
     O_PROMPT, O_N, O_CHAT, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_SEED, O_CTX, O_THREADS,
-    O_STATS, O_IGNORE_EOS, O_PARALLEL, O_TIMEOUT, O_DEVICE
+    O_STATS, O_IGNORE_EOS, O_PARALLEL, O_TIMEOUT, O_DEVICE, O_NO_VERIFY
 };
 static const cli_opt opts[] = {
     [O_PROMPT] = {"prompt", 'p', "TEXT", "prompt text (with --chat: the user's message)"},
@@ -47,7 +47,8 @@ static const cli_opt opts[] = {
     [O_REP] = {"repeat-penalty", 0, "R", "penalty for recent tokens (default 1.0 = off)"},
     [O_REPN] = {"repeat-last-n", 0, "N", "tokens the penalty looks back over (default 64)"},
     [O_SEED] = {"seed", 0, "S", "random seed (default 0; same seed, same text)"},
-    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096, or a bundle's planned "
+                                "ctx, capped at the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes and (--device cuda) the device bytes planned and used, to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
@@ -56,12 +57,15 @@ static const cli_opt opts[] = {
     [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
                                             "stops with an error naming it (default 60)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
+    [O_NO_VERIFY] = {"no-verify", 0, NULL, "a bundle: skip the XXH3 check of every block at load (for a copy already "
+                                           "checked with `sparq verify`; sizes are still checked)"},
     {0}};
 static const cli_spec spec = {
     "run", "MODEL [-p PROMPT] [options]",
     "Generate text with MODEL (a Hugging Face model directory, an EXL3 model, or a bundle from `sparq pack`) on "
     "the CPU, streaming it to stdout. Prompt and decode speeds are printed to stderr at the end. A bundle packed "
-    "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints).",
+    "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints). A bundle's "
+    "files are checked at load, every block's XXH3-128 included; a damaged one is refused, naming the file and block.",
     opts,
     "examples:\n  sparq run build/tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"
     "  sparq run build/tests/data/tiny-qwen3moe --chat\n"
@@ -200,10 +204,10 @@ int cmd_run(int argc, char **argv)
     const char *v;
     int id;
     const char *prompt = NULL, *system = NULL;
-    long long n_new = 128, ctx = 4096, threads = 0, repn = 64, seed = 0;
+    long long n_new = 128, ctx = 0, threads = 0, repn = 64, seed = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
     long long top_k = 40;
-    bool chat = false, stats = false, ignore_eos = false;
+    bool chat = false, stats = false, ignore_eos = false, no_verify = false;
     sq_device device = SQ_DEVICE_CPU;
     long long parallel = 1;
     double timeout = 60;
@@ -226,6 +230,7 @@ int cmd_run(int argc, char **argv)
         case O_THREADS: ok = cli_parse_int(&spec, "threads", v, 1, 4096, &threads); break;
         case O_STATS: stats = true; break;
         case O_IGNORE_EOS: ignore_eos = true; break;
+        case O_NO_VERIFY: no_verify = true; break;
         case O_DEVICE: ok = sq_device_parse(v, &device) == SPARQ_OK || cli_usage_error(&spec, "--device: expected cpu or cuda") != 2; break;
         case O_PARALLEL: ok = cli_parse_int(&spec, "parallel", v, 1, 4096, &parallel); break;
         case O_TIMEOUT: ok = cli_parse_double(&spec, "timeout", v, 0.1, 1e6, &timeout); break;
@@ -240,7 +245,7 @@ int cmd_run(int argc, char **argv)
 
     run_state s = {0};
     s.seed = (uint64_t)seed;
-    const cli_model_args ma = {(int)ctx, (int)threads, (int)parallel, device, timeout};
+    const cli_model_args ma = {(int)ctx, (int)threads, (int)parallel, device, timeout, no_verify};
     sq_transport *tr = NULL;
     const int started = cli_dist_start(&spec, dir, &ma, &tr, &s.model, &s.tok);
     if (started >= 0) return started;

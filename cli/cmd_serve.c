@@ -45,7 +45,7 @@
 #include "runtime/serve/session.h"
 
 enum { O_HOST, O_PORT, O_NAME, O_MAXTOK, O_PARALLEL, O_QUEUE, O_CTX, O_THREADS, O_DEVICE, O_TIMEOUT, O_REQTIMEOUT,
-       O_HDRTIMEOUT, O_MAXCONN, O_API_KEY };
+       O_HDRTIMEOUT, O_MAXCONN, O_API_KEY, O_NO_VERIFY };
 static const cli_opt opts[] = {
     [O_HOST] = {"host", 0, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 = every interface)"},
     [O_PORT] = {"port", 0, "N", "TCP port (default 8080; 0 = any free port, printed at start)"},
@@ -54,7 +54,8 @@ static const cli_opt opts[] = {
     [O_PARALLEL] = {"parallel", 0, "N", "requests generated at once, each in its own KV slot (default 4; a bundle: "
                                         "the users it was packed for, at most)"},
     [O_QUEUE] = {"queue", 0, "N", "requests that may wait for a slot; more completion requests get 503 (default 64)"},
-    [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096; a bundle: as packed)"},
+    [O_CTX] = {"ctx", 'c', "N", "context length of each KV slot (default 4096, or a bundle's planned ctx, capped at "
+                                "the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "cpu|cuda", "where the forward pass runs (default cpu; cuda: GPU 0, needs a CUDA build)"},
     [O_TIMEOUT] = {"timeout", 0, "SECONDS", "multi-process runs: longest wait for another rank before every rank "
@@ -66,6 +67,8 @@ static const cli_opt opts[] = {
                                               "the one open longest with 503 (default 1024; lowered to fit the open-file limit)"},
     [O_API_KEY] = {"api-key", 0, "KEY", "require 'Authorization: Bearer KEY' on /v1 requests (default: the "
                                         "SPARQ_API_KEY environment variable; none = open)"},
+    [O_NO_VERIFY] = {"no-verify", 0, NULL, "a bundle: skip the XXH3 check of every block at load (for a copy already "
+                                           "checked with `sparq verify`; sizes are still checked)"},
     {0}};
 static const cli_spec spec = {
     "serve", "MODEL [options]",
@@ -420,7 +423,8 @@ int cmd_serve(int argc, char **argv)
     const char *v;
     int id;
     const char *host = "127.0.0.1", *name = NULL, *api_key = getenv("SPARQ_API_KEY");
-    long long port = 8080, max_tok = 512, ctx = 4096, threads = 0, parallel = 0, queue = 64, max_conns = 1024;
+    long long port = 8080, max_tok = 512, ctx = 0, threads = 0, parallel = 0, queue = 64, max_conns = 1024;
+    bool no_verify = false;
     double timeout = 60, req_timeout = 30, hdr_timeout = 5;
     sq_device device = SQ_DEVICE_CPU;
     cli_args_init(&a, argc, argv, &spec);
@@ -441,6 +445,7 @@ int cmd_serve(int argc, char **argv)
         case O_HDRTIMEOUT: ok = cli_parse_double(&spec, "header-timeout", v, 0.1, 1e6, &hdr_timeout); break;
         case O_MAXCONN: ok = cli_parse_int(&spec, "max-connections", v, 1, 1 << 20, &max_conns); break;
         case O_API_KEY: api_key = v; break;
+        case O_NO_VERIFY: no_verify = true; break;
         }
         if (!ok) return 2;
     }
@@ -458,7 +463,7 @@ int cmd_serve(int argc, char **argv)
         name = dname;
     }
 
-    const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout};
+    const cli_model_args ma = {(int)ctx, (int)threads, parallel ? (int)parallel : 4, device, timeout, no_verify};
     server sv = {.name = name, .api_key = api_key, .default_max = (int)max_tok};
     sq_transport *tr = NULL;
     sq_dist *model = NULL;

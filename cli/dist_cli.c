@@ -50,6 +50,7 @@ int cli_dist_start(const cli_spec *spec, const char *dir, const cli_model_args *
     mo.device = ma->device;
     mo.max_rows = 256;
     mo.n_seq = ma->n_seq;
+    mo.no_verify = ma->no_verify;
     sq_dist_opts dop;
     sq_dist_opts_default(&dop);
     dop.timeout_s = ma->timeout_s;
@@ -58,11 +59,15 @@ int cli_dist_start(const cli_spec *spec, const char *dir, const cli_model_args *
     sparq_status st = sq_transport_auto(&tr);
     if (st != SPARQ_OK) return cli_fail(spec, st);
     cli_dist_setup(tr);
-    if (tr->rank == 0) st = sq_tokenizer_load(tok, dir);
+    /* a tokenizer failure on rank 0 must still let the other ranks finish loading and hear about it;
+     * its message is kept, as loading sets (or clears) the thread's message */
+    char tok_msg[512] = "";
+    if (tr->rank == 0 && (st = sq_tokenizer_load(tok, dir)) != SPARQ_OK)
+        snprintf(tok_msg, sizeof tok_msg, "%s", sparq_errmsg());
     bool reported = false;
-    /* a tokenizer failure on rank 0 must still let the other ranks finish loading and hear about it */
     const sparq_status st_open = sq_dist_open(model, dir, &mo, &dop, tr, &reported);
-    if (st == SPARQ_OK) st = st_open;
+    if (st_open != SPARQ_OK) st = st_open; /* the load's message: a damaged tokenizer.json is named there too */
+    else if (st != SPARQ_OK) sparq_err(st, "%s", tok_msg);
     if (st == SPARQ_OK && tr->rank != 0) {
         st = sq_dist_serve(*model);
         if (st != SPARQ_OK) cli_dist_fail(spec, tr, st); /* does not return under MPI */

@@ -19,7 +19,8 @@ int cli_dist_fail(const cli_spec *spec, sq_transport *t, int st);
 
 /* Open MODEL as `run` and `serve` do: the transport (with the SIGTERM note),
  * the tokenizer on rank 0, the model through sq_dist_open (up to 256 rows per
- * step). Returns −1 on rank
+ * step; a bundle's files checked on every rank, each its own node). A
+ * failure on any rank is printed by rank 0 with its full message. Returns −1 on rank
  * 0 with *tr, *model and *tok open. Otherwise returns the command's exit
  * code with everything closed: on ranks > 0 after serving their pipeline
  * stage until rank 0 shuts it down, or after printing the error. */
@@ -27,6 +28,7 @@ typedef struct cli_model_args {
     int ctx, threads, n_seq; /* sq_model_opts: ctx, n_threads (0 = all CPUs), n_seq */
     sq_device device;
     double timeout_s;        /* sq_dist_opts */
+    bool no_verify;          /* sq_model_opts: skip the bundle's block checksums */
 } cli_model_args;
 int cli_dist_start(const cli_spec *spec, const char *dir, const cli_model_args *ma, sq_transport **tr,
                    sq_dist **model, sq_tokenizer **tok);

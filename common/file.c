@@ -11,23 +11,54 @@
 
 #include "common/alloc.h"
 
+static const char *file_kind(mode_t m)
+{
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a file";
+}
+
+sparq_status sparq_open_regular(const char *path, int *fd_out, uint64_t *size)
+{
+    *fd_out = -1;
+    if (size) *size = 0;
+    /* O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer; it does
+     * nothing to a regular file, and is cleared below anyway */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return sparq_err(SPARQ_E_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return sparq_err(SPARQ_E_IO, "%s: not a regular file (%s); give a file", path, file_kind(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    if (size) *size = (uint64_t)st.st_size;
+    return SPARQ_OK;
+}
+
 sparq_status sparq_file_read_all(const char *path, size_t max_size, char **out, size_t *out_len)
 {
     *out = NULL;
     if (out_len) *out_len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int fd;
+    uint64_t fsize;
+    FORWARD_IF(sparq_open_regular(path, &fd, &fsize));
+    if (max_size && fsize > max_size) {
         close(fd);
-        return sparq_err(SPARQ_E_IO, "%s: not a regular file", path);
+        return sparq_err(SPARQ_E_RANGE, "%s: file is %llu bytes, more than the %zu allowed", path,
+                         (unsigned long long)fsize, max_size);
     }
-    if (max_size && (uint64_t)st.st_size > max_size) {
-        close(fd);
-        return sparq_err(SPARQ_E_RANGE, "%s: file is %lld bytes, more than the %zu allowed", path,
-                         (long long)st.st_size, max_size);
-    }
-    size_t n = (size_t)st.st_size;
+    size_t n = (size_t)fsize;
     char *buf = sparq_malloc(n + 1);
     if (!buf) {
         close(fd);
@@ -56,22 +87,19 @@ sparq_status sparq_mmap_open(sparq_mmap *m, const char *path)
 {
     m->data = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return sparq_err(SPARQ_E_IO, "%s: not a regular file", path);
-    }
-    if (st.st_size == 0) {
+    int fd;
+    uint64_t size;
+    FORWARD_IF(sparq_open_regular(path, &fd, &size));
+    if (size == 0) {
         close(fd);
         return SPARQ_OK;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
     close(fd);
-    RETURN_IF(p == MAP_FAILED, SPARQ_E_IO, "%s: mmap failed: %s", path, strerror(errno));
+    RETURN_IF(p == MAP_FAILED, SPARQ_E_IO, "%s: mmap failed: %s", path, strerror(e));
     m->data = p;
-    m->size = (size_t)st.st_size;
+    m->size = (size_t)size;
     return SPARQ_OK;
 }
 

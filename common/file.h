@@ -12,6 +12,15 @@
 
 #include "common/status.h"
 
+/* Open a file for reading, refusing anything but a regular file (a FIFO, a
+ * device, a socket or a directory) without blocking on it: open(2) of a FIFO
+ * for reading waits for a writer, forever if none comes. On success *fd is
+ * open (O_RDONLY | O_CLOEXEC, blocking mode) and *size (may be NULL) is its
+ * length. Errors name the path: "PATH: not a regular file (a FIFO)". Every
+ * reader of input files goes through this (the functions below, safetensors,
+ * the manifest and bundle checks). */
+sparq_status sparq_open_regular(const char *path, int *fd, uint64_t *size);
+
 /* Read a whole file into a NUL-terminated heap buffer (free with sparq_free).
  * max_size guards against reading something absurd (0 = no limit). */
 sparq_status sparq_file_read_all(const char *path, size_t max_size, char **out, size_t *out_len);

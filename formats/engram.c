@@ -453,17 +453,9 @@ sparq_status sq_engram_open(sq_engram_reader **out, const char *path, uint64_t c
         st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
         goto fail;
     }
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) {
-        st = sparq_err(SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
-    struct stat sb;
-    if (fstat(r->fd, &sb) != 0) {
-        st = sparq_err(SPARQ_E_IO, "%s: cannot stat: %s", path, strerror(errno));
-        goto fail;
-    }
-    uint64_t fsize = (uint64_t)sb.st_size;
+    uint64_t fsize = 0;
+    st = sparq_open_regular(path, &r->fd, &fsize);
+    if (st != SPARQ_OK) goto fail;
     size_t hl = fsize < MAX_HEADER ? (size_t)fsize : MAX_HEADER;
     hdr = sparq_malloc(hl ? hl : 1);
     if (!hdr) {

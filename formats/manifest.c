@@ -242,6 +242,11 @@ sparq_status sq_manifest_load(sq_manifest *m, const char *bundle_dir)
     return st;
 }
 
+bool sq_manifest_file_for_node(const sq_manifest_file *f, int node)
+{
+    return node < 0 || f->node < 0 || f->node == node;
+}
+
 const sq_manifest_file *sq_manifest_find(const sq_manifest *m, const char *path)
 {
     for (size_t i = 0; i < m->n_files; i++)
@@ -290,14 +295,9 @@ sparq_status sq_manifest_hash_file(sq_manifest_file *f, const char *path, uint64
 {
     RETURN_IF(block_size < 4096 || (block_size & (block_size - 1)), SPARQ_E_ARG,
               "block size %llu is not a power of two >= 4096", (unsigned long long)block_size);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return sparq_err(SPARQ_E_IO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    const uint64_t size = (uint64_t)sb.st_size;
+    int fd;
+    uint64_t size;
+    FORWARD_IF(sparq_open_regular(path, &fd, &size));
     const uint64_t nb = size / block_size + (size % block_size != 0);
     sq_digest *blocks = nb ? sparq_calloc((size_t)nb, sizeof *blocks) : NULL;
     uint8_t *buf = block_size <= SIZE_MAX ? sparq_aligned_alloc(4096, (size_t)block_size) : NULL;
@@ -353,30 +353,4 @@ fail:
     json_decref(b);
     json_decref(o);
     return NULL;
-}
-
-/* ---- quick check ---- */
-
-sparq_status sq_bundle_check_quick(const char *bundle_dir, const sq_manifest *m, int node)
-{
-    RETURN_IF(node < -1 || node >= m->boxes, SPARQ_E_ARG, "%s: node %d but the bundle has %d nodes", bundle_dir,
-              node, m->boxes);
-    for (size_t i = 0; i < m->n_files; i++) {
-        const sq_manifest_file *f = &m->files[i];
-        if (node >= 0 && f->node >= 0 && f->node != node) continue;
-        char *p = sparq_path_join(bundle_dir, f->path);
-        RETURN_IF(!p, SPARQ_E_NOMEM, "out of memory");
-        struct stat st;
-        int r = stat(p, &st);
-        int e = errno;
-        sparq_free(p);
-        RETURN_IF(r != 0, SPARQ_E_NOTFOUND, "%s: %s is missing (%s); the bundle is incomplete", bundle_dir,
-                  f->path, strerror(e));
-        RETURN_IF(!S_ISREG(st.st_mode), SPARQ_E_FORMAT, "%s: %s is not a regular file", bundle_dir, f->path);
-        RETURN_IF((uint64_t)st.st_size != f->size, SPARQ_E_FORMAT,
-                  "%s: %s is %llu bytes but the manifest says %llu (%s); run `sparq verify %s`", bundle_dir,
-                  f->path, (unsigned long long)st.st_size, (unsigned long long)f->size,
-                  (uint64_t)st.st_size < f->size ? "truncated" : "replaced or appended to", bundle_dir);
-    }
-    return SPARQ_OK;
 }

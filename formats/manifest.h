@@ -9,9 +9,8 @@
  * detected. It also records the memory plan and node -> layers.
  *
  * This module lives in formats/ (not pack/) because the runtime needs it at
- * load: sq_bundle_check_quick() is the cheap check (manifest parses, every
- * file the node needs exists with the recorded size) the runtime runs before
- * it maps anything; `sparq verify` (pack/) does the full checksum pass. */
+ * load; formats/bundle.h checks a bundle's files against it, the one routine
+ * behind the runtime's load check and `sparq verify` (pack/). */
 #ifndef SPARQ_FORMATS_MANIFEST_H
 #define SPARQ_FORMATS_MANIFEST_H
 
@@ -88,17 +87,15 @@ void sq_manifest_free(sq_manifest *m);
 /* The file entry with this path, or NULL. */
 const sq_manifest_file *sq_manifest_find(const sq_manifest *m, const char *path);
 
+/* Does node `node` load file f (node -1: every file is wanted)? Its own files
+ * and those every node needs (f->node == -1). */
+bool sq_manifest_file_for_node(const sq_manifest_file *f, int node);
+
 /* Hash the file at `path` (size, whole-file XXH3-128, one digest per block).
  * Fills f->size/hash/n_blocks/blocks (f->path and f->node are untouched). */
 sparq_status sq_manifest_hash_file(sq_manifest_file *f, const char *path, uint64_t block_size);
 
 /* The JSON object of one file entry (new reference; NULL on OOM). */
 json_t *sq_manifest_file_json(const sq_manifest_file *f);
-
-/* The runtime's load check: every file that `node` needs (node -1: every
- * file) exists under bundle_dir and has the recorded size. The message
- * names the file and the sizes ("node-1/model.safetensors: 123 bytes but the
- * manifest says 456 (truncated or replaced); run `sparq verify`"). */
-sparq_status sq_bundle_check_quick(const char *bundle_dir, const sq_manifest *m, int node);
 
 #endif

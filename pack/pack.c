@@ -31,12 +31,6 @@
 #include "runtime/arch.h"
 #include "sparq_version.h"
 
-/* Files copied from the model directory into the bundle root when present. */
-static const char *const shared_files[] = {
-    "config.json",       "generation_config.json", "quantization_config.json", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
-    "merges.txt",        NULL};
-
 #define STATE_NAME ".pack-state.json"
 
 /* ---- model ---- */
@@ -488,7 +482,8 @@ done:
 static sparq_status pack_files(pack_ctx *c)
 {
     const int boxes = c->plan.boxes;
-    size_t nshared_max = sizeof shared_files / sizeof shared_files[0];
+    size_t nshared_max = 0;
+    while (sq_bundle_shared_files[nshared_max]) nshared_max++;
     sq_manifest_file *files = sparq_calloc(2 * (size_t)boxes + nshared_max, sizeof *files);
     RETURN_IF(!files, SPARQ_E_NOMEM, "out of memory");
     size_t nf = 0;
@@ -508,7 +503,8 @@ static sparq_status pack_files(pack_ctx *c)
         files[nf].path = sparq_strdup(rel);
         files[nf++].node = k;
     }
-    for (const char *const *s = shared_files; *s && st == SPARQ_OK; s++) {
+    /* the model's config and tokenizer files (formats/bundle.h), those it has */
+    for (const char *const *s = sq_bundle_shared_files; *s && st == SPARQ_OK; s++) {
         char *src = sparq_path_join(c->model_dir, *s), *dst = sparq_path_join(c->partial, *s);
         if (!src || !dst) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
         else if (sparq_path_exists(src)) {

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "formats/bundle.h"
 #include "formats/engram.h"
 #include "formats/hfconfig.h"
 #include "formats/manifest.h"
@@ -72,24 +73,23 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
 
 typedef struct sq_verify_options {
     int node;     /* -1: every file; K: files node K needs (its shard + shared files) */
-    bool quick;   /* sizes only (sq_bundle_check_quick), no hashing */
+    bool quick;   /* sizes and unlisted files only, no hashing */
     int threads;  /* <= 0: all CPUs */
 } sq_verify_options;
 
-typedef struct sq_verify_report {
-    uint64_t files, blocks, bytes;   /* checked */
-    double seconds;                  /* hashing wall time */
-    uint64_t n_bad;                  /* damaged blocks + missing / wrong-size files */
-    char **problems;                 /* one line each: "node-1/model.safetensors: block 3 (bytes ...)" */
-    size_t n_problems;               /* at most 100 kept; n_bad counts all */
-} sq_verify_report;
+/* files, blocks, bytes checked, hashing seconds, and every problem, one line
+ * each ("node-1/model.safetensors: block 3 (bytes ...): checksum mismatch"). */
+typedef sq_bundle_report sq_verify_report;
 
-/* Check a bundle. SPARQ_OK when everything matches; SPARQ_E_CHECKSUM (block
- * mismatch) or SPARQ_E_FORMAT / SPARQ_E_NOTFOUND (size, missing file) with
- * the first problem as the message and all of them in the report. Draws a
- * progress bar. */
+/* Check a bundle: its files against the manifest (formats/bundle.h, what the
+ * runtime checks at load, with every unlisted file a problem), then — when
+ * they all match — the manifest's model config, layer count and plan against
+ * config.json and the shards (pack/verify.c says which). SPARQ_OK when
+ * everything matches; otherwise the first problem's status
+ * (SPARQ_E_CHECKSUM, SPARQ_E_FORMAT, SPARQ_E_NOTFOUND) with it as the
+ * message and all of them in the report. Draws a progress bar. */
 sparq_status sq_verify_bundle(const char *bundle_dir, const sq_verify_options *o, sq_verify_report *r);
-void sq_verify_report_free(sq_verify_report *r);
+static inline void sq_verify_report_free(sq_verify_report *r) { sq_bundle_report_free(r); }
 
 /* Sequential read of the same files (the baseline of the verify benchmark):
  * bytes read and seconds, one thread, no hashing. */

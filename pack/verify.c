@@ -1,240 +1,225 @@
-/* pack/verify.c — `sparq verify`: every file's size and every block's
- * XXH3-128, in parallel, with the file and block of each mismatch.
+/* pack/verify.c — `sparq verify`: the bundle's files against its manifest
+ * (formats/bundle.h, the very routine the runtime runs at load: sizes, files
+ * the manifest does not list, every block's XXH3-128 in parallel), then what
+ * checksums cannot see, as the manifest carries no checksum of itself: its
+ * model config, layer count and plan against config.json and the shards.
  *
- * Work items are (file, block) pairs handed to the thread pool; each worker
- * hashes one block straight from a read-only mapping of the file (no copy:
- * measured ~1.6x faster per thread than pread into a buffer, see
- * docs/benchmarks-pack.md), or, if a file cannot be mapped, preads it into
- * its own buffer. As everywhere sparq maps files (the runtime maps weights),
- * a file truncated by someone else *while* it is being verified ends the
- * process with SIGBUS; truncation before the run is reported by name. A file
- * whose blocks all
- * match has the recorded content (the whole-file digest in the manifest is
- * for users' own tools, `xxhsum -H2`), so it is not hashed a second time. */
-#include <errno.h>
+ * Those last checks run once every file matched (a damaged file is reported
+ * as such, not as a dozen disagreements): the manifest's copy of the config
+ * must equal config.json; its layer count and the plan's layer split must be
+ * config.json's; each node's recorded KV, workspace and communication bytes
+ * must be what runtime/memplan.h gives for the plan's ctx, users, chunk and
+ * threads (an edited ctx shows here), its terms must add up to its total; and
+ * each shard must hold exactly its node's tensors (sq_memplan_tensor_node,
+ * the rule pack wrote them by), every layer the plan gives it, and the bytes
+ * the plan counts as the node's weights. */
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/progress.h"
-#include "common/threadpool.h"
+#include "formats/json.h"
 #include "pack/pack.h"
 
-#define MAX_PROBLEMS 100
-
-typedef struct vitem {
-    uint32_t file;
-    uint64_t block;
-} vitem;
-
-typedef struct vctx {
-    const sq_manifest *m;
-    const int *fds;
-    const vitem *items;
-    uint8_t **bufs;   /* per thread, for files that could not be mapped */
-    const uint8_t **maps; /* per file, NULL if not mapped */
-    sparq_progress *pr;
-    sq_verify_report *r;
-    pthread_mutex_t mu;
-    sparq_status first;
-    char first_msg[512];
-} vctx;
-
-static void add_problem(sq_verify_report *r, pthread_mutex_t *mu, vctx *c, sparq_status st, const char *fmt, ...)
+/* An integer member of a plan node, or -1 when absent. */
+static int64_t node_int(const json_t *n, const char *key)
 {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (mu) pthread_mutex_lock(mu);
-    r->n_bad++;
-    if (c && c->first == SPARQ_OK) {
-        c->first = st;
-        snprintf(c->first_msg, sizeof c->first_msg, "%s", line);
-    }
-    if (r->n_problems < MAX_PROBLEMS) {
-        char *s = sparq_strdup(line);
-        if (s) r->problems[r->n_problems++] = s;
-    }
-    if (mu) pthread_mutex_unlock(mu);
+    const json_t *v = json_object_get(n, key);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
 }
 
-static void verify_one(void *vc, size_t i, int tid)
+/* Node k's recorded terms against the memory plan's formulas and its total. */
+static void check_node_terms(const sq_manifest *m, const sq_model_config *cfg, const json_t *n, int k,
+                             sq_bundle_report *r)
 {
-    vctx *c = vc;
-    const vitem *it = &c->items[i];
-    const sq_manifest_file *f = &c->m->files[it->file];
-    const uint64_t bs = c->m->block_size, off = it->block * bs;
-    const uint64_t want = f->size - off < bs ? f->size - off : bs;
-    sq_digest d;
-    if (c->maps[it->file]) {
-        sq_digest_of(c->maps[it->file] + off, (size_t)want, &d);
-    } else if (sq_digest_file_range(c->fds[it->file], off, want, c->bufs[tid], (size_t)c->m->block_size, &d, f->path) != SPARQ_OK) {
-        add_problem(c->r, &c->mu, c, SPARQ_E_IO, "%s: block %llu: %s", f->path, (unsigned long long)it->block,
-                    sparq_errmsg());
-        return;
+    const sq_manifest_node *nd = &m->nodes[k];
+    sq_memplan_params p;
+    sq_memplan_params_default(&p);
+    p.ctx = m->ctx;
+    p.users = m->users;
+    p.chunk = m->chunk;
+    p.logits_rows = m->logits_rows;
+    p.threads = m->threads;
+    sq_kv_dtype_parse(m->kv_dtype, &p.kv_dtype);
+    const struct {
+        const char *name;
+        uint64_t want;
+    } terms[] = {{"kv", sq_memplan_kv_bytes(cfg, nd->n_layers, &p)},
+                 {"workspace", sq_memplan_workspace_bytes(cfg, &p, nd->has_head)},
+                 {"comm", sq_memplan_comm_bytes(cfg, &p, m->boxes)}};
+    for (size_t i = 0; i < sizeof terms / sizeof terms[0]; i++) {
+        const int64_t have = node_int(n, terms[i].name);
+        if (have >= 0 && (uint64_t)have == terms[i].want) continue;
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: plan node %d records %s %lld bytes, but ctx %lld x %lld users (chunk %lld, %s KV, "
+                             "%lld threads) give %llu for its %lld layers: the plan was changed after pack",
+                             SQ_MANIFEST_NAME, k, terms[i].name, (long long)have, (long long)m->ctx,
+                             (long long)m->users, (long long)m->chunk, m->kv_dtype, (long long)m->threads,
+                             (unsigned long long)terms[i].want, (long long)nd->n_layers);
     }
-    if (memcmp(&d, &f->blocks[it->block], sizeof d)) {
-        add_problem(c->r, &c->mu, c, SPARQ_E_CHECKSUM,
-                    "%s: block %llu (bytes %llu..%llu): checksum mismatch (damaged data)", f->path,
-                    (unsigned long long)it->block, (unsigned long long)off, (unsigned long long)(off + want - 1));
+    static const char *const parts[] = {"weights", "kv", "workspace", "engram_cache", "comm", "margin"};
+    uint64_t sum = 0;
+    bool all = true;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const int64_t v = node_int(n, parts[i]);
+        all &= v >= 0;
+        sum += (uint64_t)(v > 0 ? v : 0);
     }
-    sparq_progress_add(c->pr, want);
+    if (!all || sum != nd->total_bytes)
+        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s: plan node %d records total %llu bytes, but its terms add up to %llu",
+                             SQ_MANIFEST_NAME, k, (unsigned long long)nd->total_bytes, (unsigned long long)sum);
 }
 
-void sq_verify_report_free(sq_verify_report *r)
+/* Node k's shard against the plan: its tensors, layers and weight bytes. */
+static sparq_status check_node_shard(const char *dir, const sq_manifest *m, const sq_memplan *pl, const json_t *n,
+                                     int k, sq_bundle_report *r)
 {
-    if (!r) return;
-    for (size_t i = 0; i < r->n_problems; i++) sparq_free(r->problems[i]);
-    sparq_free(r->problems);
-    memset(r, 0, sizeof *r);
+    char rel[64];
+    snprintf(rel, sizeof rel, "node-%d/model.safetensors", k);
+    char *path = sparq_path_join(dir, rel);
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    sf_model *sf = NULL;
+    sparq_status st = sf_open(&sf, path);
+    sparq_free(path);
+    if (st == SPARQ_E_NOMEM) return st;
+    if (st != SPARQ_OK) {
+        sq_bundle_report_add(r, st, "%s", sparq_errmsg());
+        return SPARQ_OK;
+    }
+    const sq_manifest_node *nd = &m->nodes[k];
+    bool *seen = sparq_calloc((size_t)nd->n_layers + 1, sizeof *seen);
+    if (!seen) {
+        sf_close(sf);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
+    uint64_t bytes = 0, misplaced = 0;
+    const char *first_bad = NULL;
+    int first_bad_node = -1;
+    bool embed = false, head = false;
+    for (size_t i = 0; i < sf_count(sf); i++) {
+        const sf_tensor *t = sf_at(sf, i);
+        bytes += t->nbytes;
+        int also;
+        const int at = sq_memplan_tensor_node(pl, t->name, &also);
+        if (at != k && also != k) {
+            if (!misplaced++) first_bad = t->name, first_bad_node = at;
+            continue;
+        }
+        int64_t layer;
+        bool ex;
+        switch (sq_memplan_classify(t->name, &layer, &ex)) {
+        case SQ_TENSOR_LAYER: seen[layer - nd->first_layer] = true; break;
+        case SQ_TENSOR_EMBED: embed |= at == k; break;
+        case SQ_TENSOR_HEAD:
+        case SQ_TENSOR_FINAL_NORM: head = true; break;
+        default: break;
+        }
+    }
+    if (misplaced) {
+        char where[48] = "no node of the plan holds it";
+        if (first_bad_node >= 0) snprintf(where, sizeof where, "the plan puts it on node %d", first_bad_node);
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: %llu tensors the plan does not give node %d (layers [%lld, %lld)), e.g. '%s' (%s)",
+                             rel, (unsigned long long)misplaced, k, (long long)nd->first_layer,
+                             (long long)(nd->first_layer + nd->n_layers), first_bad, where);
+    }
+    for (int64_t L = 0; L < nd->n_layers; L++)
+        if (!seen[L]) {
+            sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s: no tensor of layer %lld, which the plan gives node %d", rel,
+                                 (long long)(nd->first_layer + L), k);
+            break;
+        }
+    if (embed != nd->has_embed || head != nd->has_head)
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: %s the embeddings and %s the final norm / lm_head, but the plan says has_embed %s, "
+                             "has_head %s",
+                             rel, embed ? "holds" : "lacks", head ? "holds" : "lacks", nd->has_embed ? "true" : "false",
+                             nd->has_head ? "true" : "false");
+    const int64_t w = node_int(n, "weights");
+    if (w < 0 || (uint64_t)w != bytes)
+        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s: holds %llu bytes of tensors, but the plan records weights %lld",
+                             rel, (unsigned long long)bytes, (long long)w);
+    sparq_free(seen);
+    sf_close(sf);
+    return SPARQ_OK;
 }
 
-static bool wanted(const sq_manifest_file *f, int node) { return node < 0 || f->node < 0 || f->node == node; }
+/* The manifest against config.json and the shards (every file matched). */
+static sparq_status check_manifest(const char *dir, const sq_manifest *m, int node, sq_bundle_report *r)
+{
+    json_t *root = NULL, *cfg_json = NULL;
+    sq_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    sq_memplan_node *pn = NULL;
+    char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME), *cpath = sparq_path_join(dir, "config.json");
+    sparq_status st = mpath && cpath ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) st = sq_json_load_file(&root, mpath, SQ_MANIFEST_MAX_SIZE);
+    if (st != SPARQ_OK) goto done;
+    if (sq_json_load_file(&cfg_json, cpath, 1 << 24) != SPARQ_OK || sq_config_load(&cfg, dir) != SPARQ_OK) {
+        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+        goto done;
+    }
+    const json_t *model = json_object_get(root, "model"), *plan = json_object_get(root, "plan");
+    if (!json_equal(json_object_get(model, "config"), cfg_json))
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: model.config differs from config.json (one of them was changed after pack)",
+                             SQ_MANIFEST_NAME);
+    const json_t *nl = json_object_get(model, "n_layers");
+    if (!json_is_integer(nl) || json_integer_value(nl) != cfg.num_hidden_layers)
+        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s: model.n_layers %lld, but config.json has num_hidden_layers %lld",
+                             SQ_MANIFEST_NAME, json_is_integer(nl) ? (long long)json_integer_value(nl) : -1LL,
+                             (long long)cfg.num_hidden_layers);
+    const sq_manifest_node *last = &m->nodes[m->boxes - 1];
+    const int64_t end = last->first_layer + last->n_layers, pl_n = node_int(plan, "n_layers");
+    if (end != cfg.num_hidden_layers || pl_n != cfg.num_hidden_layers) {
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: the plan's nodes hold layers [0, %lld) (plan.n_layers %lld), but config.json has "
+                             "%lld",
+                             SQ_MANIFEST_NAME, (long long)end, (long long)pl_n, (long long)cfg.num_hidden_layers);
+    }
+    /* the plan as pack used it to place tensors */
+    pn = sparq_calloc((size_t)m->boxes, sizeof *pn);
+    if (!pn) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int k = 0; k < m->boxes; k++) {
+        pn[k].node = k;
+        pn[k].first_layer = m->nodes[k].first_layer;
+        pn[k].n_layers = m->nodes[k].n_layers;
+    }
+    const sq_memplan pl = {.boxes = m->boxes, .n_layers = end, .tied_head = json_is_true(json_object_get(plan, "tied_head")),
+                           .nodes = pn};
+    const json_t *nodes = json_object_get(plan, "nodes");
+    for (int k = 0; k < m->boxes && st == SPARQ_OK; k++) {
+        if (node >= 0 && k != node) continue;
+        const json_t *n = json_array_get(nodes, (size_t)k);
+        check_node_terms(m, &cfg, n, k, r);
+        st = check_node_shard(dir, m, &pl, n, k, r);
+    }
+done:
+    sparq_free(pn);
+    sq_config_free(&cfg);
+    json_decref(cfg_json);
+    json_decref(root);
+    sparq_free(mpath);
+    sparq_free(cpath);
+    return st;
+}
 
 sparq_status sq_verify_bundle(const char *dir, const sq_verify_options *o, sq_verify_report *r)
 {
     memset(r, 0, sizeof *r);
-    r->problems = sparq_calloc(MAX_PROBLEMS, sizeof *r->problems);
-    RETURN_IF(!r->problems, SPARQ_E_NOMEM, "out of memory");
     sq_manifest m;
     FORWARD_IF(sq_manifest_load(&m, dir));
-    sparq_status st = SPARQ_OK;
-    int *fds = NULL;
-    vitem *items = NULL;
-    sparq_pool *pool = NULL;
-    uint8_t **bufs = NULL;
-    const uint8_t **maps = NULL;
-    vctx c;
-    memset(&c, 0, sizeof c);
-    pthread_mutex_init(&c.mu, NULL);
-    if (o->node < -1 || o->node >= m.boxes) {
-        st = sparq_err(SPARQ_E_ARG, "%s: --node %d but the bundle has %d nodes (0..%d)", dir, o->node, m.boxes,
-                       m.boxes - 1);
-        goto done;
-    }
-    fds = sparq_calloc(m.n_files ? m.n_files : 1, sizeof *fds);
-    if (!fds) {
-        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-        goto done;
-    }
-    /* sizes first: missing and truncated files are reported by name */
-    uint64_t n_items = 0;
-    for (size_t i = 0; i < m.n_files; i++) {
-        fds[i] = -1;
-        const sq_manifest_file *f = &m.files[i];
-        if (!wanted(f, o->node)) continue;
-        r->files++;
-        char *p = sparq_path_join(dir, f->path);
-        if (!p) {
-            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-            goto done;
-        }
-        int fd = open(p, O_RDONLY | O_CLOEXEC);
-        int e = errno;
-        sparq_free(p);
-        struct stat sb;
-        if (fd < 0) {
-            add_problem(r, NULL, &c, SPARQ_E_NOTFOUND, "%s: missing (%s)", f->path, strerror(e));
-            continue;
-        }
-        if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != f->size) {
-            add_problem(r, NULL, &c, SPARQ_E_FORMAT, "%s: %llu bytes but the manifest says %llu (%s)", f->path,
-                        (unsigned long long)sb.st_size, (unsigned long long)f->size,
-                        (uint64_t)sb.st_size < f->size ? "truncated" : "replaced or appended to");
-            close(fd);
-            continue;
-        }
-        fds[i] = fd;
-        n_items += f->n_blocks;
-    }
-    if (!o->quick && n_items) {
-        items = sparq_calloc((size_t)n_items, sizeof *items);
-        if (!items) {
-            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-            goto done;
-        }
-        size_t k = 0;
-        uint64_t total = 0;
-        for (size_t i = 0; i < m.n_files; i++) {
-            if (fds[i] < 0) continue;
-            total += m.files[i].size;
-            for (uint64_t b = 0; b < m.files[i].n_blocks; b++) items[k++] = (vitem){(uint32_t)i, b};
-        }
-        st = sparq_pool_create(&pool, o->threads);
-        if (st != SPARQ_OK) goto done;
-        int nt = sparq_pool_size(pool);
-        bufs = sparq_calloc((size_t)nt, sizeof *bufs);
-        if (!bufs) {
-            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-            goto done;
-        }
-        for (int t = 0; t < nt; t++) {
-            bufs[t] = sparq_aligned_alloc(4096, (size_t)m.block_size);
-            if (!bufs[t]) {
-                st = sparq_err(SPARQ_E_NOMEM, "out of memory for %d buffers of %llu bytes", nt,
-                               (unsigned long long)m.block_size);
-                goto done;
-            }
-        }
-        maps = sparq_calloc(m.n_files, sizeof *maps);
-        if (!maps) {
-            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-            goto done;
-        }
-        for (size_t i = 0; i < m.n_files; i++) {
-            if (fds[i] < 0 || !m.files[i].size || m.files[i].size > SIZE_MAX) continue;
-            void *p = mmap(NULL, (size_t)m.files[i].size, PROT_READ, MAP_SHARED, fds[i], 0);
-            if (p == MAP_FAILED) continue; /* pread instead */
-            madvise(p, (size_t)m.files[i].size, MADV_SEQUENTIAL);
-            maps[i] = p;
-        }
-        sparq_progress pr;
-        sparq_progress_begin(&pr, "verify", total, SPARQ_PROGRESS_BYTES);
-        c.m = &m;
-        c.fds = fds;
-        c.items = items;
-        c.bufs = bufs;
-        c.maps = maps;
-        c.pr = &pr;
-        c.r = r;
-        double t0 = sparq_now();
-        sparq_pool_for(pool, (size_t)n_items, verify_one, &c);
-        r->seconds = sparq_now() - t0;
-        sparq_progress_end(&pr);
-        r->blocks = n_items;
-        r->bytes = total;
-    }
-    if (r->n_bad) {
-        if (r->n_bad > 1)
-            st = sparq_err(c.first, "%s: %s (and %llu more problems)", dir, c.first_msg,
-                           (unsigned long long)(r->n_bad - 1));
-        else
-            st = sparq_err(c.first, "%s: %s", dir, c.first_msg);
-    }
-done:
-    if (maps)
-        for (size_t i = 0; i < m.n_files; i++)
-            if (maps[i]) munmap((void *)maps[i], (size_t)m.files[i].size);
-    sparq_free(maps);
-    if (bufs)
-        for (int t = 0; t < sparq_pool_size(pool); t++) sparq_aligned_free(bufs[t]);
-    sparq_free(bufs);
-    if (pool) sparq_pool_free(pool);
-    sparq_free(items);
-    if (fds)
-        for (size_t i = 0; i < m.n_files; i++)
-            if (fds[i] >= 0) close(fds[i]);
-    sparq_free(fds);
-    pthread_mutex_destroy(&c.mu);
+    const sq_bundle_check_opts co = {
+        .node = o->node, .quick = o->quick, .threads = o->threads, .all_files = true, .progress = "verify"};
+    sparq_status st = sq_bundle_check(dir, &m, &co, r);
+    if (st == SPARQ_OK) st = check_manifest(dir, &m, o->node, r);
+    if (st == SPARQ_OK) st = sq_bundle_report_status(dir, r);
     sq_manifest_free(&m);
     return st;
 }
@@ -251,7 +236,7 @@ sparq_status sq_verify_read_baseline(const char *dir, int node, uint64_t *bytes,
     double t0 = sparq_now();
     volatile uint8_t sink = 0;
     for (size_t i = 0; i < m.n_files && st == SPARQ_OK; i++) {
-        if (!wanted(&m.files[i], node)) continue;
+        if (!sq_manifest_file_for_node(&m.files[i], node)) continue;
         char *p = sparq_path_join(dir, m.files[i].path);
         int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
         if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open", p ? p : "?");

@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
@@ -75,6 +76,18 @@ static sparq_status read_calib_text(const qz_opts *o, char **out, size_t *out_le
     RETURN_IF(!all, SPARQ_E_ARG, "no calibration text (give --calib FILE)");
     *out = all;
     *out_len = len;
+    return SPARQ_OK;
+}
+
+sparq_status qz_check_calib_files(const qz_opts *o)
+{
+    RETURN_IF(o->n_calib == 0, SPARQ_E_ARG, "no calibration text (give --calib FILE)");
+    for (int f = 0; f < o->n_calib; f++) {
+        int fd;
+        sparq_status st = sparq_open_regular(o->calib[f], &fd, NULL);
+        if (st != SPARQ_OK) return sparq_err_context(st, "calibration text");
+        close(fd);
+    }
     return SPARQ_OK;
 }
 

@@ -80,6 +80,10 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     RETURN_IF(o->head_bits < 1 || o->head_bits > 8, SPARQ_E_ARG, "--head-bits %d is outside 1..8", o->head_bits);
     RETURN_IF(o->calib_len < 1 || o->calib_rows < 1, SPARQ_E_ARG, "--calib-rows and --calib-len must be >= 1");
     RETURN_IF(sparq_path_exists(o->out_dir), SPARQ_E_ARG, "%s already exists (refusing to overwrite)", o->out_dir);
+    /* the inputs, before anything is created */
+    RETURN_IF(!sparq_path_is_dir(o->model_dir), SPARQ_E_NOTFOUND,
+              "%s: no such model directory (MODEL is a folder with config.json and *.safetensors)", o->model_dir);
+    FORWARD_IF(qz_check_calib_files(o));
     if (o->work_dir) j.work = sparq_strdup(o->work_dir);
     else {
         size_t n = strlen(o->out_dir) + 8;
@@ -127,17 +131,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         qz_memdbg("estimate", -1);
         uint64_t now = qz_cur_rss_bytes(), hwm = qz_peak_rss_bytes();
         qz_mem_estimate(&j, hwm > now ? hwm : now);
-        if (o->max_mem && rep->mem_estimate > o->max_mem) {
-            st = qz_mem_refuse(&j);
-            if (new_work) { /* refused before any work: leave nothing behind */
-                if (skel_dir) {
-                    qz_clear_dir_files(skel_dir);
-                    rmdir(skel_dir);
-                }
-                qz_clear_dir_files(j.work);
-                rmdir(j.work);
-            }
-        }
+        if (o->max_mem && rep->mem_estimate > o->max_mem) st = qz_mem_refuse(&j);
     }
     if (st == SPARQ_OK) {
         j.hq = sparq_aligned_alloc(64, nh * sizeof(float));
@@ -151,6 +145,15 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             rep->n_layers = j.n_layers;
             for (int r = 0; r < j.batch_seqs * j.T; r++) j.pos[r] = r % j.T;
         }
+    }
+    if (st != SPARQ_OK && new_work) { /* failed before any work (the model, the calibration text, --max-mem):
+                                         leave nothing behind */
+        if (skel_dir) {
+            qz_clear_dir_files(skel_dir);
+            rmdir(skel_dir);
+        }
+        qz_clear_dir_files(j.work);
+        rmdir(j.work);
     }
     int done = -1;
     if (st == SPARQ_OK && o->resume) st = qz_load_hidden(&j, &done);

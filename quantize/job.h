@@ -114,6 +114,8 @@ typedef struct out_entry {
 } out_entry;
 
 /* calib.c */
+/* Every --calib file opens as a regular file (checked before the work dir is made). */
+sparq_status qz_check_calib_files(const qz_opts *o);
 sparq_status qz_build_calib_tokens(const qz_opts *o, int vocab, int32_t **out, int *rows_out,
                                    int *random_out);
 

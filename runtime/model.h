@@ -37,19 +37,28 @@
 typedef struct sq_model sq_model;
 
 typedef struct sq_model_opts {
-    int ctx;       /* KV cache tokens per sequence (default 4096, capped at max_position_embeddings) */
+    int ctx;       /* KV cache tokens per sequence. 0 (the default): 4096 for a model directory, the planned
+                      ctx for a bundle, either capped at max_position_embeddings. N > 0: exactly N, and
+                      SPARQ_E_ARG when N exceeds max_position_embeddings (no RoPE scaling: positions past it
+                      were never trained) or, for a bundle, the ctx it was packed for */
     int n_seq;     /* sequences with a KV cache (default 1) */
     int max_rows;  /* rows per forward step: prefill chunk / calibration batch (default 512) */
     int n_threads; /* ≤ 0: all CPUs (or SPARQ_THREADS) */
     int node;      /* bundle node this process loads (default 0) */
     int nodes;     /* processes the model runs on (default 1): must equal the bundle's box count */
     sq_device device; /* where the forward runs (default SQ_DEVICE_CPU; kernels/backend.h) */
+    bool no_verify;   /* a bundle: skip the XXH3 check of every block this node loads (formats/bundle.h; sizes
+                         and unlisted files are still checked). Default false: every block is checked */
 } sq_model_opts;
 
 void sq_model_opts_default(sq_model_opts *o);
 
-/* Load a model directory (config.json + *.safetensors, sharded or not).
- * Errors name the file and tensor (missing, wrong shape, unsupported dtype). */
+/* Load a model directory (config.json + *.safetensors, sharded or not), or
+ * node opts->node of a bundle from `sparq pack`: for a bundle, every file the
+ * node reads is first checked against the manifest, every block's XXH3-128
+ * included unless opts->no_verify (formats/bundle.h), so a damaged bundle
+ * is refused, naming the file and block. Errors name the file and tensor
+ * (missing, wrong shape, unsupported dtype). */
 sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts *opts);
 void sq_model_free(sq_model *m);
 

@@ -2,8 +2,9 @@
  * has, and the public calls of runtime/model.h, which check their common
  * arguments and hand the forward pass to the architecture (sq_graph_ops).
  *
- * Load: a model directory or one node of a bundle (open_bundle: the quick
- * size check, and ctx × users × chunk from the plan it was packed for), the
+ * Load: a model directory or one node of a bundle (open_bundle: its files
+ * checked against the manifest, every block's checksum included, and ctx ×
+ * users × chunk from the plan it was packed for), the
  * config, the architecture's table row (runtime/arch.h), the mapped
  * checkpoint, then every layer's linears as its description names them —
  * dense matrices used in place, EXL3 ones through kernels/cpu/trellis.h —
@@ -16,6 +17,7 @@
 
 #include "common/alloc.h"
 #include "common/file.h"
+#include "formats/bundle.h"
 #include "formats/manifest.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/memplan.h"
@@ -23,13 +25,14 @@
 
 void sq_model_opts_default(sq_model_opts *o)
 {
-    o->ctx = 4096;
+    o->ctx = 0; /* 4096, or the bundle's planned ctx; capped at max_position_embeddings */
     o->n_seq = 1;
     o->max_rows = 512;
     o->n_threads = 0;
     o->node = 0;
     o->nodes = 1;
     o->device = SQ_DEVICE_CPU;
+    o->no_verify = false;
 }
 
 /* --- loading ------------------------------------------------------------------ */
@@ -205,16 +208,37 @@ sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles)
 }
 
 /* A bundle written by `sparq pack` has manifest.json at its top, config and
- * tokenizer beside it, and node K's weights in node-K/. The quick check
- * (sizes of every file the node needs) runs before anything is mapped, and
- * the KV cache and workspace are sized from the plan the bundle was packed
- * for (ctx × users, prefill chunk), as design.md asks: a bundle that plan
- * said fits is loaded with exactly the sizes that were planned. A bundle
+ * tokenizer beside it, and node K's weights in node-K/. Before anything is
+ * read, every file node K needs is checked against the manifest
+ * (formats/bundle.h): present with its size, no unlisted file where the
+ * runtime reads, and, unless o->no_verify, every block's XXH3-128 (the
+ * hashing reads the files through the page cache the mapping then uses). The
+ * KV cache and workspace are sized from the plan the bundle was packed for
+ * (ctx × users, prefill chunk), as design.md asks: a bundle that plan said
+ * fits is loaded with exactly the sizes that were planned (a smaller ctx
+ * asked for is allowed, a larger one refused). A bundle
  * packed for N boxes runs as N processes (o->nodes), this one loading node
  * o->node: its layers, plus the embeddings on the first node and the final
  * norm and lm_head on the last. On success *weights_dir is the node's folder
  * (heap), *plan_threads the thread count the plan assumed, and m's layer
  * range and embed/head flags are set. */
+/* Node o->node's files against the manifest: every block unless no_verify. */
+static sparq_status check_bundle(const char *dir, const sq_manifest *man, const sq_model_opts *o)
+{
+    const sq_bundle_check_opts co = {
+        .node = o->node, .quick = o->no_verify, .threads = o->n_threads, .progress = "verify"};
+    sq_bundle_report r;
+    sparq_status st = sq_bundle_check(dir, man, &co, &r);
+    sq_bundle_report_free(&r);
+    if (st != SPARQ_OK && st != SPARQ_E_NOMEM) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sparq_errmsg());
+        st = sparq_err(st, "%s; `sparq verify %s` lists every problem%s", msg, dir,
+                       o->no_verify ? "" : ", --no-verify skips the checksums");
+    }
+    return st;
+}
+
 static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, char **weights_dir,
                                 int *plan_threads)
 {
@@ -234,9 +258,14 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
                            dir, man.boxes, man.boxes == 1 ? "" : "es", o->nodes, man.boxes, man.boxes, o->nodes);
     } else if (o->node < 0 || o->node >= man.boxes) {
         st = sparq_err(SPARQ_E_RANGE, "%s: node %d outside [0, %d)", dir, o->node, man.boxes);
-    } else if ((st = sq_bundle_check_quick(dir, &man, o->node)) == SPARQ_OK) {
+    } else if (o->ctx > man.ctx) {
+        st = sparq_err(SPARQ_E_ARG,
+                       "%s: ctx %d exceeds the %lld the bundle was packed for (its plan sizes the KV cache); pack "
+                       "it again with --ctx %d",
+                       dir, o->ctx, (long long)man.ctx, o->ctx);
+    } else if ((st = check_bundle(dir, &man, o)) == SPARQ_OK) {
         const sq_manifest_node *nd = &man.nodes[o->node];
-        o->ctx = (int)man.ctx;
+        if (o->ctx <= 0) o->ctx = (int)man.ctx;
         o->n_seq = (int)man.users;
         o->max_rows = (int)man.chunk;
         *plan_threads = (int)man.threads;
@@ -277,6 +306,7 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     m->end = -1; /* all layers, set below */
     m->has_embed = m->has_head = true;
     if (m->opts.nodes <= 0) m->opts.nodes = 1;
+    const bool ctx_given = m->opts.ctx > 0;
     {
         char *mpath = sparq_path_join(dir, SQ_MANIFEST_NAME);
         if (!mpath) FAIL(SPARQ_E_NOMEM, "out of memory");
@@ -298,9 +328,19 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
         FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,
              m->end, m->n_layers);
+    if (m->has_head && m->end != m->n_layers) /* a bundle's last node: its plan must end with the model */
+        FAIL(SPARQ_E_FORMAT,
+             "%s: node %d holds layers [%d, %d) and the head, but config.json has %d layers: the manifest's plan "
+             "does not match the model (`sparq verify %s`)",
+             dir, m->opts.node, m->first, m->end, m->n_layers, dir);
+    if (c->max_position_embeddings > 0 && ctx_given && m->opts.ctx > c->max_position_embeddings)
+        FAIL(SPARQ_E_ARG,
+             "%s: ctx %d exceeds the model's max_position_embeddings %lld (sparq has no RoPE scaling: later "
+             "positions were never trained); ask for at most %lld",
+             dir, m->opts.ctx, (long long)c->max_position_embeddings, (long long)c->max_position_embeddings);
     if (m->opts.ctx <= 0) m->opts.ctx = 4096;
     if (c->max_position_embeddings > 0 && m->opts.ctx > c->max_position_embeddings)
-        m->opts.ctx = (int)c->max_position_embeddings;
+        m->opts.ctx = (int)c->max_position_embeddings; /* the default, or a bundle's plan */
     if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 

@@ -322,7 +322,7 @@ static void test_truncate(void)
     sq_manifest m;
     CHECK_EQ_INT(sq_manifest_load(&m, bundle), SPARQ_OK);
     CHECK_EQ_INT(sq_bundle_check_quick(bundle, &m, 1), SPARQ_E_FORMAT);
-    CHECK_STR_CONTAINS(sparq_errmsg(), "node-1/model.safetensors is ");
+    CHECK_STR_CONTAINS(sparq_errmsg(), "node-1/model.safetensors: ");
     CHECK_STR_CONTAINS(sparq_errmsg(), "truncated");
     CHECK_EQ_INT(sq_bundle_check_quick(bundle, &m, 0), SPARQ_OK); /* node 0 does not load it */
     CHECK_EQ_INT(sq_bundle_check_quick(bundle, &m, 2), SPARQ_E_ARG);

@@ -1,7 +1,8 @@
 /* formats/hfconfig.h — Hugging Face `config.json` → the model description the
  * forward pass, the quantizer and the packer read.
  *
- * Only architectures sparq can run are accepted (today: `qwen3_moe`); any
+ * Only architectures sparq can run are accepted (`qwen3_moe`,
+ * `deepseek_v41` — whose sizes are read from `text_config`); any
  * other `model_type` is SPARQ_E_UNSUPPORTED with a message that lists the
  * supported ones. The sizes that fix the tensors' shapes — vocab_size,
  * hidden_size, num_hidden_layers, num_attention_heads — must be present
@@ -25,7 +26,8 @@
 
 typedef enum sq_arch {
     SQ_ARCH_UNKNOWN = 0,
-    SQ_ARCH_QWEN3_MOE, /* "qwen3_moe" */
+    SQ_ARCH_QWEN3_MOE,    /* "qwen3_moe" */
+    SQ_ARCH_DEEPSEEK_V41, /* "deepseek_v41" (DeepSeek V4.1 Flash, native release layout) */
     SQ_ARCH_COUNT_
 } sq_arch;
 
@@ -56,6 +58,44 @@ typedef struct sq_quant_config {
     char out_scales[16];    /* "always", "never", "auto" or "" */
     char codebook[16];      /* "mul1", "mcg", "3inst" ("" if absent: mul1 is exllamav3's default) */
 } sq_quant_config;
+
+/* DeepSeek V4.1 (`deepseek_v41`, reference.md §3.1–3.2): the fields of
+ * config.json's `text_config` that the generic part above does not hold.
+ * Per-layer lists are indexed by layer; id lists are sorted and checked. */
+#define SQ_V41_MAX_LAYERS 128
+#define SQ_V41_MAX_ENGRAM 8
+typedef struct sq_v41_config {
+    int q_lora_rank;             /* wq_a output (1280) */
+    int o_groups, o_lora_rank;   /* grouped low-rank output (8, 1024) */
+    int rope_dim;                /* qk_rope_head_dim: the roped tail of each head (64) */
+    int window;                  /* sliding_window (128) */
+    double compress_rope_theta;  /* RoPE base of compressing layers (160000) */
+    /* YaRN (rope_scaling, rope_type "yarn"): applies to compressing layers when
+     * max_position_embeddings > original_max_position_embeddings */
+    double rope_factor, beta_fast, beta_slow;
+    int64_t rope_original;       /* original_max_position_embeddings; 0: no YaRN */
+    int8_t compress_ratio[SQ_V41_MAX_LAYERS]; /* 0: window only; r: KV pooled r-to-1 */
+    bool kv_source[SQ_V41_MAX_LAYERS];        /* has a compressor (kv_source_layer_ids) */
+    bool index_source[SQ_V41_MAX_LAYERS];     /* has an indexer (index_source_layer_ids) */
+    int candidate_source;        /* candidate_source_layer_id, -1: none */
+    int candidate_topk_blocks, candidate_block_size;
+    int index_n_heads, index_head_dim, index_topk;
+    int hc_mult, hc_sinkhorn_iters; /* hyper-connection streams (4), Sinkhorn iterations (20) */
+    double hc_eps;
+    int n_shared_experts;
+    double routed_scaling_factor; /* 1.5 */
+    double swiglu_limit;          /* gate <= limit, up in [-limit, limit]; 0: no clamp */
+    int num_nextn_predict_layers; /* mtp.* stages: loaded and ignored */
+    /* Engram (§3.1) */
+    int n_engram;                 /* tables: len(engram_layer_ids) */
+    int engram_layer[SQ_V41_MAX_ENGRAM];
+    uint64_t engram_rows[SQ_V41_MAX_ENGRAM]; /* engram_num_embeddings */
+    int engram_max_ngram, engram_n_heads, engram_head_dim;
+    int64_t engram_vocab_size;    /* base bucket count: the primes are the consecutive primes >= it */
+    int64_t engram_pad_id;        /* compressed pad id (2) */
+    int64_t engram_compressed_vocab; /* engram_compressed_vocab_size (99092), 0 if absent */
+    int fp8_block_rows, fp8_block_cols; /* quantization_config.weight_block_size, 0 if absent */
+} sq_v41_config;
 
 typedef struct sq_model_config {
     sq_arch arch;
@@ -96,6 +136,7 @@ typedef struct sq_model_config {
     sq_torch_dtype torch_dtype;
 
     sq_quant_config quant;
+    sq_v41_config v41;             /* arch == SQ_ARCH_DEEPSEEK_V41 only */
 } sq_model_config;
 
 /* Load `<dir>/config.json`, or the given .json file. On success *cfg is

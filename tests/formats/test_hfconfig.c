@@ -2,6 +2,7 @@
  * styles, Qwen3MoeConfig defaults, the MoE layer rule, parameter counts, every
  * rejected input with its status and message, and allocation faults. */
 #include "common/alloc.h"
+#include "common/file.h"
 #include "formats/hfconfig.h"
 #include "t.h"
 
@@ -153,7 +154,7 @@ static void test_bad_configs(void)
 {
     expect_bad("{\"model_type\":\"qwen3_moe\",", SPARQ_E_FORMAT, "invalid JSON");
     expect_bad("[]", SPARQ_E_FORMAT, "JSON object");
-    expect_bad("{\"model_type\":\"llama\"}", SPARQ_E_UNSUPPORTED, "model_type 'llama' is not supported (supported: qwen3_moe)");
+    expect_bad("{\"model_type\":\"llama\"}", SPARQ_E_UNSUPPORTED, "model_type 'llama' is not supported (supported: qwen3_moe, deepseek_v41)");
     expect_bad("{\"hidden_size\":256}", SPARQ_E_FORMAT, "no 'model_type'");
     expect_bad("{\"model_type\":\"qwen3_moe\",\"model_type\":\"qwen3_moe\"}", SPARQ_E_FORMAT, "duplicate");
     expect_bad("{\"model_type\":\"qwen3_moe\",\"hidden_size\":\"256\"}", SPARQ_E_FORMAT, "'hidden_size' must be an integer");
@@ -193,6 +194,84 @@ static void test_bad_configs(void)
     /* a directory is read as DIR/config.json: the name appears in messages */
     CHECK_EQ_INT(sq_config_load(&c, t_data_path("exl3-model")), SPARQ_E_IO);
     CHECK_STR_CONTAINS(sparq_errmsg(), "exl3-model/config.json");
+}
+
+/* DeepSeek V4.1's released config (tests/data/deepseek-v41/config.json):
+ * every structural field, and the parameter counts the release states
+ * (552B backbone + ~197B Engram, ~16B active per decoded token). */
+static void test_deepseek_v41(void)
+{
+    sq_model_config c;
+    CHECK_MSG(sq_config_load(&c, t_data_path("deepseek-v41")) == SPARQ_OK, "%s", sparq_errmsg());
+    const sq_v41_config *v = &c.v41;
+    CHECK(c.arch == SQ_ARCH_DEEPSEEK_V41);
+    CHECK_EQ_INT(c.vocab_size, 129280);
+    CHECK_EQ_INT(c.hidden_size, 5120);
+    CHECK_EQ_INT(c.num_hidden_layers, 40);
+    CHECK_EQ_INT(c.head_dim, 512);
+    CHECK_EQ_INT(c.num_experts, 384);
+    CHECK_EQ_INT(c.num_experts_per_tok, 6);
+    CHECK_EQ_INT(v->rope_dim, 64);
+    CHECK_EQ_INT(v->window, 128);
+    CHECK_EQ_INT(v->compress_ratio[0], 0);
+    CHECK_EQ_INT(v->compress_ratio[2], 2);
+    CHECK_EQ_INT(v->compress_ratio[19], 2);
+    CHECK_EQ_INT(v->compress_ratio[20], 1);
+    CHECK(v->kv_source[2] && v->kv_source[20] && !v->kv_source[21]);
+    CHECK(v->index_source[24] && !v->index_source[25]);
+    CHECK_EQ_INT(v->candidate_source, 20);
+    CHECK_EQ_INT(v->hc_mult, 4);
+    CHECK_EQ_INT(v->n_engram, 2);
+    CHECK_EQ_INT(v->engram_layer[1], 14);
+    CHECK_EQ_INT(v->engram_rows[0], 384006168);
+    CHECK_EQ_INT(v->fp8_block_rows, 32);
+    CHECK_EQ_INT(v->fp8_block_cols, 32);
+    CHECK(!strcmp(c.rope_type, "yarn") && v->rope_factor == 16 && v->rope_original == 65536);
+    CHECK_EQ_INT(c.bos_token_id, 0);
+    CHECK(c.n_eos_token_ids == 1 && c.eos_token_ids[0] == 1);
+    uint64_t total = 0, active = 0;
+    sq_config_param_counts(&c, &total, &active);
+    const double engram = 2.0 * 384.0e6 * 256; /* ~197B of tables */
+    CHECK_MSG(total > 540e9 + engram && total < 565e9 + engram, "total %.1fB", total / 1e9);
+    CHECK_MSG(active > 12e9 && active < 18e9, "active %.1fB", active / 1e9);
+    sq_config_free(&c);
+
+    /* contradictions are refused, naming the field */
+    char *json = NULL;
+    size_t len = 0;
+    CHECK_MSG(sparq_file_read_all(t_data_path("deepseek-v41/config.json"), 1 << 20, &json, &len) == SPARQ_OK, "%s", sparq_errmsg());
+    static const struct {
+        const char *from, *to, *needle;
+        sparq_status st;
+    } bad[] = {
+        {"\"compress_ratios\": [\n      0,", "\"compress_ratios\": [\n      0, 0,", "compress_ratios has 41 entries for 40 layers (and 3 MTP stages)",
+         SPARQ_E_FORMAT},
+        {"\"kv_source_layer_ids\": [\n      2,", "\"kv_source_layer_ids\": [\n      3,", "no kv source", SPARQ_E_FORMAT},
+        {"\"scoring_func\": \"sqrtsoftplus\"", "\"scoring_func\": \"softmax\"", "scoring_func 'softmax'",
+         SPARQ_E_UNSUPPORTED},
+        {"\"rope_type\": \"yarn\"", "\"rope_type\": \"ntk\"", "rope_type 'ntk'", SPARQ_E_UNSUPPORTED},
+        {"\"hidden_size\": 5120,", "", "no text_config.hidden_size", SPARQ_E_FORMAT},
+        {"\"candidate_source_layer_id\": 20", "\"candidate_source_layer_id\": 21", "not an index source",
+         SPARQ_E_FORMAT},
+        {"\"weight_block_size\": [\n      32,\n      32\n    ]", "\"weight_block_size\": 32", "weight_block_size",
+         SPARQ_E_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *at = strstr(json, bad[i].from);
+        CHECK_MSG(at != NULL, "case %zu: '%s' not in the config", i, bad[i].from);
+        if (!at) continue;
+        char *edited = sparq_malloc(len + 64);
+        const size_t pre = (size_t)(at - json);
+        memcpy(edited, json, pre);
+        strcpy(edited + pre, bad[i].to);
+        strcat(edited, at + strlen(bad[i].from));
+        sparq_status st = parse(&c, edited);
+        CHECK_MSG(st == bad[i].st, "case %zu: status %d (%s)", i, st, sparq_errmsg());
+        CHECK_STR_CONTAINS(sparq_errmsg(), bad[i].needle);
+        sq_config_free(&c);
+        sparq_free(edited);
+    }
+    sparq_free(json);
 }
 
 static void test_fault_injection(void)
@@ -238,6 +317,7 @@ int main(void)
     RUN(test_transformers4_style);
     RUN(test_defaults);
     RUN(test_bad_configs);
+    RUN(test_deepseek_v41);
     RUN(test_fault_injection);
     return t_summary();
 }

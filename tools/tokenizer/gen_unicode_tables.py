@@ -214,6 +214,10 @@ def main():
         d = kfull(cp)
         assert "".join(map(chr, d)) == unicodedata2.normalize("NFKD", chr(cp)), hex(cp)
         kfull_map[cp] = d
+    # formats/engram_vocab.c relies on these two: no reordering needed after
+    # StripAccents, and a bound on the code points one character becomes
+    assert all(c in marks for c in range(NCP) if ccc[c]), "a non-mark with a combining class"
+    assert max(len(d) for d in kfull_map.values()) == 18
     norm = bytearray(NCP)
     for cp in kfull_map:
         norm[cp] |= N_KDECOMP

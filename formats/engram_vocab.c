@@ -32,8 +32,6 @@
 #include "formats/tokenizer_internal.h"
 #include "formats/unicode_tables.h"
 
-enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_NC = 21 * 28,
-       HANGUL_TC = 28, HANGUL_SC = 19 * 21 * 28 };
 #define SENTINEL 0xE000u
 /* code points one character can become: its decomposition (at most 18, U+FDFA;
  * the table generator asserts it) with each part lowercased (at most 2) */
@@ -93,11 +91,9 @@ static sparq_status normalize_into(norm_scratch *w, const uint8_t *s, size_t n, 
     int len;
     for (size_t i = 0; i < n; i += (size_t)len) {
         uint32_t cp = tok_utf8_next(s, i, &len);
-        if (cp >= HANGUL_S && cp < HANGUL_S + HANGUL_SC) {
-            uint32_t si = cp - HANGUL_S;
-            o[m++] = HANGUL_L + si / HANGUL_NC;
-            o[m++] = HANGUL_V + (si % HANGUL_NC) / HANGUL_TC;
-            if (si % HANGUL_TC) o[m++] = HANGUL_T + si % HANGUL_TC;
+        int h = tok_hangul_decompose(cp, o + m); /* jamo are neither marks nor cased */
+        if (h) {
+            m += (size_t)h;
             continue;
         }
         const uni_decomp_entry *d =

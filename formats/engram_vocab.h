@@ -40,7 +40,7 @@ sparq_status sq_engram_normalize(const char *text, size_t len, char **out, size_
 /* Build the compressed vocabulary of `tok`: *map_out (sparq_free it) gets
  * sq_tokenizer_vocab_size(tok) entries, map[id] = compressed id (added and
  * special tokens included); *n_compressed_out = the number of distinct
- * compressed ids. Runs at model load: 28-77 ms for DeepSeek V4's 129,280
+ * compressed ids. Runs at model load: 20-77 ms for DeepSeek V4's 129,280
  * ids on one core, measured on a shared 2-core machine
  * (tests/formats/test_engram_vocab.c prints the time). */
 sparq_status sq_engram_vocab_build(const sq_tokenizer *tok, uint32_t **map_out, uint32_t *n_compressed_out);

@@ -6,7 +6,10 @@
  * 2..4 x 8 heads), each column a segment of `prime` rows of a huge table
  * (~384M rows of 264 bytes per layer in V4.1: 256 FP8-E4M3 values + 8 UE8M0
  * scales, one per group of 32). Rows depend only on token ids, so they are
- * fetched from the SSD (pread) before the forward pass needs them.
+ * fetched from the SSD (pread) before the forward pass needs them. The hash
+ * reads compressed ids, not token ids: sq_engram_vocab_build
+ * (formats/engram_vocab.h) maps every token id of the tokenizer to one of
+ * them once, at load (99,092 for DeepSeek V4's 129,280 ids; pad 2 -> 2).
  *
  * File (docs/engram-format.md; little-endian): a header padded to a multiple
  * of 4096 (magic "SQENGRAM", layout, per-layer multipliers, per-column prime
@@ -144,7 +147,8 @@ uint64_t sq_engram_next_prime(uint64_t n);
 void sq_engram_v41_layout(sq_engram_layout *lay, uint64_t prime_base);
 
 /* Buckets of the 24 columns of table `layer` for position t of a sequence of
- * compressed ids cids[0..n): tok_k = cids[t-k] (pad for t-k < 0);
+ * compressed ids cids[0..n) (cids[i] = map[ids[i]], map from
+ * sq_engram_vocab_build): tok_k = cids[t-k] (pad for t-k < 0);
  * h = tok_0*m_0, then for order i = 1..3: h ^= tok_i*m_i and for each head
  * j: bucket[(i-1)*8 + j] = h mod primes[layer][(i-1)*8 + j]. The global row
  * is row_offset + bucket. */

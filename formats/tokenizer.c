@@ -816,6 +816,15 @@ sparq_status sq_tokenizer_token_bytes(const sq_tokenizer *t, int32_t id, const u
     return SPARQ_OK;
 }
 
+sparq_status sq_tokenizer_token_str(const sq_tokenizer *t, int32_t id, const char **str, size_t *len)
+{
+    RETURN_IF(id < 0 || id >= t->n_ids, SPARQ_E_RANGE, "token id %d is out of range [0, %d)", id, t->n_ids);
+    bool present = t->id_flags[id] & ID_PRESENT;
+    *str = present ? t->str_pool + t->str_off[id] : "";
+    *len = present ? t->str_len[id] : 0;
+    return SPARQ_OK;
+}
+
 /* ---- encoding ---------------------------------------------------------------------- */
 
 typedef struct cache_ent {

@@ -81,6 +81,12 @@ sparq_status sq_tokenizer_decode(const sq_tokenizer *tok, const int32_t *ids, si
 sparq_status sq_tokenizer_token_bytes(const sq_tokenizer *tok, int32_t id, const uint8_t **bytes,
                                       size_t *len);
 
+/* The token's string as tokenizer.json spells it: its model.vocab key
+ * (byte-level form, e.g. "Ġthe") or, for an added token, its content — what
+ * HF's convert_ids_to_tokens gives (not NUL-terminated; valid as long as tok
+ * lives). An id that neither defines has length 0. Out of range -> SPARQ_E_RANGE. */
+sparq_status sq_tokenizer_token_str(const sq_tokenizer *tok, int32_t id, const char **str, size_t *len);
+
 /* Number of ids: max(id) + 1 over the BPE vocab and the added tokens. */
 int32_t sq_tokenizer_vocab_size(const sq_tokenizer *tok);
 

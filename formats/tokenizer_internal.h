@@ -60,6 +60,20 @@ static inline uint32_t tok_utf8_next(const uint8_t *s, size_t i, int *len)
            (s[i + 3] & 0x3F);
 }
 
+/* Canonical decomposition of a Hangul syllable (algorithmic, UAX #15): its 2
+ * or 3 conjoining jamo into out; returns how many, 0 if cp is not one. */
+static inline int tok_hangul_decompose(uint32_t cp, uint32_t out[3])
+{
+    enum { S = 0xAC00, L = 0x1100, V = 0x1161, T = 0x11A7, NC = 21 * 28, TC = 28, SC = 19 * 21 * 28 };
+    if (cp < S || cp >= S + SC) return 0;
+    uint32_t si = cp - S;
+    out[0] = L + si / NC;
+    out[1] = V + (si % NC) / TC;
+    if (!(si % TC)) return 2;
+    out[2] = T + si % TC;
+    return 3;
+}
+
 /* Encode cp as UTF-8 into out (≥ 4 bytes); returns the length. */
 int tok_utf8_put(uint32_t cp, uint8_t *out);
 

@@ -207,11 +207,9 @@ sparq_status tok_nfc(const uint8_t *s, size_t n, uint8_t **out, size_t *out_n)
     size_t m = 0;
     for (i = 0; i < n; i += (size_t)len) {
         uint32_t cp = tok_utf8_next(s, i, &len);
-        if (cp >= HANGUL_S && cp < HANGUL_S + HANGUL_SC) {
-            uint32_t si = cp - HANGUL_S;
-            cps[m++] = HANGUL_L + si / HANGUL_NC;
-            cps[m++] = HANGUL_V + (si % HANGUL_NC) / HANGUL_TC;
-            if (si % HANGUL_TC) cps[m++] = HANGUL_T + si % HANGUL_TC;
+        int h = tok_hangul_decompose(cp, cps + m);
+        if (h) {
+            m += (size_t)h;
             continue;
         }
         const uni_decomp_entry *d = cp >= 0xC0 ? decomp_find(cp) : NULL;

@@ -2,7 +2,7 @@
  *
  * Supports what the golden data uses: format version 1.x/2.x/3.x,
  * little-endian '<f4', '<f2' (widened to fp32 on load, so callers always
- * see 4-byte floats), '<i4', '<i8' (and '|i1'/'|u1'), C order
+ * see 4-byte floats), '<i4', '<i8', '<u4' (and '|i1'/'|u1'), C order
  * (fortran_order False). Anything else fails with a message on stderr, so a
  * test never silently reads garbage.
  *
@@ -85,6 +85,7 @@ static inline int npy_load(const char *path, npy_array *a)
     else if (!strncmp(d, "<f2'", 4)) a->kind = 'f', a->itemsize = 4, half = 1;
     else if (!strncmp(d, "<i4'", 4)) a->kind = 'i', a->itemsize = 4;
     else if (!strncmp(d, "<i8'", 4)) a->kind = 'i', a->itemsize = 8;
+    else if (!strncmp(d, "<u4'", 4)) a->kind = 'u', a->itemsize = 4;
     else if (!strncmp(d, "|i1'", 4)) a->kind = 'i', a->itemsize = 1;
     else if (!strncmp(d, "|u1'", 4)) a->kind = 'u', a->itemsize = 1;
     else goto bad_descr;

@@ -134,6 +134,23 @@ static void test_exl3_model_ids(void)
     CHECK(sq_tokenizer_is_special(t, 1));
     CHECK(!sq_tokenizer_is_special(t, 100));
     CHECK_EQ_INT(sq_tokenizer_token_id(t, "no such token"), -1);
+    /* token_str is token_id's inverse, for vocab and added tokens alike */
+    const char *str;
+    size_t sl;
+    size_t bad = 0;
+    for (int32_t id = 0; id < sq_tokenizer_vocab_size(t); id++) {
+        if (sq_tokenizer_token_str(t, id, &str, &sl) != SPARQ_OK || sl >= 256) {
+            bad++;
+            continue;
+        }
+        char buf[256];
+        snprintf(buf, sizeof buf, "%.*s", (int)sl, str);
+        bad += sq_tokenizer_token_id(t, buf) != id;
+    }
+    CHECK_MSG(bad == 0, "token_str/token_id disagree on %zu ids", bad);
+    CHECK(sq_tokenizer_token_str(t, 2, &str, &sl) == SPARQ_OK && sl == 10 && !memcmp(str, "<|im_end|>", 10));
+    CHECK_EQ_INT(sq_tokenizer_token_str(t, 4096, &str, &sl), SPARQ_E_RANGE);
+    CHECK_EQ_INT(sq_tokenizer_token_str(t, -1, &str, &sl), SPARQ_E_RANGE);
     sq_tokenizer_free(t);
 }
 

@@ -3,7 +3,8 @@
 
 safetensors_header/: small valid images (every dtype, metadata, scalars,
 zero-size tensors, padded headers) and a few near-misses; hfconfig/: both
-transformers config styles, an EXL3 config, defaults only, and broken ones.
+transformers config styles, an EXL3 config, defaults only, and broken ones;
+engram_normalize/: texts for the Engram key normalizer.
 Run from anywhere: python3 tests/fuzz/corpus/make_seeds.py"""
 import json, os, struct
 
@@ -76,3 +77,14 @@ write(C, "truncated.json", json.dumps(base5).encode()[:200])
 
 # Regression seeds: inputs the fuzzers once found.
 write(C, "regress_huge_real.json", b'{"model_type": "qwen3_moe", "vocab_size": 204866666E61}')  # real -> int cast
+
+# engram_normalize/: text for the Engram key normalizer (formats/engram_vocab.h):
+# compatibility forms, accents, case, whitespace runs, the U+E000 sentinel,
+# Hangul, Indic marks, and one invalid sequence.
+C = "engram_normalize"
+write(C, "latin.txt", "  Caf\u00e9 \ufb01nal \u00c5NGSTR\u00d6M \u0130stanbul STRASSE \u1e9e\t\r\n ".encode())
+write(C, "compat.txt", "\uff21\uff42\u216b\u2460\u00bd\u33a1\ufdfa\U0001d400\u1f88\u01c5".encode())
+write(C, "space.txt", " ".encode())
+write(C, "sentinel.txt", " \ue000 x\ue000\u2028\u0085\u00a0\u3000".encode())
+write(C, "scripts.txt", "\ud55c\uad6d\uc5b4 \u0915\u094d\u0937\u093f \u05e9\u05c1\u05b8 \u0e01\u0e34 \ufffd".encode())
+write(C, "invalid.bin", b"ok \xC3\x28 \xED\xA0\x80")

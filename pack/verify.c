@@ -47,7 +47,7 @@ static void check_node_terms(const sq_manifest *m, const sq_model_config *cfg, c
     const struct {
         const char *name;
         uint64_t want;
-    } terms[] = {{"kv", sq_memplan_kv_bytes(cfg, nd->n_layers, &p)},
+    } terms[] = {{"kv", sq_memplan_kv_bytes_range(cfg, nd->first_layer, nd->n_layers, &p)},
                  {"workspace", sq_memplan_workspace_bytes(cfg, &p, nd->has_head)},
                  {"comm", sq_memplan_comm_bytes(cfg, &p, m->boxes)}};
     for (size_t i = 0; i < sizeof terms / sizeof terms[0]; i++) {

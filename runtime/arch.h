@@ -83,6 +83,16 @@ typedef struct sq_tensor_desc {
     bool tied;             /* may be absent when tie_word_embeddings: the embedding stands in */
 } sq_tensor_desc;
 
+/* A tensor of one layer with its concrete shape, for tensors whose presence
+ * or shape depends on the layer (sq_arch_info.layer_tensors). */
+typedef struct sq_tensor_shape {
+    char key[160];       /* full tensor name, e.g. "layers.2.attn.compressor.norm.weight" */
+    int ndim;            /* 1 or 2 */
+    uint64_t shape[2];
+} sq_tensor_shape;
+
+#define SQ_LAYER_MAX_TENSORS 48
+
 typedef struct sq_graph_ops sq_graph_ops; /* runtime/models/model_impl.h */
 
 typedef struct sq_arch_info {
@@ -102,8 +112,25 @@ typedef struct sq_arch_info {
      * embedding, the final norm, the head): sq_arch_check_tensors checks them. */
     const sq_tensor_desc *tensors;
     int n_tensors;
+    /* The tensors of layer L besides its slots that vary with the layer, with
+     * their shapes (at most SQ_LAYER_MAX_TENSORS written to out; returns the
+     * count); NULL: none. */
+    int (*layer_tensors)(const sq_model_config *cfg, int layer, sq_tensor_shape *out);
+    /* Prefixes of tensor names a checkpoint ships that this architecture
+     * does not read (NULL-terminated; NULL: none): DeepSeek's MTP stages and
+     * vision tower. They are skipped, and `inspect` says so. */
+    const char *const *skipped_prefixes;
+    /* Floats of one row of hidden state between layers (what embed writes,
+     * forward_layer transforms, head reads, and pipeline nodes exchange);
+     * NULL: hidden_size. */
+    int64_t (*hidden_width)(const sq_model_config *cfg);
+    /* May a pipeline node start at layer L (0 < L < layers)? false when a
+     * layer at or after L reads the cache of one before it (DeepSeek V4.1's
+     * compressed pools and indexer selections); NULL: every cut is allowed. */
+    bool (*split_ok)(const sq_model_config *cfg, int layer);
     /* The memory its graph allocates (runtime/memplan.h documents the terms). */
-    uint64_t (*kv_bytes)(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p);
+    /* KV cache of the layers [first, first + n_layers) */
+    uint64_t (*kv_bytes)(const sq_model_config *cfg, int64_t first, int64_t n_layers, const sq_memplan_params *p);
     void (*workspace_terms)(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head,
                             sq_memplan_workspace *out);
     const sq_graph_ops *graph; /* the forward pass (runtime/models/) */
@@ -127,6 +154,15 @@ sparq_status sq_lin_key(const sq_lin_desc *lin, int layer, int inst, char *buf, 
  * converts? Walks the layers' descriptions; *layer gets its layer (or -1).
  * The head is not a layer linear: false for it. */
 bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *layer);
+
+/* The prefix of arch's skipped_prefixes that `name` starts with, or NULL. */
+const char *sq_arch_skipped(const sq_model_config *cfg, const char *name);
+
+/* sq_arch_info.split_ok, true when the architecture has none. */
+bool sq_arch_split_ok(const sq_model_config *cfg, int layer);
+
+/* Floats per row of hidden state (sq_arch_info.hidden_width; hidden_size by default). */
+int64_t sq_arch_hidden_width(const sq_model_config *cfg);
 
 /* The size `dim` stands for in cfg (0 for SQ_DIM_NONE). */
 int64_t sq_dim_size(const sq_model_config *cfg, sq_dim dim);

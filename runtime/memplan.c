@@ -61,10 +61,16 @@ int64_t sq_memplan_rows(const sq_memplan_params *p)
 
 /* ---- terms ---- */
 
-uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p)
+uint64_t sq_memplan_kv_bytes_range(const sq_model_config *cfg, int64_t first, int64_t n_layers,
+                                   const sq_memplan_params *p)
 {
     const sq_arch_info *a = sq_arch_of(cfg);
-    return a && a->kv_bytes ? a->kv_bytes(cfg, n_layers, p) : UINT64_MAX;
+    return a && a->kv_bytes ? a->kv_bytes(cfg, first, n_layers, p) : UINT64_MAX;
+}
+
+uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p)
+{
+    return sq_memplan_kv_bytes_range(cfg, 0, n_layers, p);
 }
 
 void sq_memplan_workspace_terms(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head,
@@ -263,17 +269,17 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
         sparq_free(cut);
         return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
     }
-    const double kv_layer = (double)sq_memplan_kv_bytes(cfg, 1, p);
     double mem_total = (double)s->embed + (double)last_extra(s, tied) + (double)s->other;
     double work_total = (double)(tied ? s->embed : s->head);
     for (int64_t l = 0; l < L; l++) {
-        mem_total += (double)s->layer_bytes[l] + kv_layer;
+        mem_total += (double)s->layer_bytes[l] + (double)sq_memplan_kv_bytes_range(cfg, l, 1, p);
         work_total += s->layer_work[l];
     }
     if (mem_total <= 0) mem_total = 1;
     if (work_total <= 0) work_total = 1;
     for (int64_t l = 0; l < L; l++)
-        cost[l + 1] = cost[l] + ((double)s->layer_bytes[l] + kv_layer) / mem_total + s->layer_work[l] / work_total;
+        cost[l + 1] = cost[l] + ((double)s->layer_bytes[l] + (double)sq_memplan_kv_bytes_range(cfg, l, 1, p)) /
+                                    mem_total + s->layer_work[l] / work_total;
     const double extra0 = ((double)s->embed + (double)s->other) / mem_total;
     const double extra_last = (double)last_extra(s, tied) / mem_total + (double)(tied ? s->embed : s->head) / work_total;
 #define DP(k, j) dp[(size_t)(k) * (size_t)(L + 1) + (size_t)(j)]
@@ -286,6 +292,7 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
         for (int64_t j = k; j <= L - (boxes - k); j++) {
             for (int64_t i = k - 1; i < j; i++) {
                 if (DP(k - 1, i) == INFINITY) continue;
+                if (i > 0 && !sq_arch_split_ok(cfg, (int)i)) continue; /* layers past i read a source before it */
                 double c = cost[j] - cost[i];
                 if (k == 1) c += extra0;
                 if (k == boxes) c += extra_last;
@@ -297,6 +304,14 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
                 }
             }
         }
+    }
+    if (DP(boxes, L) == INFINITY) {
+        sparq_free(cost);
+        sparq_free(dp);
+        sparq_free(cut);
+        return sparq_err(SPARQ_E_UNSUPPORTED, "memory plan: %s cannot be split into %d pipeline nodes: its layers "
+                         "read caches of earlier layers (sq_arch_info.split_ok) at every other cut", cfg->model_type,
+                         boxes);
     }
     int64_t j = L;
     for (int k = boxes; k >= 1; k--) {
@@ -392,7 +407,7 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
         }
         if (nd->has_embed) nd->weights = sparq_sat_add_u64(nd->weights, sparq_sat_add_u64(s.embed, s.other));
         if (nd->has_head) nd->weights = sparq_sat_add_u64(nd->weights, last_extra(&s, plan->tied_head));
-        nd->kv = sq_memplan_kv_bytes(cfg, nd->n_layers, p);
+        nd->kv = sq_memplan_kv_bytes_range(cfg, nd->first_layer, nd->n_layers, p);
         nd->workspace = sq_memplan_workspace_bytes(cfg, p, nd->has_head);
         nd->engram_cache = nd->has_engram ? b->engram_cache : 0;
         nd->comm = sq_memplan_comm_bytes(cfg, p, boxes);

@@ -72,6 +72,12 @@ int64_t sq_memplan_rows(const sq_memplan_params *p);
  *     2 (K and V) * n_layers * num_key_value_heads * head_dim * ctx * users * bytes(kv_dtype)
  * Saturates at UINT64_MAX on overflow (which never fits). */
 uint64_t sq_memplan_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p);
+/* The same for the layers [first, first + n_layers): architectures whose
+ * layers keep different caches (DeepSeek V4.1: compressed pools only on its
+ * kv-source layers) count exactly the node's layers. sq_memplan_kv_bytes is
+ * this with first = 0. */
+uint64_t sq_memplan_kv_bytes_range(const sq_model_config *cfg, int64_t first, int64_t n_layers,
+                                   const sq_memplan_params *p);
 
 /* Activation / workspace buffers of one node, allocated once at load and
  * reused by every layer (so they do not grow with the layers it holds). The

@@ -150,6 +150,11 @@ typedef struct sq_observer {
     void *user;
     void (*linear_input)(void *user, int layer, int slot, int inst, const float *x, int rows, int in);
     void (*router)(void *user, int layer, int rows, int k, const int *idx, const float *w);
+    /* An architecture's named intermediate values, for tests against a
+     * reference (e.g. DeepSeek V4.1's "hc_attn.pre" [rows, 4], "index.topk"
+     * [rows, k] with -1 padding): data holds rows × width floats (kind 'f'),
+     * int32 (kind 'i') or int64 (kind 'l'). NULL: not reported. */
+    void (*probe)(void *user, int layer, const char *name, char kind, const void *data, int rows, int width);
     bool all_experts;
 } sq_observer;
 

@@ -20,6 +20,7 @@
 #include "formats/manifest.h"
 #include "formats/safetensors.h"
 #include "runtime/dist/dist.h"
+#include "runtime/arch.h"
 
 #define MSG_MAGIC 0x54535153u /* "SQST" */
 #define LOGIT_CHUNK 32        /* rows of logits per result message */
@@ -172,7 +173,7 @@ static sparq_status exchange_load_status(sq_dist *d, const char *path, sparq_sta
  * step buffers with several ranks; the logits chunk on the last of several. */
 static sparq_status attach_model(sq_dist *d)
 {
-    d->d = (int)sq_model_cfg(d->m)->hidden_size;
+    d->d = (int)sq_arch_hidden_width(sq_model_cfg(d->m));
     d->vocab = (int)sq_model_cfg(d->m)->vocab_size;
     d->max_rows = sq_model_options(d->m)->max_rows;
     d->buf_bytes = step_bytes(d, d->max_rows);

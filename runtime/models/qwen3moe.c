@@ -109,8 +109,9 @@ static const sq_tensor_desc q3_tensors[] = {
 /* --- the memory its graph allocates (runtime/memplan.h documents the terms) ---- */
 
 /* KV cache: 2 (K and V) * layers * KV heads * head_dim * ctx * users * bytes. */
-static uint64_t q3_kv_bytes(const sq_model_config *cfg, int64_t n_layers, const sq_memplan_params *p)
+static uint64_t q3_kv_bytes(const sq_model_config *cfg, int64_t first, int64_t n_layers, const sq_memplan_params *p)
 {
+    (void)first; /* every layer keeps the same cache */
     const uint64_t f[] = {2, sq_memplan_pos(n_layers), sq_memplan_pos(cfg->num_key_value_heads),
                           sq_memplan_pos(cfg->head_dim), sq_memplan_pos(p->ctx), sq_memplan_pos(p->users),
                           sq_kv_dtype_bytes(p->kv_dtype)};
@@ -382,7 +383,7 @@ static sparq_status q3_load(sq_model *c, int plan_threads)
     p.kv_dtype = SQ_KV_F32;
     if (plan_threads > 0) p.threads = plan_threads;
     const int n_local = c->end - c->first;
-    c->plan_kv = sq_memplan_kv_bytes(cfg, n_local, &p);
+    c->plan_kv = sq_memplan_kv_bytes_range(cfg, c->first, n_local, &p);
     c->plan_ws = sq_memplan_workspace_bytes(cfg, &p, c->has_head);
 
     const size_t kvd = (size_t)m->nkv * m->hd;

@@ -12,7 +12,7 @@
 #include "formats/weights.h"
 #include "runtime/models/model_impl.h"
 
-static const sq_arch_info *const archs[] = {&sq_arch_qwen3moe};
+static const sq_arch_info *const archs[] = {&sq_arch_qwen3moe, &sq_arch_deepseek_v41};
 
 const char *sq_lin_role_name(sq_lin_role r)
 {
@@ -117,6 +117,27 @@ int64_t sq_dim_size(const sq_model_config *cfg, sq_dim dim)
     case SQ_DIM_NONE: break;
     }
     return 0;
+}
+
+const char *sq_arch_skipped(const sq_model_config *cfg, const char *name)
+{
+    const sq_arch_info *a = sq_arch_of(cfg);
+    if (!a || !a->skipped_prefixes) return NULL;
+    for (const char *const *p = a->skipped_prefixes; *p; p++)
+        if (!strncmp(name, *p, strlen(*p))) return *p;
+    return NULL;
+}
+
+bool sq_arch_split_ok(const sq_model_config *cfg, int layer)
+{
+    const sq_arch_info *a = sq_arch_of(cfg);
+    return !a || !a->split_ok || a->split_ok(cfg, layer);
+}
+
+int64_t sq_arch_hidden_width(const sq_model_config *cfg)
+{
+    const sq_arch_info *a = sq_arch_of(cfg);
+    return a && a->hidden_width ? a->hidden_width(cfg) : cfg->hidden_size;
 }
 
 void sq_arch_problems_free(sq_arch_problems *p)
@@ -311,6 +332,24 @@ static void check_layer(tcheck *c, int L)
         }
     for (int i = 0; i < c->a->n_tensors; i++)
         if (c->a->tensors[i].place == SQ_PLACE_LAYER) check_desc(c, &c->a->tensors[i], L, false);
+    if (!c->a->layer_tensors) return;
+    sq_tensor_shape ts[SQ_LAYER_MAX_TENSORS];
+    const int n = c->a->layer_tensors(c->cfg, L, ts);
+    for (int i = 0; i < n; i++) {
+        const sf_tensor *t = use(c, ts[i].key);
+        char want[64];
+        shape_text(want, sizeof want, ts[i].ndim, ts[i].shape);
+        if (!t) {
+            problem(c, SPARQ_E_NOTFOUND, "%s: tensor '%s' (layer %d, %s) not found", sf_file_path(c->sf, 0),
+                    ts[i].key, L, want);
+        } else if (t->ndim != ts[i].ndim || t->shape[0] != ts[i].shape[0] ||
+                   (ts[i].ndim > 1 && t->shape[1] != ts[i].shape[1])) {
+            char got[160];
+            shape_text(got, sizeof got, t->ndim, t->shape);
+            problem(c, SPARQ_E_SHAPE, "%s: tensor '%s' (layer %d): shape %s, expected %s",
+                    sf_file_path(c->sf, t->file), ts[i].key, L, got, want);
+        }
+    }
 }
 
 sparq_status sq_arch_check_tensors(const sq_model_config *cfg, const sf_model *sf, const sq_arch_scope *scope,
@@ -390,6 +429,7 @@ sparq_status sq_arch_check_tensors(const sq_model_config *cfg, const sf_model *s
         const sf_tensor *t = sf_at(sf, i);
         const long L = name_layer(a, t->name);
         if (sq_memplan_classify(t->name, NULL, NULL) == SQ_TENSOR_ENGRAM_TABLE) continue;
+        if (sq_arch_skipped(cfg, t->name)) continue; /* MTP, vision: shipped, not read */
         if (L >= n_layers) continue; /* said above, once */
         if (L >= 0 && (L < sc->first || L >= sc->end))
             problem(&c, SPARQ_E_FORMAT, "%s: tensor '%s' of layer %ld, which is not among the layers %d..%d read "

@@ -235,7 +235,7 @@ static void test_plan_matches_runtime_formulas(void)
     json_t *nodes = json_object_get(json_object_get(root, "plan"), "nodes");
     for (int k = 0; k < m.boxes; k++) {
         json_t *n = json_array_get(nodes, (size_t)k);
-        CHECK_EQ_INT(json_integer_value(json_object_get(n, "kv")), sq_memplan_kv_bytes(&cfg, m.nodes[k].n_layers, &p));
+        CHECK_EQ_INT(json_integer_value(json_object_get(n, "kv")), sq_memplan_kv_bytes_range(&cfg, m.nodes[k].first_layer, m.nodes[k].n_layers, &p));
         CHECK_EQ_INT(json_integer_value(json_object_get(n, "workspace")),
                      sq_memplan_workspace_bytes(&cfg, &p, m.nodes[k].has_head));
         CHECK_EQ_INT(json_integer_value(json_object_get(n, "comm")), sq_memplan_comm_bytes(&cfg, &p, m.boxes));

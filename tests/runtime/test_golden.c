@@ -99,7 +99,7 @@ static void test_hidden_and_router(void)
     int pos[64];
     for (int i = 0; i < 64; i++) pos[i] = i;
     CHECK(sq_model_embed(m, ids->data, 64, h) == SPARQ_OK);
-    sq_observer obs = {&rl, NULL, on_router, false};
+    sq_observer obs = {.user = &rl, .router = on_router};
     double maxrel = 0;
     for (int L = 0; L <= NLAYERS; L++) {
         if (L > 0) CHECK(sq_model_forward_layer(m, L - 1, h, 64, pos, -1, &obs) == SPARQ_OK);

@@ -248,7 +248,7 @@ static void test_layer_api(void)
     CHECK(sq_model_embed(m, toks, n, h) == SPARQ_OK);
     memcpy(h2, h, (size_t)n * D * 4);
     obs_log log = {.m = m};
-    sq_observer obs = {&log, on_input, on_router, false};
+    sq_observer obs = {.user = &log, .linear_input = on_input, .router = on_router};
     for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h, n, pos, -1, &obs) == SPARQ_OK);
     CHECK(sq_model_head(m, h, n, lg) == SPARQ_OK);
     CHECK_EQ_INT(log.bad, 0);
@@ -268,7 +268,7 @@ static void test_layer_api(void)
 
     /* calibration mode: every expert sees every row, the output is unchanged */
     obs_log log2 = {.m = m};
-    sq_observer all = {&log2, on_input, NULL, true};
+    sq_observer all = {.user = &log2, .linear_input = on_input, .all_experts = true};
     for (int L = 0; L < NL; L++) CHECK(sq_model_forward_layer(m, L, h2, n, pos, -1, &all) == SPARQ_OK);
     CHECK_EQ_INT(log2.bad, 0);
     CHECK_EQ_INT(log2.calls[LGATE], 2 * E + 1);

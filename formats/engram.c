@@ -13,6 +13,7 @@
 
 #include "common/bytes.h"
 #include "common/alloc.h"
+#include "formats/safetensors.h"
 #include "common/file.h"
 
 #define FIXED_BYTES 88u
@@ -353,6 +354,9 @@ struct sq_engram_reader {
     int64_t *table;        /* tsize, slot index or -1 */
     uint64_t tmask;
     uint64_t hits, misses;
+    /* sq_engram_open_mapped: the checkpoint's tables, values and scales apart */
+    const uint8_t *mvals[SQ_ENGRAM_MAX_LAYERS], *mscales[SQ_ENGRAM_MAX_LAYERS];
+    bool mapped;
 };
 
 static uint64_t key_of(const sq_engram_key *k) { return (uint64_t)k->layer << 56 | (uint64_t)k->column << 48 | k->bucket; }
@@ -504,6 +508,41 @@ void sq_engram_cache_stats(const sq_engram_reader *r, uint64_t *hits, uint64_t *
     *misses = r->misses;
 }
 
+sparq_status sq_engram_open_mapped(sq_engram_reader **out, const sq_engram_layout *lay, const uint8_t *const *values,
+                                   const uint8_t *const *scales, const char *name)
+{
+    *out = NULL;
+    RETURN_IF(lay->n_layers > SQ_ENGRAM_MAX_LAYERS || lay->value_dtype != SQ_ENGRAM_F8_E4M3 ||
+                  (lay->scales_per_row && lay->scale_dtype != SQ_ENGRAM_UE8M0),
+              SPARQ_E_UNSUPPORTED, "%s: mapped Engram tables must be F8_E4M3 values with UE8M0 scales", name);
+    sq_engram_reader *r = sparq_calloc(1, sizeof *r);
+    RETURN_IF(!r, SPARQ_E_NOMEM, "%s: out of memory", name);
+    r->fd = -1;
+    r->head = r->tail = -1;
+    r->path = sparq_strdup(name);
+    if (!r->path) {
+        sparq_free(r);
+        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+    }
+    r->h.layout = *lay;
+    r->h.shard_count = 1;
+    r->mapped = true;
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        r->mvals[l] = values[l];
+        r->mscales[l] = scales[l];
+        for (uint32_t c = 0; c < lay->n_columns; c++) r->h.file_offset[l][c] = lay->row_offset[l][c];
+    }
+    *out = r;
+    return SPARQ_OK;
+}
+
+void sq_engram_row_to_f32(const sq_engram_layout *lay, const uint8_t *row, float *out)
+{
+    const uint32_t nv = lay->values_per_row, ns = lay->scales_per_row, g = ns ? nv / ns : nv;
+    for (uint32_t i = 0; i < nv; i++)
+        out[i] = sf_e4m3_to_f32(row[i]) * (ns ? sf_e8m0_to_f32(row[nv + i / g]) : 1.0f);
+}
+
 sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out)
 {
     const sq_engram_layout *lay = &r->h.layout;
@@ -515,6 +554,13 @@ sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key 
                       k->bucket >= lay->primes[k->layer][k->column],
                   SPARQ_E_RANGE, "%s: row (table %u, column %u, bucket %llu) is outside the layout", r->path,
                   k->layer, k->column, (unsigned long long)k->bucket);
+        if (r->mapped) { /* the global row: values, then its scales, from the mapping */
+            const uint64_t row = lay->row_offset[k->layer][k->column] + k->bucket;
+            memcpy(dst, r->mvals[k->layer] + row * lay->values_per_row, lay->values_per_row);
+            memcpy(dst + lay->values_per_row, r->mscales[k->layer] + row * lay->scales_per_row, lay->scales_per_row);
+            r->misses++;
+            continue;
+        }
         uint64_t base = r->h.file_offset[k->layer][k->column];
         RETURN_IF(base == NO_OFFSET, SPARQ_E_NOTFOUND, "%s: column %u is in shard %u, this file is shard %u of %u",
                   r->path, k->column, sq_engram_column_shard(k->column, r->h.shard_count), r->h.shard_index,

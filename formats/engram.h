@@ -122,6 +122,19 @@ const sq_engram_header *sq_engram_reader_header(const sq_engram_reader *r);
  * another shard holds. */
 sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out);
 
+/* A reader over tables already in memory — a checkpoint's mapped
+ * `layers.L.engram.embed.weight` (F8_E4M3 [rows, values_per_row]) and
+ * `.embed.scale` (UE8M0 [rows, scales_per_row]) for each table of `lay` —
+ * so that the forward fetches rows the same way from a checkpoint as from a
+ * packed file: sq_engram_fetch returns row_bytes per key (values, then
+ * scales). No cache (the mapping is the page cache); `name` for messages. */
+sparq_status sq_engram_open_mapped(sq_engram_reader **out, const sq_engram_layout *lay, const uint8_t *const *values,
+                                   const uint8_t *const *scales, const char *name);
+
+/* Widen one fetched F8_E4M3 row (with its UE8M0 scales, one per group of
+ * values_per_row / scales_per_row values) to fp32: values_per_row floats. */
+void sq_engram_row_to_f32(const sq_engram_layout *lay, const uint8_t *row, float *out);
+
 /* Cache statistics since open. */
 void sq_engram_cache_stats(const sq_engram_reader *r, uint64_t *hits, uint64_t *misses);
 

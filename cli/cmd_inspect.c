@@ -66,6 +66,9 @@ typedef struct inspect_info {
     inspect_row *rows;
     size_t nrows;
     uint64_t total, active, expert_params, stored_bytes;
+    uint64_t engram_params;               /* Engram tables: in the total, not active (a token reads 24 rows) */
+    uint64_t skipped_count, skipped_bytes; /* tensors the architecture ships but does not read (MTP, vision) */
+    char skipped_what[128];
     uint64_t dtype_bytes[SF_DTYPE_COUNT];
     uint64_t dtype_count[SF_DTYPE_COUNT];
     uint64_t exl3_linears, exl3_bits_num, exl3_weights; /* weighted mean bpw */
@@ -126,6 +129,15 @@ static int collect(inspect_info *in, const sf_model *m)
         in->dtype_count[t->dtype]++;
         in->stored_bytes += t->nbytes;
         if (is_exl3_part(m, t)) continue;
+        const char *skip = in->have_cfg ? sq_arch_skipped(&in->cfg, t->name) : NULL;
+        if (skip) {
+            in->skipped_count++;
+            in->skipped_bytes += t->nbytes;
+            if (!strstr(in->skipped_what, skip) && strlen(in->skipped_what) + strlen(skip) + 4 < sizeof in->skipped_what)
+                snprintf(in->skipped_what + strlen(in->skipped_what), sizeof in->skipped_what - strlen(in->skipped_what),
+                         "%s%s*", in->skipped_what[0] ? ", " : "", skip);
+            continue;
+        }
         inspect_row *r = &in->rows[in->nrows];
         r->t = t;
         r->bytes = t->nbytes;
@@ -149,6 +161,12 @@ static int collect(inspect_info *in, const sf_model *m)
             in->exl3_bits_num += (uint64_t)r->K * r->params + 16 * (r->in + r->out);
             in->exl3_weights += r->params;
         }
+        /* block scales are not parameters; packed FP4 (I8/U8 "<key>.weight" with an E8M0 "<key>.scale") holds two */
+        if (t->dtype == SF_F8_E8M0 && ends_with(t->name, ".scale")) r->params = 0;
+        if ((t->dtype == SF_I8 || t->dtype == SF_U8) && ends_with(t->name, ".weight")) {
+            const sf_tensor *sc = find_part(m, t->name, namelen - strlen(".weight"), ".scale");
+            if (sc && sc->dtype == SF_F8_E8M0) r->params = 2 * t->numel;
+        }
         r->name = sparq_malloc(namelen + 1);
         if (!r->name) return sparq_err(SPARQ_E_NOMEM, "out of memory");
         memcpy(r->name, t->name, namelen);
@@ -159,6 +177,7 @@ static int collect(inspect_info *in, const sf_model *m)
             continue;
         in->total += r->params;
         if (is_expert_tensor(r->name)) in->expert_params += r->params;
+        if (sq_memplan_classify(r->name, NULL, NULL) == SQ_TENSOR_ENGRAM_TABLE) in->engram_params += r->params;
     }
     in->active = in->total;
     if (in->have_cfg && in->cfg.num_experts > 0 && in->expert_params) {
@@ -166,6 +185,7 @@ static int collect(inspect_info *in, const sf_model *m)
         const uint64_t used = in->expert_params / E * k + in->expert_params % E * k / E;
         in->active = in->total - in->expert_params + used;
     }
+    in->active -= in->engram_params < in->active ? in->engram_params : 0;
     return SPARQ_OK;
 }
 
@@ -338,6 +358,16 @@ static void print_table(const inspect_info *in, const sf_model *m, const char *p
         human(b, sizeof b, (double)in->active, "");
         printf("%-14s %llu (%s)\n", "active/token", (unsigned long long)in->active, b);
     }
+    if (in->skipped_count) {
+        human(a, sizeof a, (double)in->skipped_bytes, "B");
+        printf("%-14s %llu tensors (%s) of %s: shipped, not read by sparq (MTP stages are loaded by no command "
+               "yet)\n", "skipped", (unsigned long long)in->skipped_count, a, in->skipped_what);
+    }
+    if (in->engram_params) {
+        human(a, sizeof a, (double)in->engram_params, "");
+        printf("%-14s %llu (%s) in Engram tables (in the parameters, not active: a token reads 24 rows per "
+               "table)\n", "engram", (unsigned long long)in->engram_params, a);
+    }
     if (in->exl3_linears)
         printf("%-14s %llu linears, %.3f bits per weight on average (K plus suh/svh)\n", "EXL3",
                (unsigned long long)in->exl3_linears, mean_bpw(in));
@@ -408,6 +438,9 @@ static int print_json(const inspect_info *in, const sf_model *m, const char *pat
     json_object_set_new(o, "files", json_integer(sf_file_count(m)));
     json_object_set_new(o, "tensors_stored", json_integer((json_int_t)sf_count(m)));
     json_object_set_new(o, "parameters", json_integer((json_int_t)in->total));
+    json_object_set_new(o, "engram_parameters", json_integer((json_int_t)in->engram_params));
+    json_object_set_new(o, "skipped_tensors", json_integer((json_int_t)in->skipped_count));
+    json_object_set_new(o, "skipped_bytes", json_integer((json_int_t)in->skipped_bytes));
     json_object_set_new(o, "bytes", json_integer((json_int_t)in->stored_bytes));
     if (in->exl3_linears) {
         json_object_set_new(o, "exl3_linears", json_integer((json_int_t)in->exl3_linears));

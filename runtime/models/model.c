@@ -19,6 +19,7 @@
 #include "common/file.h"
 #include "formats/bundle.h"
 #include "formats/manifest.h"
+#include "formats/weights.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/memplan.h"
 #include "runtime/models/model_impl.h"
@@ -157,6 +158,30 @@ sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int 
                   l->out, in, out);
         return SPARQ_OK;
     }
+    if (t->dtype != SF_BF16 && t->dtype != SF_F16 && t->dtype != SF_F32) { /* TEMPORARY until r22fp8 lands */
+        sf_weight sw;
+        FORWARD_IF(sf_weight_find(m->sf, key, &sw));
+        RETURN_IF(sw.out != (uint64_t)out || sw.in != (uint64_t)in, SPARQ_E_SHAPE, "%s: '%s' is [%llu, %llu], expected "
+                  "[%d, %d]", sf_file_path(m->sf, 0), key, (unsigned long long)sw.out, (unsigned long long)sw.in, out, in);
+        float *f = sparq_malloc((size_t)out * (size_t)in * sizeof(float));
+        RETURN_IF(!f, SPARQ_E_NOMEM, "%s: out of memory", key);
+        sparq_status st = sf_weight_to_f32(&sw, f);
+        if (st == SPARQ_OK && m->n_owned == m->cap_owned) {
+            int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+            void **o = sparq_realloc(m->owned, (size_t)cap * sizeof *o);
+            if (!o) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+            else m->owned = o, m->cap_owned = cap;
+        }
+        if (st != SPARQ_OK) {
+            sparq_free(f);
+            return st;
+        }
+        m->owned[m->n_owned++] = f;
+        l->kind = SQ_LINEAR_F32;
+        l->w = f;
+        m->weights_bytes += sw.nbytes;
+        return SPARQ_OK;
+    }
     FORWARD_IF(sq_mdl_dense_kind(m, t, &l->kind));
     FORWARD_IF(sq_mdl_check_shape(m, t, 2, (uint64_t)out, (uint64_t)in));
     l->w = t->data;
@@ -290,6 +315,11 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     sparq_status st = SPARQ_OK;
     if (opts) m->opts = *opts;
     else sq_model_opts_default(&m->opts);
+    m->dir = sparq_strdup(dir);
+    if (!m->dir) {
+        sparq_free(m);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
 #define TRY(expr)                    \
     do {                             \
         st = (expr);                 \
@@ -393,6 +423,7 @@ void sq_model_free(sq_model *m)
     sparq_free(m->owned);
     if (m->sf) sf_close(m->sf);
     sq_config_free(&m->cfg);
+    sparq_free(m->dir);
     sparq_free(m);
 }
 

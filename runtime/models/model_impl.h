@@ -44,6 +44,7 @@ typedef struct sq_layer_lin {
 struct sq_model {
     sq_model_config cfg;
     sq_model_opts opts;
+    char *dir;                 /* the model directory or bundle it was loaded from (config, tokenizer) */
     const sq_arch_info *arch;
     sf_model *sf;
     sq_exec *ex;
@@ -96,5 +97,6 @@ static inline sq_linear *sq_mdl_lin(sq_model *m, int layer, int s, int inst)
 
 /* Architectures the core knows (runtime/models/registry.c). */
 extern const sq_arch_info sq_arch_qwen3moe;
+extern const sq_arch_info sq_arch_deepseek_v41;
 
 #endif

@@ -192,6 +192,45 @@ static sparq_status read_dtype(sq_model_config *c, const json_t *root, const cha
     return SPARQ_OK;
 }
 
+/* A string member of quantization_config that must be absent or one of `ok`
+ * (NULL-terminated). */
+static sparq_status read_quant_word(const json_t *o, const char *key, char *buf, size_t cap,
+                                    const char *const *ok, const char *name)
+{
+    FORWARD_IF(sq_json_get_str(o, key, buf, cap, name));
+    if (!buf[0]) return SPARQ_OK;
+    char list[128] = "";
+    for (int i = 0; ok[i]; i++) {
+        if (!strcmp(buf, ok[i])) return SPARQ_OK;
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", ok[i]);
+    }
+    return sparq_err(SPARQ_E_UNSUPPORTED, "%s: quantization_config.%s '%s' is not supported (supported: %s)", name,
+                     key, buf, list);
+}
+
+/* DeepSeek's FP8 quantization_config (reference.md §3.1). */
+static sparq_status read_quant_fp8(sq_quant_config *q, const json_t *o, const char *name)
+{
+    static const char *const fmts[] = {"e4m3", NULL}, *const scales[] = {"ue8m0", NULL};
+    static const char *const acts[] = {"dynamic", NULL}, *const experts[] = {"fp4", "fp8", NULL};
+    FORWARD_IF(read_quant_word(o, "fmt", q->fmt, sizeof q->fmt, fmts, name));
+    FORWARD_IF(read_quant_word(o, "scale_fmt", q->scale_fmt, sizeof q->scale_fmt, scales, name));
+    FORWARD_IF(read_quant_word(o, "activation_scheme", q->activation_scheme, sizeof q->activation_scheme, acts, name));
+    FORWARD_IF(read_quant_word(o, "expert_dtype", q->expert_dtype, sizeof q->expert_dtype, experts, name));
+    const json_t *b = json_object_get(o, "weight_block_size");
+    if (!b || json_is_null(b)) return SPARQ_OK;
+    RETURN_IF(!json_is_array(b) || json_array_size(b) != 2, SPARQ_E_FORMAT,
+              "%s: quantization_config.weight_block_size must be a list of two integers [rows, cols]", name);
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *e = json_array_get(b, i);
+        RETURN_IF(!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > 1 << 16,
+                  SPARQ_E_FORMAT, "%s: quantization_config.weight_block_size[%zu] must be an integer in 1..65536",
+                  name, i);
+        q->weight_block_size[i] = (int)json_integer_value(e);
+    }
+    return SPARQ_OK;
+}
+
 static sparq_status read_quant(sq_quant_config *q, const json_t *root, const char *name)
 {
     const json_t *o = json_object_get(root, "quantization_config");
@@ -199,8 +238,9 @@ static sparq_status read_quant(sq_quant_config *q, const json_t *root, const cha
     RETURN_IF(!json_is_object(o), SPARQ_E_FORMAT, "%s: 'quantization_config' must be an object", name);
     q->present = true;
     FORWARD_IF(sq_json_get_str(o, "quant_method", q->quant_method, sizeof q->quant_method, name));
+    if (!strcmp(q->quant_method, "fp8")) return read_quant_fp8(q, o, name);
     RETURN_IF(strcmp(q->quant_method, "exl3") != 0, SPARQ_E_UNSUPPORTED,
-              "%s: quantization_config.quant_method '%s' is not supported (supported: exl3)", name,
+              "%s: quantization_config.quant_method '%s' is not supported (supported: exl3, fp8)", name,
               q->quant_method);
     FORWARD_IF(sq_json_get_str(o, "version", q->version, sizeof q->version, name));
     FORWARD_IF(sq_json_get_double(o, "bits", &q->bits, name));

@@ -11,8 +11,8 @@
  *    7, and both have subnormals at exponent field 0); AVX2 does it with an
  *    unpack, a shift, a mask and F16C's vcvtph2ps, the scalar path with a
  *    256-entry table of the same values.
- *  - E2M1 · 2 is a small integer (0, 1, 2, 3, 4, 6, 8, 12): pshufb on a
- *    16-byte table, widened to int32 and converted.
+ *  - E2M1 · 2 is 0, 1, 2, 3, 4, 6, 8 or 12, whose fp16 has a zero low
+ *    byte: pshufb on a 16-byte table of the high bytes, then vcvtph2ps.
  *  - The group's scale is then the power 2^(b - 127 + k) (k = 8 for E4M3,
  *    -1 for E2M1). Where it is a normal fp32 (every real checkpoint) the
  *    fast GEMV multiplies the decoded weights by it in registers, which gives
@@ -129,18 +129,41 @@ SQ_AVX2 static SQ_INLINE void e4m3x16(const uint8_t *p, __m256 *a, __m256 *b)
     *b = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(z, v), 1), m));
 }
 
-/* 16 bytes of E2M1 pairs → 32 values · 2 in column order (low nibble first). */
+/* 32 E4M3 codes → four vectors of value · 2^-8, as e4m3x16 twice but on
+ * 256-bit integer lanes: one load, two unpacks (in-lane, so the halves come
+ * out as columns 0-7 / 16-23 and 8-15 / 24-31), two shifts, two masks. */
+SQ_AVX2 static SQ_INLINE void e4m3x32(const uint8_t *p, __m256 v[4])
+{
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
+    const __m256i m = _mm256_set1_epi16((short)0xBFFF);
+    const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), m);
+    const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 1), m);
+    v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+    v[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+    v[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+    v[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+}
+
+/* 16 bytes of E2M1 pairs → 32 values · 2 in column order (low nibble first):
+ * pshufb maps each nibble to the high byte of its fp16 (0x00, 0x3C, 0x40,
+ * 0x42, 0x44, 0x46, 0x48, 0x4A for 0, 1, 2, 3, 4, 6, 8, 12; 0x80 set for the
+ * negatives, so -0 stays -0), unpacks interleave the nibbles into columns and
+ * put a zero low byte under each, and F16C widens. */
 SQ_AVX2 static SQ_INLINE void e2m1x32(const uint8_t *p, __m256 v[4])
 {
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i lut = _mm_setr_epi8(0x00, 0x3C, 0x40, 0x42, 0x44, 0x46, 0x48, 0x4A, (char)0x80, (char)0xBC,
+                                      (char)0xC0, (char)0xC2, (char)0xC4, (char)0xC6, (char)0xC8, (char)0xCA);
     const __m128i m = _mm_set1_epi8(0x0F), b = _mm_loadu_si128((const __m128i *)p);
     const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m));
     const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m128i v0 = _mm_unpacklo_epi8(lo, hi), v1 = _mm_unpackhi_epi8(lo, hi);
-    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v0, v0)));
-    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v1, v1)));
+    /* high bytes of columns 0-15 | 16-31 */
+    const __m256i t = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i h0 = _mm256_unpacklo_epi8(z, t), h1 = _mm256_unpackhi_epi8(z, t); /* 0-7|16-23, 8-15|24-31 */
+    v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h0));
+    v[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(h1));
+    v[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(h0, 1));
+    v[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(h1, 1));
 }
 
 /* rows_scalar for NR ≤ 4 rows (a constant once inlined, so the accumulators
@@ -240,8 +263,10 @@ static void rows_avx2(const float *x, size_t in, int nr, const uint8_t *w, const
  * and groups are a multiple of 32 columns wide, the decoded weights are
  * multiplied by their group's scale in registers — the exact fp32 weight, as
  * sf_dequant_* gives it — and accumulated with no per-group partial sums, 32
- * columns a step. Accumulators: 4 a row for 1-2 rows (a single row would
- * otherwise wait on the FMA latency), 2 for 3-4, 1 for 5-8 (≤ 8 registers). */
+ * columns a step. Accumulators: 4 a row for 2 rows, 2 for 3-4, 1 for 5-8
+ * (≤ 8 registers). One input row (decode) goes four weight rows at a time
+ * through fast4_1 instead, one accumulator each, which this kernel's NR = 1
+ * matches sum for sum (so a row's result does not depend on its neighbours). */
 #define SF_MAX 1024 /* groups a row may have on this path (V4.1: ≤ 256) */
 
 /* sf[g] = 2^(b_g - 127 + k) for the ng codes of srow; false when one needs
@@ -265,8 +290,7 @@ SQ_AVX2 static SQ_INLINE void dec32_scaled(const uint8_t *w, size_t c, const boo
     if (fp4) {
         e2m1x32(w + c / 2, v);
     } else {
-        e4m3x16(w + c, &v[0], &v[1]);
-        e4m3x16(w + c + 16, &v[2], &v[3]);
+        e4m3x32(w + c, v);
     }
     for (int q = 0; q < 4; q++) v[q] = _mm256_mul_ps(v[q], vs);
 }
@@ -274,7 +298,7 @@ SQ_AVX2 static SQ_INLINE void dec32_scaled(const uint8_t *w, size_t c, const boo
 SQ_AVX2 static SQ_INLINE void rows_fast_n(const float *x, size_t in, const int NR, const uint8_t *w, const float *sf,
                                           size_t G, const bool fp4, float *out)
 {
-    const int NA = NR <= 2 ? 4 : NR <= 4 ? 2 : 1; /* accumulators a row */
+    const int NA = NR == 1 ? 1 : NR == 2 ? 4 : NR <= 4 ? 2 : 1; /* accumulators a row */
     const size_t ng = in / G, per = G / 32;
     __m256 acc[8][4];
     for (int r = 0; r < NR; r++)
@@ -333,6 +357,48 @@ ROWS_FAST(fast_fp4_5, 5, true)
 ROWS_FAST(fast_fp4_6, 6, true)
 ROWS_FAST(fast_fp4_7, 7, true)
 ROWS_FAST(fast_fp4_8, 8, true)
+
+/* One input row against four weight rows (ldw bytes apart), each with its own
+ * group scales: four streams from memory in flight and x loaded once for the
+ * four (ops.c's dot4_bf16_avx2 does the same for bf16, for the same reason:
+ * a decode GEMV must keep the memory busy). */
+SQ_AVX2 static SQ_INLINE void fast4_1(const float *x, size_t in, const uint8_t *w, size_t ldw,
+                                      const float *const sf[4], size_t G, const bool fp4, float out[4])
+{
+    const size_t ng = in / G, per = G / 32;
+    __m256 acc[4];
+    for (int o = 0; o < 4; o++) acc[o] = _mm256_setzero_ps();
+    size_t c = 0;
+    for (size_t g = 0; g <= ng; g++) { /* g = ng: the partial last group's whole steps */
+        const size_t steps = g < ng ? per : (in - c) / 32;
+        for (size_t k = 0; k < steps; k++, c += 32) {
+            __m256 xs[4];
+            for (int q = 0; q < 4; q++) xs[q] = _mm256_loadu_ps(x + c + 8 * q);
+            for (int o = 0; o < 4; o++) {
+                __m256 v[4];
+                dec32_scaled(w + o * ldw, c, fp4, _mm256_broadcast_ss(sf[o] + g), v);
+                for (int q = 0; q < 4; q++) acc[o] = _mm256_fmadd_ps(xs[q], v[q], acc[o]);
+            }
+        }
+    }
+    for (int o = 0; o < 4; o++) {
+        float t = 0;
+        for (size_t cc = c; cc < in; cc++) t += x[cc] * (dec1(w + o * ldw, cc, fp4) * sf[o][ng]);
+        out[o] = sq_hsum256(acc[o]) + t;
+    }
+}
+
+SQ_AVX2 static void fast4_fp8(const float *x, size_t in, const uint8_t *w, size_t ldw, const float *const sf[4],
+                              size_t G, float out[4])
+{
+    fast4_1(x, in, w, ldw, sf, G, false, out);
+}
+
+SQ_AVX2 static void fast4_fp4(const float *x, size_t in, const uint8_t *w, size_t ldw, const float *const sf[4],
+                              size_t G, float out[4])
+{
+    fast4_1(x, in, w, ldw, sf, G, true, out);
+}
 
 typedef void (*fast_fn)(const float *x, size_t in, const uint8_t *w, const float *sf, size_t G, float *out);
 static const fast_fn fast_tab[2][8] = {
@@ -437,19 +503,41 @@ static void gemv_item(void *ctx, size_t item, int tid)
     const size_t o0 = item * GEMV_BLOCK, o1 = o0 + GEMV_BLOCK < out ? o0 + GEMV_BLOCK : out;
     const bool fp4 = is_fp4(l);
     float d[SQ_CPU_BLOCK_GEMV_MAX_ROWS];
+    size_t o = o0;
 #if SQ_X86
-    /* the fast path's group scales, made again only when the scale row changes */
+    /* the fast path's group scales, made again only when a scale row changes
+     * (FP8: once a row block; MXFP4: every row) */
     const size_t ng = scale_cols(l);
     const bool fast = j->simd && ng <= SF_MAX && G % 32 == 0;
-    float sf[SF_MAX];
-    const uint8_t *sf_of = NULL;
-    bool sf_ok = false;
+    float sf4[4][SF_MAX];
+    const uint8_t *sf_of[4] = {NULL, NULL, NULL, NULL};
+    bool sf_ok[4] = {false, false, false, false};
+    /* one input row: four weight rows at a time */
+    for (; fast && j->rows == 1 && o + 4 <= o1; o += 4) {
+        const float *sfp[4];
+        bool ok = true;
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *sk = scale_row(l, o + (size_t)k);
+            int from = k; /* a row sharing the scale row of an earlier one shares its floats */
+            for (int q = 0; q < k; q++)
+                if (sf_of[q] == sk) from = q;
+            if (from == k && sf_of[k] != sk) sf_ok[k] = row_scales(sk, ng, fp4, sf4[k]), sf_of[k] = sk;
+            ok &= sf_ok[from];
+            sfp[k] = sf4[from];
+        }
+        if (!ok) break; /* the rest row by row */
+        (fp4 ? fast4_fp4 : fast4_fp8)(j->x, in, (const uint8_t *)l->w + o * row_bytes(l), row_bytes(l), sfp, G, d);
+        for (int k = 0; k < 4; k++) j->y[o + (size_t)k] = d[k] + (l->bias ? l->bias[o + (size_t)k] : 0.0f);
+    }
+    float *sf = sf4[0];
+    sf_of[0] = NULL;
+    bool ok0 = false;
 #endif
-    for (size_t o = o0; o < o1; o++) {
+    for (; o < o1; o++) {
         const uint8_t *w = (const uint8_t *)l->w + o * row_bytes(l), *s = scale_row(l, o);
 #if SQ_X86
-        if (fast && s != sf_of) sf_ok = row_scales(s, ng, fp4, sf), sf_of = s;
-        if (fast && sf_ok) fast_tab[fp4][j->rows - 1](j->x, in, w, sf, G, d);
+        if (fast && s != sf_of[0]) ok0 = row_scales(s, ng, fp4, sf), sf_of[0] = s;
+        if (fast && ok0) fast_tab[fp4][j->rows - 1](j->x, in, w, sf, G, d);
         else if (j->simd) rows_avx2(j->x, in, j->rows, w, s, G, fp4, d);
         else
 #endif

@@ -25,6 +25,7 @@
 #include "common/threadpool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
+#include "tools/bench/bench_bw.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void)
@@ -44,42 +45,6 @@ static void fill(sq_linear_kind k, void *p, size_t n)
         for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rnd();
     else
         for (size_t i = 0; i < n / 2; i++) ((uint16_t *)p)[i] = sparq_f32_to_bf16((float)(rnd() % 2001) / 4000.0f - 0.25f);
-}
-
-typedef struct bw_job {
-    const uint64_t *p;
-    size_t per;
-    uint64_t sums[64];
-} bw_job;
-
-static void bw_item(void *ctx, size_t i, int tid)
-{
-    bw_job *j = ctx;
-    const uint64_t *p = j->p + i * j->per;
-    uint64_t s = 0;
-    for (size_t k = 0; k < j->per; k++) s += p[k];
-    j->sums[tid & 63] += s;
-}
-
-/* Best of 5 parallel streaming reads of `bytes`: bytes/s. */
-static double bandwidth(sparq_pool *pool, size_t bytes)
-{
-    const size_t n = bytes / 8, chunks = 256;
-    uint64_t *buf = sparq_aligned_alloc(64, n * 8);
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    bw_job j = {buf, n / chunks, {0}};
-    double best = 0;
-    for (int r = 0; r < 5; r++) {
-        const double t0 = sparq_now();
-        sparq_pool_for(pool, chunks, bw_item, &j);
-        const double dt = sparq_now() - t0;
-        if ((double)(j.per * chunks * 8) / dt > best) best = (double)(j.per * chunks * 8) / dt;
-    }
-    volatile uint64_t sink = j.sums[0];
-    (void)sink;
-    sparq_aligned_free(buf);
-    return best;
 }
 
 typedef struct timing {
@@ -155,7 +120,7 @@ int main(int argc, char **argv)
                   {"expert_w1", SQ_LINEAR_MXFP4, 2304, 5120},
                   {"expert_w2", SQ_LINEAR_MXFP4, 5120, 2304}};
     printf("threads %d\npath %s\n", ex->n_threads, sq_cpu_use_avx2() ? "avx2" : "scalar");
-    const double bw = bandwidth(ex->pool, mib << 20);
+    const double bw = bench_read_bandwidth(ex->pool, mib);
     printf("memory_bw_bytes_s %.3g (streaming read of %zu MiB, best of 5)\n", bw, mib);
     printf("%-10s %-6s %-12s %4s %10s %9s %10s %9s %8s %8s %7s\n", "shape", "kind", "[out, in]", "rows", "ms", "GB/s",
            "bf16 ms", "bf16 GB/s", "speedup", "GB/s x", "of bw");

@@ -155,55 +155,49 @@ static void test_e2m1_codes(void)
     CHECK_MSG(bad == 0, "sf_e2m1_to_f32: %d codes differ", bad);
 }
 
-/* UE8M0 codes 0..254 as the scale of row o, with a few weight codes: the
- * result must be the exact product (a subnormal kept, an overflow inf). */
+/* l's row o has UE8M0 scale o and every weight `value`: through the GEMV (a
+ * one-hot input at column `col`) and the tile, on both paths, the result must
+ * be the exact product (a subnormal kept, an overflow inf). */
+static void scale_sweep(const sq_linear *l, int col, float value, const char *what)
+{
+    enum { O = 255, I = 32 };
+    static float y[O], t[O * I];
+    for (int scalar = 0; scalar < 2; scalar++) {
+        sq_cpu_force_scalar(scalar);
+        one_hot(l, col, y);
+        sq_cpu_block_to_f32(l, 0, O, t);
+        int bad = 0;
+        for (int o = 0; o < O; o++) {
+            const float want = to_f32((double)value * (double)g_ue8m0[o]);
+            if ((!same_bits(y[o], want) || !same_bits(t[o * I + 3], want)) && bad++ < 4)
+                fprintf(stderr, "  %s, scale %d: gemv %a tile %a, want %a\n", what, o, y[o], t[o * I + 3], want);
+        }
+        CHECK_MSG(bad == 0, "%s scalar %d: %d of 255 UE8M0 scales wrong", what, scalar, bad);
+    }
+}
+
+/* UE8M0 codes 0..254 against a few weight codes of each kind. */
 static void test_ue8m0_codes(void)
 {
     enum { O = 255, I = 32 };
     static uint8_t w[O * I], s[O], w4[O * I / 2];
-    static float y[O], t[O * I];
     for (int o = 0; o < O; o++) s[o] = (uint8_t)o;
+    char what[64];
     /* FP8 weights 1.0, 448 (max), 2^-9 (smallest subnormal), -1.5 */
     const uint8_t wcodes[] = {0x38, 0x7E, 0x01, 0xBC};
     for (int k = 0; k < 4; k++) {
         memset(w, wcodes[k], sizeof w);
         const sq_linear l = fp8_linear(O, I, 1, 32, w, s);
-        for (int scalar = 0; scalar < 2; scalar++) {
-            sq_cpu_force_scalar(scalar);
-            one_hot(&l, 7, y);
-            sq_cpu_block_to_f32(&l, 0, O, t);
-            int bad = 0;
-            for (int o = 0; o < O; o++) {
-                const float want = to_f32((double)g_e4m3[wcodes[k]] * (double)g_ue8m0[o]);
-                if (!same_bits(y[o], want) || !same_bits(t[o * I + 3], want)) {
-                    if (bad++ < 4)
-                        fprintf(stderr, "  fp8 w 0x%02x scale %d: gemv %a tile %a, want %a\n", wcodes[k], o, y[o],
-                                t[o * I + 3], want);
-                }
-            }
-            CHECK_MSG(bad == 0, "FP8 weight 0x%02x scalar %d: %d of 255 UE8M0 scales wrong", wcodes[k], scalar, bad);
-        }
+        snprintf(what, sizeof what, "FP8 weight 0x%02x", wcodes[k]);
+        scale_sweep(&l, 7, g_e4m3[wcodes[k]], what);
     }
     /* MXFP4 weights 1.0 (0x2), 0.5 (0x1, the smallest), 6 (0x7, the largest), -3 (0xD) */
     const uint8_t ncodes[] = {0x2, 0x1, 0x7, 0xD};
     for (int k = 0; k < 4; k++) {
         memset(w4, ncodes[k] | ncodes[k] << 4, sizeof w4);
         const sq_linear l = fp4_linear(O, I, w4, s);
-        for (int scalar = 0; scalar < 2; scalar++) {
-            sq_cpu_force_scalar(scalar);
-            one_hot(&l, 9, y);
-            sq_cpu_block_to_f32(&l, 0, O, t);
-            int bad = 0;
-            for (int o = 0; o < O; o++) {
-                const float want = to_f32((double)g_e2m1[ncodes[k]] * (double)g_ue8m0[o]);
-                if (!same_bits(y[o], want) || !same_bits(t[o * I + 3], want)) {
-                    if (bad++ < 4)
-                        fprintf(stderr, "  mxfp4 w 0x%x scale %d: gemv %a tile %a, want %a\n", ncodes[k], o, y[o],
-                                t[o * I + 3], want);
-                }
-            }
-            CHECK_MSG(bad == 0, "MXFP4 weight 0x%x scalar %d: %d of 255 UE8M0 scales wrong", ncodes[k], scalar, bad);
-        }
+        snprintf(what, sizeof what, "MXFP4 weight 0x%x", ncodes[k]);
+        scale_sweep(&l, 9, g_e2m1[ncodes[k]], what);
     }
     sq_cpu_force_scalar(false);
     int bad = 0;

@@ -344,9 +344,16 @@ static void print_table(const inspect_info *in, const sf_model *m, const char *p
                (long long)c->head_dim, (long long)c->vocab_size);
         printf("%-14s %lld per MoE layer, %lld active per token, expert width %lld\n", "experts",
                (long long)c->num_experts, (long long)c->num_experts_per_tok, (long long)c->moe_intermediate_size);
-        if (c->quant.present)
-            printf("%-14s %s %g bpw (head %g), codebook %s\n", "quantization", c->quant.quant_method, c->quant.bits,
-                   c->quant.head_bits, c->quant.codebook[0] ? c->quant.codebook : "mul1");
+        const sq_quant_config *q = &c->quant;
+        if (q->present && !strcmp(q->quant_method, "fp8")) {
+            char blk[48] = "blocks from each scale's shape";
+            if (q->weight_block_size[0])
+                snprintf(blk, sizeof blk, "%dx%d blocks", q->weight_block_size[0], q->weight_block_size[1]);
+            printf("%-14s fp8 %s, %s%s%s, experts %s\n", "quantization", q->fmt[0] ? q->fmt : "e4m3", blk,
+                   q->scale_fmt[0] ? " " : "", q->scale_fmt, q->expert_dtype[0] ? q->expert_dtype : "fp8");
+        } else if (q->present)
+            printf("%-14s %s %g bpw (head %g), codebook %s\n", "quantization", q->quant_method, q->bits,
+                   q->head_bits, q->codebook[0] ? q->codebook : "mul1");
     } else {
         printf("%-14s unknown (%s)\n", "architecture", in->cfg_note);
     }
@@ -423,7 +430,18 @@ static int print_json(const inspect_info *in, const sf_model *m, const char *pat
         json_object_set_new(o, "num_experts", json_integer(c->num_experts));
         json_object_set_new(o, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
         json_object_set_new(o, "active_parameters", json_integer((json_int_t)in->active));
-        if (c->quant.present) {
+        if (c->quant.present && !strcmp(c->quant.quant_method, "fp8")) {
+            json_t *q = json_object();
+            json_object_set_new(q, "quant_method", json_string("fp8"));
+            json_object_set_new(q, "fmt", json_string(c->quant.fmt[0] ? c->quant.fmt : "e4m3"));
+            json_object_set_new(q, "weight_block_size",
+                                c->quant.weight_block_size[0]
+                                    ? json_pack("[ii]", c->quant.weight_block_size[0], c->quant.weight_block_size[1])
+                                    : json_null());
+            json_object_set_new(q, "scale_fmt", c->quant.scale_fmt[0] ? json_string(c->quant.scale_fmt) : json_null());
+            json_object_set_new(q, "expert_dtype", json_string(c->quant.expert_dtype[0] ? c->quant.expert_dtype : "fp8"));
+            json_object_set_new(o, "quantization", q);
+        } else if (c->quant.present) {
             json_t *q = json_object();
             json_object_set_new(q, "quant_method", json_string(c->quant.quant_method));
             json_object_set_new(q, "bits", json_real(c->quant.bits));

@@ -192,6 +192,45 @@ static sparq_status read_dtype(sq_model_config *c, const json_t *root, const cha
     return SPARQ_OK;
 }
 
+/* A string member of quantization_config that must be absent or one of `ok`
+ * (NULL-terminated). */
+static sparq_status read_quant_word(const json_t *o, const char *key, char *buf, size_t cap,
+                                    const char *const *ok, const char *name)
+{
+    FORWARD_IF(sq_json_get_str(o, key, buf, cap, name));
+    if (!buf[0]) return SPARQ_OK;
+    char list[128] = "";
+    for (int i = 0; ok[i]; i++) {
+        if (!strcmp(buf, ok[i])) return SPARQ_OK;
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", ok[i]);
+    }
+    return sparq_err(SPARQ_E_UNSUPPORTED, "%s: quantization_config.%s '%s' is not supported (supported: %s)", name,
+                     key, buf, list);
+}
+
+/* DeepSeek's FP8 quantization_config (reference.md §3.1). */
+static sparq_status read_quant_fp8(sq_quant_config *q, const json_t *o, const char *name)
+{
+    static const char *const fmts[] = {"e4m3", NULL}, *const scales[] = {"ue8m0", NULL};
+    static const char *const acts[] = {"dynamic", NULL}, *const experts[] = {"fp4", "fp8", NULL};
+    FORWARD_IF(read_quant_word(o, "fmt", q->fmt, sizeof q->fmt, fmts, name));
+    FORWARD_IF(read_quant_word(o, "scale_fmt", q->scale_fmt, sizeof q->scale_fmt, scales, name));
+    FORWARD_IF(read_quant_word(o, "activation_scheme", q->activation_scheme, sizeof q->activation_scheme, acts, name));
+    FORWARD_IF(read_quant_word(o, "expert_dtype", q->expert_dtype, sizeof q->expert_dtype, experts, name));
+    const json_t *b = json_object_get(o, "weight_block_size");
+    if (!b || json_is_null(b)) return SPARQ_OK;
+    RETURN_IF(!json_is_array(b) || json_array_size(b) != 2, SPARQ_E_FORMAT,
+              "%s: quantization_config.weight_block_size must be a list of two integers [rows, cols]", name);
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *e = json_array_get(b, i);
+        RETURN_IF(!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > 1 << 16,
+                  SPARQ_E_FORMAT, "%s: quantization_config.weight_block_size[%zu] must be an integer in 1..65536",
+                  name, i);
+        q->weight_block_size[i] = (int)json_integer_value(e);
+    }
+    return SPARQ_OK;
+}
+
 static sparq_status read_quant(sq_quant_config *q, const json_t *root, const char *name)
 {
     const json_t *o = json_object_get(root, "quantization_config");
@@ -199,8 +238,9 @@ static sparq_status read_quant(sq_quant_config *q, const json_t *root, const cha
     RETURN_IF(!json_is_object(o), SPARQ_E_FORMAT, "%s: 'quantization_config' must be an object", name);
     q->present = true;
     FORWARD_IF(sq_json_get_str(o, "quant_method", q->quant_method, sizeof q->quant_method, name));
+    if (!strcmp(q->quant_method, "fp8")) return read_quant_fp8(q, o, name);
     RETURN_IF(strcmp(q->quant_method, "exl3") != 0, SPARQ_E_UNSUPPORTED,
-              "%s: quantization_config.quant_method '%s' is not supported (supported: exl3)", name,
+              "%s: quantization_config.quant_method '%s' is not supported (supported: exl3, fp8)", name,
               q->quant_method);
     FORWARD_IF(sq_json_get_str(o, "version", q->version, sizeof q->version, name));
     FORWARD_IF(sq_json_get_double(o, "bits", &q->bits, name));
@@ -465,33 +505,6 @@ static sparq_status check_v41(const sq_model_config *c, const char *name)
     return SPARQ_OK;
 }
 
-/* V4.1's quantization_config: the release's fp8 one (weight_block_size, UE8M0
- * scales, FP4 experts), or an EXL3 one for a model sparq quantized. */
-static sparq_status read_fp8_quant(sq_model_config *c, const json_t *root, const char *name)
-{
-    const json_t *o = json_object_get(root, "quantization_config");
-    if (!o || json_is_null(o)) return SPARQ_OK;
-    RETURN_IF(!json_is_object(o), SPARQ_E_FORMAT, "%s: 'quantization_config' must be an object", name);
-    char method[16] = "";
-    FORWARD_IF(sq_json_get_str(o, "quant_method", method, sizeof method, name));
-    if (strcmp(method, "fp8") != 0) return read_quant(&c->quant, root, name);
-    char fmt[16] = "e4m3", scale[16] = "ue8m0";
-    FORWARD_IF(sq_json_get_str(o, "fmt", fmt, sizeof fmt, name));
-    FORWARD_IF(sq_json_get_str(o, "scale_fmt", scale, sizeof scale, name));
-    RETURN_IF(strcmp(fmt, "e4m3") != 0 || strcmp(scale, "ue8m0") != 0, SPARQ_E_UNSUPPORTED,
-              "%s: quantization_config fmt '%s' / scale_fmt '%s' not supported (e4m3 / ue8m0)", name, fmt, scale);
-    int64_t b[2];
-    int n = 0;
-    const json_t *wb = json_object_get(o, "weight_block_size");
-    RETURN_IF(!wb || !json_is_array(wb), SPARQ_E_FORMAT, "%s: quantization_config.weight_block_size must be a list "
-              "[rows, cols]", name);
-    FORWARD_IF(read_int_list(o, "weight_block_size", b, 2, &n, 1, 4096, name));
-    RETURN_IF(n != 2, SPARQ_E_FORMAT, "%s: quantization_config.weight_block_size must be [rows, cols]", name);
-    c->v41.fp8_block_rows = (int)b[0];
-    c->v41.fp8_block_cols = (int)b[1];
-    return SPARQ_OK;
-}
-
 static sparq_status parse_deepseek_v41(sq_model_config *c, const json_t *root, const char *name)
 {
     v41_defaults(c);
@@ -594,7 +607,7 @@ static sparq_status parse_deepseek_v41(sq_model_config *c, const json_t *root, c
                   "%s: eos_token_id %lld is not below vocab_size %lld", name, (long long)c->eos_token_ids[i],
                   (long long)c->vocab_size);
     FORWARD_IF(read_dtype(c, member_present(tc, "dtype") || member_present(tc, "torch_dtype") ? tc : root, name));
-    FORWARD_IF(read_fp8_quant(c, root, name));
+    FORWARD_IF(read_quant(&c->quant, root, name));
     return check_v41(c, name);
 }
 

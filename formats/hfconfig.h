@@ -12,7 +12,7 @@
  * checked against the checkpoint by runtime/arch.h (sq_arch_check_tensors). Both config styles are read: transformers 4.x
  * (`num_experts`, `rope_theta`) and 5.x (`num_local_experts`,
  * `rope_parameters: {rope_theta, rope_type}`); when both are present they
- * must agree. An EXL3 `quantization_config` is parsed when present.
+ * must agree. An EXL3 or FP8 `quantization_config` is parsed when present.
  *
  * JSON is parsed with duplicate keys rejected (formats/json.h). */
 #ifndef SPARQ_FORMATS_HFCONFIG_H
@@ -45,11 +45,14 @@ typedef enum sq_torch_dtype {
 
 #define SQ_MAX_EOS_IDS 16
 
-/* EXL3 quantization_config (reference.md §1.4). `present` is false when the
- * config has no quantization_config; other quant methods are rejected. */
+/* quantization_config: EXL3 (reference.md §1.4) or FP8 (DeepSeek V3 / V4.x
+ * as shipped, reference.md §3.1). `present` is false when the config has no
+ * quantization_config; other quant methods are rejected (SPARQ_E_UNSUPPORTED
+ * naming the ones accepted). The fields of the other method stay zero. */
 typedef struct sq_quant_config {
     bool present;
-    char quant_method[16];  /* "exl3" */
+    char quant_method[16];  /* "exl3" or "fp8" */
+    /* --- exl3 --- */
     char version[32];       /* exllamav3 / sparq version that wrote it ("" if absent) */
     double bits;            /* expert base bits per weight, e.g. 3.0 */
     double head_bits;       /* lm_head bits (0 if absent) */
@@ -57,6 +60,14 @@ typedef struct sq_quant_config {
     int calibration_cols;   /* 0 if absent */
     char out_scales[16];    /* "always", "never", "auto" or "" */
     char codebook[16];      /* "mul1", "mcg", "3inst" ("" if absent: mul1 is exllamav3's default) */
+    /* --- fp8: {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32],
+     *          "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "expert_dtype": "fp4"} --- */
+    char fmt[16];               /* "e4m3" (the only FP8 format accepted) or "" if absent */
+    int weight_block_size[2];   /* an FP8 weight's scale block [rows, cols] (V4.1 32×32, V3 128×128);
+                                   {0, 0} if absent: inferred from each scale's shape (formats/weights.h) */
+    char scale_fmt[16];         /* "ue8m0", or "" if absent (DeepSeek V3: fp32 weight_scale_inv) */
+    char activation_scheme[16]; /* "dynamic" (activations stay fp32 here) or "" if absent */
+    char expert_dtype[16];      /* "fp4" (V4.1: routed experts MXFP4), "fp8", or "" if absent */
 } sq_quant_config;
 
 /* DeepSeek V4.1 (`deepseek_v41`, reference.md §3.1–3.2): the fields of
@@ -94,7 +105,6 @@ typedef struct sq_v41_config {
     int64_t engram_vocab_size;    /* base bucket count: the primes are the consecutive primes >= it */
     int64_t engram_pad_id;        /* compressed pad id (2) */
     int64_t engram_compressed_vocab; /* engram_compressed_vocab_size (99092), 0 if absent */
-    int fp8_block_rows, fp8_block_cols; /* quantization_config.weight_block_size, 0 if absent */
 } sq_v41_config;
 
 typedef struct sq_model_config {

@@ -14,12 +14,25 @@ static const sf_tensor *find2(const sf_model *m, const char *key, const char *su
     return sf_find(m, name);
 }
 
-static sparq_status fp8_block(const sf_model *m, sf_weight *o, const char *key)
+/* The FP8 scale block: the given one (a config's weight_block_size), whose
+ * grid the scale must have, or inferred from the scale's shape. */
+static sparq_status fp8_block(const sf_model *m, sf_weight *o, const char *key, int br, int bc)
 {
     const sf_tensor *s = o->scale;
     uint64_t O = o->out, I = o->in;
     RETURN_IF(s->ndim != 2, SPARQ_E_SHAPE, "%s: scale '%s' of FP8 weight '%s.weight' must be 2-D",
               sf_file_path(m, s->file), s->name, key);
+    if (br > 0 && bc > 0) {
+        const uint64_t r = (O + (uint64_t)br - 1) / (uint64_t)br, c = (I + (uint64_t)bc - 1) / (uint64_t)bc;
+        RETURN_IF(s->shape[0] != r || s->shape[1] != c, SPARQ_E_SHAPE,
+                  "%s: scale '%s' is [%llu, %llu], but FP8 weight '%s.weight' [%llu, %llu] in blocks of %dx%d "
+                  "(quantization_config.weight_block_size) needs [%llu, %llu]",
+                  sf_file_path(m, s->file), s->name, (unsigned long long)s->shape[0],
+                  (unsigned long long)s->shape[1], key, (unsigned long long)O, (unsigned long long)I, br, bc,
+                  (unsigned long long)r, (unsigned long long)c);
+        o->block_rows = br, o->block_cols = bc;
+        return SPARQ_OK;
+    }
     static const int blocks[2] = {128, 32};
     for (int i = 0; i < 2; i++) {
         uint64_t B = (uint64_t)blocks[i];
@@ -40,6 +53,11 @@ static sparq_status fp8_block(const sf_model *m, sf_weight *o, const char *key)
 }
 
 sparq_status sf_weight_find(const sf_model *m, const char *key, sf_weight *o)
+{
+    return sf_weight_find_block(m, key, 0, 0, o);
+}
+
+sparq_status sf_weight_find_block(const sf_model *m, const char *key, int block_rows, int block_cols, sf_weight *o)
 {
     memset(o, 0, sizeof *o);
     const sf_tensor *w = find2(m, key, ".weight");
@@ -90,7 +108,7 @@ sparq_status sf_weight_find(const sf_model *m, const char *key, sf_weight *o)
         o->kind = SF_WEIGHT_FP8;
         o->scale = s;
         o->nbytes += s->nbytes;
-        return fp8_block(m, o, key);
+        return fp8_block(m, o, key, block_rows, block_cols);
     }
     case SF_I8:
     case SF_U8:
@@ -102,6 +120,13 @@ sparq_status sf_weight_find(const sf_model *m, const char *key, sf_weight *o)
         o->scale = s;
         o->nbytes += s->nbytes;
         if (w->dtype != SF_F4) o->in = w->shape[1] * 2;
+        RETURN_IF(s->ndim != 2 || s->shape[0] != o->out || s->shape[1] != (o->in + 31) / 32 ||
+                      (s->dtype != SF_F8_E8M0 && s->dtype != SF_U8),
+                  SPARQ_E_SHAPE, "%s: scale '%s' (%s [%llu, %llu]) of MXFP4 weight '%s' [%llu, %llu] must be F8_E8M0 "
+                  "[%llu, %llu] (one per row and 32 columns)",
+                  sf_file_path(m, s->file), s->name, sf_dtype_name(s->dtype), (unsigned long long)s->shape[0],
+                  (unsigned long long)(s->ndim > 1 ? s->shape[1] : 0), w->name, (unsigned long long)o->out,
+                  (unsigned long long)o->in, (unsigned long long)o->out, (unsigned long long)(o->in + 31) / 32);
         return SPARQ_OK;
     }
     default:

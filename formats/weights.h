@@ -12,11 +12,18 @@
  *    (DeepSeek-V4.1 routed experts), or gpt-oss's per-matrix naming
  *    `<key>_blocks` U8 [out, in/32, 16] with `<key>_scales` U8 (E8M0 bytes)
  *    [out, in/32].
+ * The runtime (runtime/models/model.c sq_mdl_bind_linear) runs FP8 E4M3 with
+ * UE8M0 `.scale` blocks and MXFP4 in place from the mapping, as the kinds
+ * SQ_LINEAR_FP8 / SQ_LINEAR_MXFP4 of kernels/backend.h (E5M2 and float
+ * weight_scale_inv are refused there); it finds them here, the FP8 block
+ * taken from the config's quantization_config.weight_block_size when there is
+ * one (sf_weight_find_block) and inferred from the scale's shape otherwise.
  * The quantizer (quantize/layer.c, quantize/skeleton.c) dequantises any of
  * these to fp32 and sees exactly the values the checkpoint encodes (every
  * decode here is exact).
  * The arithmetic is formats/safetensors.c's sf_dequant_fp8/_mxfp4; this file
- * only recognises the layouts and their companion tensors. */
+ * only recognises the layouts and their companion tensors (shape checks of
+ * the scales included). */
 #ifndef SPARQ_FORMATS_WEIGHTS_H
 #define SPARQ_FORMATS_WEIGHTS_H
 
@@ -48,6 +55,14 @@ typedef struct sf_weight {
  * points into m (and into itself for gpt-oss views: do not copy it by value
  * after the lookup — use it in place). */
 sparq_status sf_weight_find(const sf_model *m, const char *key, sf_weight *out);
+
+/* sf_weight_find with the FP8 scale block known (block_rows, block_cols > 0,
+ * e.g. a config's quantization_config.weight_block_size): an FP8 weight's
+ * scale must then be [ceil(out / block_rows), ceil(in / block_cols)], else
+ * SPARQ_E_SHAPE naming the scale, its shape and the one expected. 0, 0: the
+ * block is inferred from the scale's shape (128x128, 32x32, 1x32). Other
+ * forms are found as sf_weight_find finds them. */
+sparq_status sf_weight_find_block(const sf_model *m, const char *key, int block_rows, int block_cols, sf_weight *out);
 
 /* Widen to fp32, row-major [out, in] (out * in floats). */
 sparq_status sf_weight_to_f32(const sf_weight *w, float *out);

@@ -9,10 +9,12 @@
  * which backend runs it.
  *
  * Why `sq_linear`: a weight matrix may be bf16/fp16/fp32 (mmapped, used in
- * place) or an EXL3 trellis-quantized matrix (kernels/cpu/trellis.h, decoded
- * on the fly). The graph holds `sq_linear`s and calls sq_linear_forward(); a
- * new weight kind plugs in by setting `forward` (and `impl`) at load time,
- * without changing the graph.
+ * place), FP8 or MXFP4 with UE8M0 block scales as DeepSeek ships them
+ * (mmapped, decoded on the fly by the backend's linear), or an EXL3
+ * trellis-quantized matrix (kernels/cpu/trellis.h, decoded on the fly). The
+ * graph holds `sq_linear`s and calls sq_linear_forward(); a new weight kind
+ * plugs in by setting `forward` (and `impl`) at load time, without changing
+ * the graph.
  *
  * Layout conventions (all fp32 activations, row-major):
  *   activations x [rows, in]; y [rows, out]; weights [out, in] as HF stores
@@ -38,6 +40,14 @@ typedef enum sq_linear_kind {
     SQ_LINEAR_BF16,    /* w: uint16 bf16 [out, in] */
     SQ_LINEAR_F16,     /* w: uint16 fp16 [out, in] */
     SQ_LINEAR_EXL3,    /* trellis-quantized; `forward` and `impl` are set by its loader */
+    /* w: uint8 E4M3 [out, in] ("fn": no inf, NaN = S.1111.111, max 448), one
+     * UE8M0 scale per block of block_rows × block_cols weights (DeepSeek V4.1
+     * 32×32, V3/V4 128×128); weight = e4m3 · 2^(scale - 127). */
+    SQ_LINEAR_FP8,
+    /* w: uint8 [out, in/2], two E2M1 values a byte, low nibble first (column
+     * 2i low, 2i+1 high); one UE8M0 scale per row and group of 32 columns
+     * (block_rows 1, block_cols 32). DeepSeek V4.1's routed experts. */
+    SQ_LINEAR_MXFP4,
     SQ_LINEAR_KIND_COUNT_
 } sq_linear_kind;
 
@@ -54,10 +64,31 @@ struct sq_linear {
     const void *impl;             /* kind-specific state (EXL3: its tensors) */
     sq_linear_forward_fn forward; /* NULL: the backend's dense linear for `kind` */
     const char *name;             /* tensor key for messages, e.g. "model.layers.0.self_attn.q_proj" */
+    /* FP8 / MXFP4: the UE8M0 scale bytes, [ceil(out / block_rows),
+     * ceil(in / block_cols)] row-major, pointing into the mapped file like w.
+     * A byte b means 2^(b - 127); 0 is 2^-127 (a subnormal fp32, used as is),
+     * 255 (NaN) is refused when the linear is bound, as are E4M3 NaN codes.
+     * NULL and 0 for the other kinds. */
+    const uint8_t *scale;
+    int block_rows, block_cols;
 };
 
-/* "f32", "bf16", "f16", "exl3". */
+/* "f32", "bf16", "f16", "exl3", "fp8", "mxfp4". */
 const char *sq_linear_kind_name(sq_linear_kind k);
+
+/* Bytes of w plus scale that one pass over a dense, FP8 or MXFP4 linear
+ * reads (what a decode step streams); 0 for EXL3, whose impl knows. */
+uint64_t sq_linear_stored_bytes(const sq_linear *l);
+
+/* *view = rows [row0, row0 + rows) of l, as a linear of its own over the same
+ * memory (w, scale and bias advanced; nothing copied): DeepSeek's grouped
+ * output projection applies row groups of one wo_a tensor to different
+ * inputs. Dense, FP8 and MXFP4 only (EXL3 and any linear with a `forward`
+ * hook: SPARQ_E_UNSUPPORTED). FP8: row0 must be a multiple of block_rows and
+ * rows too, unless the view ends at l->out (a partial last block); otherwise
+ * SPARQ_E_ARG. A range outside [0, l->out): SPARQ_E_RANGE. A device backend
+ * uploads a view as a linear of its own (prepare_linear keys on w). */
+sparq_status sq_linear_rows_view(const sq_linear *l, int row0, int rows, sq_linear *view);
 
 /* One layer's feed-forward for the `moe` op. router NULL: a dense MLP
  * (expert 0, weight 1). gate/up/down are arrays of n_exp linears. */
@@ -81,7 +112,8 @@ typedef struct sq_moe_ws {
 typedef struct sq_backend {
     const char *name; /* "cpu", "cuda" */
 
-    /* Dense linear (F32/BF16/F16). Many rows: blocked GEMM; few rows: GEMV. */
+    /* Dense (F32/BF16/F16) and block-scaled (FP8/MXFP4) linears. Many rows:
+     * blocked GEMM; few rows: GEMV. */
     void (*linear)(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y);
 
     /* y[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w, for `rows` vectors of `dim`.
@@ -139,7 +171,8 @@ typedef struct sq_backend {
     /* Make constant host data (a norm vector, an embedding table: `bytes`
      * from `host`) and a linear's weights usable by the ops (CUDA: upload
      * once, keyed by the host pointer: the host data must stay unchanged and
-     * allocated while the exec lives). CPU: no-op. */
+     * allocated while the exec lives). CPU: no-op. CUDA refuses FP8 and
+     * MXFP4 linears (SPARQ_E_UNSUPPORTED: they run on the CPU only for now). */
     sparq_status (*prepare)(sq_exec *ex, const void *host, size_t bytes);
     sparq_status (*prepare_linear)(sq_exec *ex, const sq_linear *l);
 
@@ -172,7 +205,8 @@ typedef struct sq_backend {
 
 
 /* The CPU backend (kernels/cpu/ops.c): OpenBLAS sgemm for many rows, an
- * AVX2/F16C GEMV (scalar fallback) for few, threaded on the exec's pool. */
+ * AVX2/F16C GEMV (scalar fallback) for few, threaded on the exec's pool;
+ * FP8/MXFP4 in kernels/cpu/ops_fp8.c. */
 const sq_backend *sq_backend_cpu(void);
 
 /* --- execution context --------------------------------------------------- */

@@ -67,7 +67,8 @@ static void qlin_free(qlin *q)
 static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
 {
     sf_weight sw;
-    FORWARD_IF(sf_weight_find(j->src, key, &sw));
+    const sq_quant_config *q = &j->cfg->quant; /* an FP8 block as the config gives it */
+    FORWARD_IF(sf_weight_find_block(j->src, key, q->weight_block_size[0], q->weight_block_size[1], &sw));
     RETURN_IF(sw.out > (1u << 24) || sw.in > (1u << 24), SPARQ_E_SHAPE, "%s: '%s' is too large", j->o->model_dir,
               key);
     int out = (int)sw.out, in = (int)sw.in;

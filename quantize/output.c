@@ -255,7 +255,9 @@ sparq_status qz_assemble_output(qjob *j)
         json_t *cfg = sp ? json_load_file(sp, JSON_PRESERVE_ORDER, &jerr) : NULL;
         if (!cfg) st = sparq_err(SPARQ_E_FORMAT, "%s: cannot read: %s", sp ? sp : "config.json", jerr.text);
         if (st == SPARQ_OK) {
+            /* RTN writes plain bf16: a source's own quantization_config (FP8) no longer describes it */
             if (o->method != QZ_METHOD_RTN) json_object_set_new(cfg, "quantization_config", quant_config_json(j, o));
+            else json_object_del(cfg, "quantization_config");
             char *p = sparq_path_join(partial, "config.json");
             st = p ? qz_write_json(p, cfg) : sparq_err(SPARQ_E_NOMEM, "out of memory");
             sparq_free(p);

@@ -101,7 +101,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
             char key[512];
             snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
             sf_weight w;
-            st = sf_weight_find(src, key, &w);
+            st = sf_weight_find_block(src, key, cfg.quant.weight_block_size[0], cfg.quant.weight_block_size[1], &w);
             if (st != SPARQ_OK) break;
             if (is_quant_linear(&cfg, key)) {
                 uint64_t k = w.in, nn = w.out;

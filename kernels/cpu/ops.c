@@ -9,6 +9,8 @@
  *    SQ_CPU_GEMM_TILE weight rows to fp32 into its thread's scratch and calls
  *    single-threaded cblas_sgemm on it, so OpenBLAS never starts threads of its
  *    own that would fight the pool, and weights stay bf16 in the mmap.
+ * FP8 and MXFP4 weights (ops_fp8.c) have a GEMV of their own and share the
+ * GEMM, which asks sq_cpu_block_to_f32 for their fp32 tiles.
  * The SIMD variants are compiled with function-level target attributes and
  * picked at run time (cpuid), so one binary runs on any x86-64 and on other
  * architectures the scalar code is used. Reductions have a fixed order for a
@@ -22,15 +24,8 @@
 
 #include "common/alloc.h"
 #include "common/half.h"
+#include "kernels/cpu/ops_simd.h"
 #include "kernels/cpu/ops_topk.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define SQ_X86 1
-#else
-#define SQ_X86 0
-#endif
 
 /* --- SIMD detection -------------------------------------------------------- */
 
@@ -58,6 +53,8 @@ void sq_cpu_force_scalar(bool on) { atomic_store(&force_scalar_, on ? 1 : 0); }
 
 static inline bool use_avx2(void) { return !atomic_load_explicit(&force_scalar_, memory_order_relaxed) && sq_cpu_have_avx2(); }
 
+bool sq_cpu_use_avx2(void) { return use_avx2(); }
+
 /* --- scalar kernels ------------------------------------------------------------ */
 
 /* Eight partial sums in a fixed order (not the SIMD path's association, but
@@ -83,16 +80,6 @@ SQ_DOT_SCALAR(dot_f16_scalar, uint16_t, LOAD_F16)
 /* --- AVX2 kernels -------------------------------------------------------------- */
 
 #if SQ_X86
-#define SQ_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-SQ_AVX2 static inline float hsum256(__m256 v)
-{
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
 
 SQ_AVX2 static inline __m256 load_bf16x8(const uint16_t *w)
 {
@@ -119,7 +106,7 @@ SQ_AVX2 static inline __m256 load_f32x8(const float *w) { return _mm256_loadu_ps
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), LOAD8(w + i + 8), a1);         \
         }                                                                                   \
         for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LOAD8(w + i), a0); \
-        float t = hsum256(_mm256_add_ps(a0, a1));                                           \
+        float t = sq_hsum256(_mm256_add_ps(a0, a1));                                        \
         for (; i < n; i++) t += x[i] * LOAD1(w, i);                                         \
         return t;                                                                           \
     }
@@ -148,7 +135,7 @@ SQ_AVX2 static void dot4_bf16_avx2(const float *x, const uint16_t *w, size_t ld,
         for (int r = 0; r < 4; r++) a[r][0] = _mm256_fmadd_ps(x0, load_bf16x8(w + r * ld + i), a[r][0]);
     }
     for (int r = 0; r < 4; r++) {
-        float t = hsum256(_mm256_add_ps(a[r][0], a[r][1]));
+        float t = sq_hsum256(_mm256_add_ps(a[r][0], a[r][1]));
         for (size_t k = i; k < n; k++) t += x[k] * sparq_bf16_to_f32(w[r * ld + k]);
         out[r] = t;
     }
@@ -300,7 +287,8 @@ static void gemm_item(void *ctx, size_t item, int tid)
         wt = (const float *)l->w + o0 * in;
     } else {
         float *s = j->ex->scratch[tid];
-        sq_cpu_to_f32(l->kind, (const char *)l->w + o0 * in * 2, nt * in, s);
+        if (l->kind == SQ_LINEAR_FP8 || l->kind == SQ_LINEAR_MXFP4) sq_cpu_block_to_f32(l, (int)o0, (int)nt, s);
+        else sq_cpu_to_f32(l->kind, (const char *)l->w + o0 * in * 2, nt * in, s);
         wt = s;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->rows, (int)nt, (int)in, 1.0f, j->x, (int)in, wt,
@@ -315,7 +303,10 @@ static void cpu_linear(sq_exec *ex, const sq_linear *l, const float *x, int rows
     if (rows <= 0) return;
     lin_job j = {ex, l, x, rows, y, 0};
     size_t out = (size_t)l->out;
-    if (rows <= SQ_CPU_GEMV_MAX_ROWS) {
+    const bool blocks = l->kind == SQ_LINEAR_FP8 || l->kind == SQ_LINEAR_MXFP4;
+    if (blocks && rows <= SQ_CPU_BLOCK_GEMV_MAX_ROWS) {
+        sq_cpu_block_gemv(ex, l, x, rows, y);
+    } else if (!blocks && rows <= SQ_CPU_GEMV_MAX_ROWS) {
         const size_t items = (out + GEMV_BLOCK - 1) / GEMV_BLOCK;
         /* a small GEMV costs less than waking the pool: run it on this thread */
         if ((size_t)rows * (size_t)l->in * out < SQ_CPU_SERIAL_MACS) {
@@ -558,7 +549,8 @@ const sq_backend *sq_backend_cpu(void) { return &cpu_backend; }
 
 const char *sq_linear_kind_name(sq_linear_kind k)
 {
-    static const char *const names[] = {"f32", "bf16", "f16", "exl3"};
+    static const char *const names[] = {"f32", "bf16", "f16", "exl3", "fp8", "mxfp4"};
+    _Static_assert(sizeof names / sizeof names[0] == SQ_LINEAR_KIND_COUNT_, "a name for every kind");
     return (unsigned)k < SQ_LINEAR_KIND_COUNT_ ? names[k] : "?";
 }
 

@@ -441,10 +441,26 @@ static void dense(const T *W, const float *x, float *y, int in, int out, int row
     }
 }
 
+/* FP8 / MXFP4 linears have no CUDA kernel yet: refused at upload, so a model
+ * holding them fails to load on the GPU with a message, never at a launch. */
+static bool block_scaled(const sq_linear *l) { return l->kind == SQ_LINEAR_FP8 || l->kind == SQ_LINEAR_MXFP4; }
+
+static sparq_status refuse_block_scaled(const sq_linear *l)
+{
+    return sparq_err(SPARQ_E_UNSUPPORTED,
+                     "device cuda: linear '%s' is %s, which runs on the CPU only for now (--device cpu, or `sparq "
+                     "quantize` it to EXL3)",
+                     l->name ? l->name : "(unnamed)", sq_linear_kind_name(l->kind));
+}
+
 static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
 {
     cuda_state *st = state_of(ex);
     if (rows <= 0) return;
+    if (block_scaled(l)) { /* prepare_linear refused it; an unprepared call keeps the error for sync */
+        keep_err(st, refuse_block_scaled(l));
+        return;
+    }
     if (l->kind == SQ_LINEAR_EXL3) {
         trellis_cuda_linear *lin;
         sparq_status s = exl3_get(st, l, &lin);
@@ -1122,6 +1138,7 @@ static sparq_status cuda_prepare(sq_exec *ex, const void *host, size_t bytes)
 static sparq_status cuda_prepare_linear(sq_exec *ex, const sq_linear *l)
 {
     cuda_state *st = state_of(ex);
+    if (block_scaled(l)) return refuse_block_scaled(l);
     if (l->kind == SQ_LINEAR_EXL3) {
         trellis_cuda_linear *lin;
         FORWARD_IF(exl3_get(st, l, &lin));

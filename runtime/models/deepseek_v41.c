@@ -558,18 +558,6 @@ static sparq_status bind_f32_linear(sq_model *c, sq_linear *l, const char *name,
     return SPARQ_OK;
 }
 
-/* TEMPORARY until r22fp8 lands (sq_linear_rows_view): rows [row0, row0 + n) of a dense linear. */
-static sparq_status tmp_rows_view(const sq_linear *l, int row0, int n, sq_linear *v)
-{
-    RETURN_IF(l->kind != SQ_LINEAR_F32 && l->kind != SQ_LINEAR_BF16 && l->kind != SQ_LINEAR_F16, SPARQ_E_UNSUPPORTED,
-              "%s: row views of %s linears", l->name, sq_linear_kind_name(l->kind));
-    *v = *l;
-    v->out = n;
-    v->w = (const char *)l->w + (size_t)row0 * l->in * (l->kind == SQ_LINEAR_F32 ? 4 : 2);
-    v->bias = NULL;
-    return SPARQ_OK;
-}
-
 static sq_linear *slot_lin(sq_model *c, int L, const char *name)
 {
     const int s = sq_layer_find(&c->layers[L].desc, name);
@@ -622,7 +610,7 @@ static sparq_status load_layer(v41 *m, int L)
     w->ewkv = slot_lin(c, L, N_EWKV);
     w->wo_a_g = sparq_calloc((size_t)g->G, sizeof *w->wo_a_g);
     RETURN_IF(!w->wo_a_g, SPARQ_E_NOMEM, "out of memory");
-    for (int k = 0; k < g->G; k++) FORWARD_IF(tmp_rows_view(w->wo_a, k * g->olora, g->olora, &w->wo_a_g[k]));
+    for (int k = 0; k < g->G; k++) FORWARD_IF(sq_linear_rows_view(w->wo_a, k * g->olora, g->olora, &w->wo_a_g[k]));
     static const char *const sub[2] = {"attn", "ffn"};
     for (int s = 0; s < 2; s++) {
         FORWARD_IF(bind_f32_linear(c, &w->hc_fn[s], KEY("layers.%d.hc_%s_fn", L, sub[s]), g->mix, g->hc * g->d));

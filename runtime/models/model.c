@@ -7,7 +7,9 @@
  * users × chunk from the plan it was packed for), the
  * config, the architecture's table row (runtime/arch.h), the mapped
  * checkpoint, then every layer's linears as its description names them —
- * dense matrices used in place, EXL3 ones through kernels/cpu/trellis.h —
+ * dense, FP8 and MXFP4 matrices used in place (the FP8 block from the
+ * config's quantization_config when it has one, every FP8/UE8M0 code checked
+ * once), EXL3 ones through kernels/cpu/trellis.h —
  * and last the architecture's own load (norms, embeddings, head, KV cache,
  * workspace, device upload). Tensors stay in the mmap (sf_open); only small
  * vectors are widened to fp32 copies. */
@@ -66,7 +68,9 @@ sparq_status sq_mdl_dense_kind(const sq_model *m, const sf_tensor *t, sq_linear_
     case SF_F16: *k = SQ_LINEAR_F16; return SPARQ_OK;
     case SF_F32: *k = SQ_LINEAR_F32; return SPARQ_OK;
     default:
-        return sparq_err(SPARQ_E_UNSUPPORTED, "%s: tensor '%s': dtype %s is not supported (BF16, F16, F32)",
+        return sparq_err(SPARQ_E_UNSUPPORTED,
+                         "%s: tensor '%s': dtype %s is not supported here (BF16, F16, F32; FP8 and MXFP4 "
+                         "linears are bound by sq_mdl_bind_linear)",
                          sf_file_path(m->sf, t->file), t->name, sf_dtype_name(t->dtype));
     }
 }
@@ -138,6 +142,35 @@ static sparq_status bind_exl3(sq_model *m, sq_linear *l, const char *key)
     return SPARQ_OK;
 }
 
+/* An FP8 (E4M3 + UE8M0 blocks) or MXFP4 (E2M1 pairs + UE8M0 groups of 32)
+ * linear found by formats/weights.h, bound in place: w and scale point into
+ * the mapping. Other FP8 storage (E5M2, DeepSeek V3's float
+ * weight_scale_inv) is refused; every code is checked once here
+ * (sq_cpu_linear_block_check) so the kernels never meet a NaN. */
+static sparq_status bind_blocks(sq_model *m, sq_linear *l, const sf_weight *w)
+{
+    const char *path = sf_file_path(m->sf, w->w->file);
+    if (w->kind == SF_WEIGHT_FP8) {
+        RETURN_IF(w->w->dtype != SF_F8_E4M3, SPARQ_E_UNSUPPORTED,
+                  "%s: tensor '%s': FP8 %s weights are not run in place (F8_E4M3 only); `sparq quantize` converts "
+                  "them", path, w->w->name, sf_dtype_name(w->w->dtype));
+        RETURN_IF(w->scale->dtype != SF_F8_E8M0, SPARQ_E_UNSUPPORTED,
+                  "%s: tensor '%s': %s block scales are not run in place (UE8M0 '.scale' only, as DeepSeek V4.x "
+                  "ships them); `sparq quantize` converts them", path, w->scale->name, sf_dtype_name(w->scale->dtype));
+        l->kind = SQ_LINEAR_FP8;
+        l->block_rows = w->block_rows;
+        l->block_cols = w->block_cols;
+    } else {
+        l->kind = SQ_LINEAR_MXFP4;
+        l->block_rows = 1;
+        l->block_cols = 32;
+    }
+    l->w = w->w->data;
+    l->scale = w->scale->data;
+    const sparq_status st = sq_cpu_linear_block_check(l, w->w->name, w->scale->name);
+    return st == SPARQ_OK ? st : sparq_err_context(st, "%s", path);
+}
+
 sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int out, int in)
 {
     char name[512];
@@ -148,44 +181,31 @@ sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int 
     l->out = out;
     snprintf(name, sizeof name, "%s.weight", key);
     const sf_tensor *t = sf_find(m->sf, name);
-    if (!t) {
-        snprintf(name, sizeof name, "%s.trellis", key);
-        RETURN_IF(!sf_find(m->sf, name), SPARQ_E_NOTFOUND, "%s: tensor '%s.weight' not found",
-                  sf_file_path(m->sf, 0), key);
+    snprintf(name, sizeof name, "%s.trellis", key);
+    if (!t && sf_find(m->sf, name)) {
         FORWARD_IF(bind_exl3(m, l, key));
         RETURN_IF(l->in != in || l->out != out, SPARQ_E_SHAPE,
                   "%s: EXL3 linear '%s' is %d -> %d, expected %d -> %d", sf_file_path(m->sf, 0), key, l->in,
                   l->out, in, out);
         return SPARQ_OK;
     }
-    if (t->dtype != SF_BF16 && t->dtype != SF_F16 && t->dtype != SF_F32) { /* TEMPORARY until r22fp8 lands */
-        sf_weight sw;
-        FORWARD_IF(sf_weight_find(m->sf, key, &sw));
-        RETURN_IF(sw.out != (uint64_t)out || sw.in != (uint64_t)in, SPARQ_E_SHAPE, "%s: '%s' is [%llu, %llu], expected "
-                  "[%d, %d]", sf_file_path(m->sf, 0), key, (unsigned long long)sw.out, (unsigned long long)sw.in, out, in);
-        float *f = sparq_malloc((size_t)out * (size_t)in * sizeof(float));
-        RETURN_IF(!f, SPARQ_E_NOMEM, "%s: out of memory", key);
-        sparq_status st = sf_weight_to_f32(&sw, f);
-        if (st == SPARQ_OK && m->n_owned == m->cap_owned) {
-            int cap = m->cap_owned ? 2 * m->cap_owned : 64;
-            void **o = sparq_realloc(m->owned, (size_t)cap * sizeof *o);
-            if (!o) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
-            else m->owned = o, m->cap_owned = cap;
-        }
-        if (st != SPARQ_OK) {
-            sparq_free(f);
-            return st;
-        }
-        m->owned[m->n_owned++] = f;
-        l->kind = SQ_LINEAR_F32;
-        l->w = f;
-        m->weights_bytes += sw.nbytes;
-        return SPARQ_OK;
+    /* dense, FP8 or MXFP4 (formats/weights.h); the FP8 block from the config when it gives one */
+    const sq_quant_config *q = &m->cfg.quant;
+    sf_weight w;
+    sparq_status st = sf_weight_find_block(m->sf, key, q->weight_block_size[0], q->weight_block_size[1], &w);
+    RETURN_IF(st == SPARQ_E_NOTFOUND && !t, st, "%s: tensor '%s.weight' not found", sf_file_path(m->sf, 0), key);
+    FORWARD_IF(st);
+    if (w.kind == SF_WEIGHT_DENSE) {
+        FORWARD_IF(sq_mdl_dense_kind(m, w.w, &l->kind));
+        FORWARD_IF(sq_mdl_check_shape(m, w.w, 2, (uint64_t)out, (uint64_t)in));
+        l->w = w.w->data;
+    } else {
+        RETURN_IF(w.out != (uint64_t)out || w.in != (uint64_t)in, SPARQ_E_SHAPE,
+                  "%s: tensor '%s' holds a [%llu, %llu] weight, expected [%d, %d]", sf_file_path(m->sf, w.w->file),
+                  w.w->name, (unsigned long long)w.out, (unsigned long long)w.in, out, in);
+        FORWARD_IF(bind_blocks(m, l, &w));
     }
-    FORWARD_IF(sq_mdl_dense_kind(m, t, &l->kind));
-    FORWARD_IF(sq_mdl_check_shape(m, t, 2, (uint64_t)out, (uint64_t)in));
-    l->w = t->data;
-    m->weights_bytes += t->nbytes;
+    m->weights_bytes += w.nbytes;
     snprintf(name, sizeof name, "%s.bias", key);
     if (m->cfg.attention_bias && sf_find(m->sf, name)) {
         float *b;

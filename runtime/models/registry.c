@@ -230,8 +230,9 @@ static void check_linear(tcheck *c, const char *key, int64_t out, int64_t in, co
                     (long long)out);
         return;
     }
-    sf_weight w;
-    sparq_status st = sf_weight_find(sf, key, &w);
+    sf_weight w; /* an FP8 scale block as the bind takes it: the config's, else inferred */
+    const sq_quant_config *q = &c->cfg->quant;
+    sparq_status st = sf_weight_find_block(sf, key, q->weight_block_size[0], q->weight_block_size[1], &w);
     if (st == SPARQ_E_NOTFOUND && !sf_find(sf, name)) {
         sparq_err_clear();
         problem(c, st, "%s: tensor '%s.weight' (%s, [%lld, %lld]) not found", sf_file_path(sf, 0), key, what,

@@ -1,6 +1,7 @@
 /* tests/formats/test_hfconfig.c — config.json parsing: both transformers
- * styles, Qwen3MoeConfig defaults, the MoE layer rule, parameter counts, every
- * rejected input with its status and message, and allocation faults. */
+ * styles, Qwen3MoeConfig defaults, the MoE layer rule, parameter counts, the
+ * EXL3 and FP8 quantization_configs, every rejected input with its status and
+ * message, and allocation faults. */
 #include "common/alloc.h"
 #include "common/file.h"
 #include "formats/hfconfig.h"
@@ -224,8 +225,8 @@ static void test_deepseek_v41(void)
     CHECK_EQ_INT(v->n_engram, 2);
     CHECK_EQ_INT(v->engram_layer[1], 14);
     CHECK_EQ_INT(v->engram_rows[0], 384006168);
-    CHECK_EQ_INT(v->fp8_block_rows, 32);
-    CHECK_EQ_INT(v->fp8_block_cols, 32);
+    CHECK_EQ_INT(c.quant.weight_block_size[0], 32);
+    CHECK_EQ_INT(c.quant.weight_block_size[1], 32);
     CHECK(!strcmp(c.rope_type, "yarn") && v->rope_factor == 16 && v->rope_original == 65536);
     CHECK_EQ_INT(c.bos_token_id, 0);
     CHECK(c.n_eos_token_ids == 1 && c.eos_token_ids[0] == 1);
@@ -310,6 +311,47 @@ static void test_fault_injection(void)
     CHECK(fails >= 2);
 }
 
+/* DeepSeek's FP8 quantization_config (V4.1 as released, V3 without scale_fmt
+ * / expert_dtype): accepted with every field; other values refused by name. */
+static void test_fp8_quant_config(void)
+{
+    sq_model_config c;
+    const char *v41 = "{\"model_type\":\"qwen3_moe\"," SIZES
+                      "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","
+                      "\"weight_block_size\":[32,32],\"scale_fmt\":\"ue8m0\",\"activation_scheme\":\"dynamic\","
+                      "\"expert_dtype\":\"fp4\"}}";
+    CHECK_MSG(parse(&c, v41) == SPARQ_OK, "%s", sparq_errmsg());
+    CHECK(c.quant.present && !strcmp(c.quant.quant_method, "fp8") && !strcmp(c.quant.fmt, "e4m3"));
+    CHECK(c.quant.weight_block_size[0] == 32 && c.quant.weight_block_size[1] == 32);
+    CHECK(!strcmp(c.quant.scale_fmt, "ue8m0") && !strcmp(c.quant.activation_scheme, "dynamic"));
+    CHECK(!strcmp(c.quant.expert_dtype, "fp4") && c.quant.bits == 0 && !c.quant.codebook[0]);
+    sq_config_free(&c);
+    const char *v3 = "{\"model_type\":\"qwen3_moe\"," SIZES
+                     "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","
+                     "\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,128]}}";
+    CHECK_MSG(parse(&c, v3) == SPARQ_OK, "%s", sparq_errmsg());
+    CHECK(c.quant.weight_block_size[0] == 128 && !c.quant.scale_fmt[0] && !c.quant.expert_dtype[0]);
+    sq_config_free(&c);
+    const char *bare = "{\"model_type\":\"qwen3_moe\"," SIZES "\"quantization_config\":{\"quant_method\":\"fp8\"}}";
+    CHECK(parse(&c, bare) == SPARQ_OK && c.quant.weight_block_size[0] == 0); /* the block is then inferred */
+    sq_config_free(&c);
+#define Q(body) "{\"model_type\":\"qwen3_moe\",\"quantization_config\":{\"quant_method\":\"fp8\"," body "}}"
+    expect_bad(Q("\"fmt\":\"e5m2\""), SPARQ_E_UNSUPPORTED, "quantization_config.fmt 'e5m2' is not supported (supported: e4m3)");
+    expect_bad(Q("\"scale_fmt\":\"fp32\""), SPARQ_E_UNSUPPORTED, "scale_fmt 'fp32'");
+    expect_bad(Q("\"activation_scheme\":\"static\""), SPARQ_E_UNSUPPORTED, "activation_scheme 'static'");
+    expect_bad(Q("\"expert_dtype\":\"int4\""), SPARQ_E_UNSUPPORTED, "supported: fp4, fp8");
+    expect_bad(Q("\"weight_block_size\":[32]"), SPARQ_E_FORMAT, "list of two integers");
+    expect_bad(Q("\"weight_block_size\":[32,32,1]"), SPARQ_E_FORMAT, "list of two integers");
+    expect_bad(Q("\"weight_block_size\":{\"rows\":32}"), SPARQ_E_FORMAT, "list of two integers");
+    expect_bad(Q("\"weight_block_size\":[0,32]"), SPARQ_E_FORMAT, "weight_block_size[0]");
+    expect_bad(Q("\"weight_block_size\":[32,\"32\"]"), SPARQ_E_FORMAT, "weight_block_size[1]");
+    expect_bad(Q("\"weight_block_size\":[32,1e9]"), SPARQ_E_FORMAT, "weight_block_size[1]");
+    expect_bad(Q("\"fmt\":4"), SPARQ_E_FORMAT, "fmt");
+#undef Q
+    expect_bad("{\"model_type\":\"qwen3_moe\",\"quantization_config\":{\"quant_method\":\"awq\"}}",
+               SPARQ_E_UNSUPPORTED, "'awq' is not supported (supported: exl3, fp8)");
+}
+
 int main(void)
 {
     RUN(test_golden_exl3_config);
@@ -318,6 +360,7 @@ int main(void)
     RUN(test_defaults);
     RUN(test_bad_configs);
     RUN(test_deepseek_v41);
+    RUN(test_fp8_quant_config);
     RUN(test_fault_injection);
     return t_summary();
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/formats/test_inspect.sh — `sparq inspect` on the shipped EXL3 model
-# (table, --tensors, --json) and on a missing path. The fixture's parameter
-# count is checked by test_inspect_fixture.sh.
+# (table, --tensors, --json), on a tiny tied model (also with an FP8
+# quantization_config) and on a missing path. The fixture's parameter count is
+# checked by test_inspect_fixture.sh.
 SPARQ="$1"
 DATA="${SPARQ_TEST_DATA:-build/tests/data}"
 M="$DATA/exl3-model/exl3-3.0bpw"
@@ -73,6 +74,19 @@ PY
   # 2 of 4 experts per token: 168 - 96 + 48
   grep -q "^active/token *120 " "$tmp/tied.out" && ok || bad "active with a dense layer"
   grep -q "^layers *2 (1 MoE, 1 dense)" "$tmp/tied.out" && ok || bad "MoE/dense layer split"
+  # the same config with DeepSeek V4.1's FP8 quantization_config
+  python3 - "$tmp/tied/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32],
+                            "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "expert_dtype": "fp4"}
+json.dump(c, open(sys.argv[1], "w"))
+PY
+  "$SPARQ" inspect "$tmp/tied" > "$tmp/fp8.out" && ok || bad "inspect with an fp8 quantization_config"
+  grep -q "^quantization *fp8 e4m3, 32x32 blocks ue8m0, experts fp4$" "$tmp/fp8.out" && ok || bad "fp8 quantization line"
+  "$SPARQ" inspect "$tmp/tied" --json > "$tmp/fp8.json" && ok || bad "fp8 --json"
+  python3 -c "import json,sys; q=json.load(open(sys.argv[1]))['quantization']; assert q == {'quant_method': 'fp8', 'fmt': 'e4m3', 'weight_block_size': [32, 32], 'scale_fmt': 'ue8m0', 'expert_dtype': 'fp4'}, q" "$tmp/fp8.json" \
+    && ok || bad "fp8 quantization in --json"
 fi
 
 "$SPARQ" inspect "$DATA/no-such-model" >/dev/null 2>"$tmp/err"; [ $? -eq 1 ] && ok || bad "missing path exits 1"

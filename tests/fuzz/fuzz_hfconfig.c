@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_hfconfig.c — libFuzzer target for the config.json parser
- * (sq_config_parse_json). Accepted configs go through the MoE layer rule and
- * the parameter counter, which must not overflow or read out of bounds. */
+ * (sq_config_parse_json), quantization_config (EXL3, FP8) included. Accepted
+ * configs go through the MoE layer rule and the parameter counter, which must
+ * not overflow or read out of bounds, and an FP8 block is checked sane. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t total = 0, active = 0;
         if (c.num_hidden_layers <= 4096) sq_config_param_counts(&c, &total, &active);
         if (active > total || moe > c.num_hidden_layers) __builtin_trap();
+        /* an FP8 quantization_config's block: both sizes given (1..65536) or neither */
+        const int *b = c.quant.weight_block_size;
+        if (b[0] < 0 || b[0] > 65536 || b[1] < 0 || b[1] > 65536 || (b[0] == 0) != (b[1] == 0)) __builtin_trap();
     }
     sq_config_free(&c);
     return 0;

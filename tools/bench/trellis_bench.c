@@ -22,6 +22,7 @@
 #include "kernels/cpu/trellis.h"
 #include "quantize/viterbi.h"
 #include "tests/kernels/trellis_rand.h"
+#include "tools/bench/bench_bw.h"
 
 void openblas_set_num_threads(int);
 
@@ -155,40 +156,6 @@ static int bench_encode(size_t n_tiles, int threads)
 }
 
 /* --- (c) GEMV ------------------------------------------------------------------- */
-
-typedef struct bw_ctx {
-    const uint64_t *a;
-    size_t chunk; /* uint64 per item */
-    uint64_t sink[64];
-} bw_ctx;
-
-static void bw_task(void *vctx, size_t i, int tid)
-{
-    /* an integer XOR reduction: associative, so the compiler vectorises it and
-     * the loop runs at the memory system's read speed */
-    bw_ctx *c = vctx;
-    const uint64_t *p = c->a + i * c->chunk;
-    uint64_t x = 0;
-    for (size_t j = 0; j < c->chunk; j++) x ^= p[j];
-    c->sink[tid & 63] ^= x;
-}
-
-/* Read bandwidth (bytes/s) of a `mb` MB array over `pool`, best of 5. */
-static double read_bandwidth(sparq_pool *pool, size_t mb)
-{
-    const size_t n = mb << 17; /* uint64 */
-    uint64_t *a = sparq_aligned_alloc(64, n * sizeof(uint64_t));
-    for (size_t i = 0; i < n; i++) a[i] = i * 0x9E3779B97F4A7C15ull;
-    bw_ctx c = {a, (size_t)1 << 17, {0}};
-    double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {
-        const double t0 = now();
-        sparq_pool_for(pool, n / c.chunk, bw_task, &c);
-        best = fmin(best, now() - t0);
-    }
-    sparq_aligned_free(a);
-    return (double)(n * sizeof(uint64_t)) / best;
-}
 
 static double time_best(int reps, void (*fn)(void *), void *arg, double *cpu)
 {
@@ -335,8 +302,8 @@ static int bench_gemv(int threads, int reps)
     sparq_pool *pool = NULL, *one = NULL;
     if (sparq_pool_create(&pool, threads) != SPARQ_OK || sparq_pool_create(&one, 1) != SPARQ_OK) return 1;
     const int T = sparq_pool_size(pool);
-    const double bw1 = read_bandwidth(one, 512), bwT = read_bandwidth(pool, 512);
-    const double c1 = read_bandwidth(one, 64), cT = read_bandwidth(pool, 64);
+    const double bw1 = bench_read_bandwidth(one, 512), bwT = bench_read_bandwidth(pool, 512);
+    const double c1 = bench_read_bandwidth(one, 64), cT = bench_read_bandwidth(pool, 64);
     printf("memory read bandwidth, 512 MB array: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1 / 1e9,
            bwT / 1e9, T);
     printf("read bandwidth, 64 MB array (the 4096x4096 fp32 matrix's size, partly cached): %.1f GB/s (1 thread), "

@@ -3,8 +3,8 @@
 
 safetensors_header/: small valid images (every dtype, metadata, scalars,
 zero-size tensors, padded headers) and a few near-misses; hfconfig/: both
-transformers config styles, an EXL3 config, defaults only, and broken ones;
-engram_normalize/: texts for the Engram key normalizer.
+transformers config styles, an EXL3 config, FP8 configs (DeepSeek V4.1 / V3),
+defaults only, and broken ones; engram_normalize/: texts for the Engram key normalizer.
 Run from anywhere: python3 tests/fuzz/corpus/make_seeds.py"""
 import json, os, struct
 
@@ -70,6 +70,13 @@ exl3 = dict(base5, num_experts=16, rope_theta=10000.0,
                                  "calibration": {"rows": 250, "cols": 2048}, "out_scales": "always",
                                  "codebook": "mul1"})
 write(C, "exl3.json", json.dumps(exl3, indent=4).encode())
+fp8 = dict(base5, quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32],
+                                      "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "expert_dtype": "fp4"})
+write(C, "fp8.json", json.dumps(fp8, indent=2).encode())  # DeepSeek V4.1's
+write(C, "fp8_v3.json", b'{"model_type":"qwen3_moe","quantization_config":{"quant_method":"fp8","fmt":"e4m3",'
+      b'"activation_scheme":"dynamic","weight_block_size":[128,128]}}')
+write(C, "fp8_bad_block.json", b'{"model_type":"qwen3_moe","quantization_config":{"quant_method":"fp8",'
+      b'"weight_block_size":[32,-1]}}')
 write(C, "defaults.json", b'{"model_type":"qwen3_moe"}')
 write(C, "llama.json", b'{"model_type":"llama","hidden_size":4096}')
 write(C, "yarn.json", b'{"model_type":"qwen3_moe","rope_scaling":{"rope_type":"yarn","factor":4.0}}')

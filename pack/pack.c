@@ -607,7 +607,7 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     sparq_free(state_path);
     char final_out[4096];
     snprintf(final_out, sizeof final_out, "%.*s", (int)n, out_dir);
-    if (rename(c.partial, final_out) != 0)
+    if (sparq_io_rename(c.partial, final_out) != 0)
         st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
 done:
     sparq_free(c.engram);

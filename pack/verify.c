@@ -238,11 +238,11 @@ sparq_status sq_verify_read_baseline(const char *dir, int node, uint64_t *bytes,
     for (size_t i = 0; i < m.n_files && st == SPARQ_OK; i++) {
         if (!sq_manifest_file_for_node(&m.files[i], node)) continue;
         char *p = sparq_path_join(dir, m.files[i].path);
-        int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+        int fd = p ? sparq_io_open(p, O_RDONLY | O_CLOEXEC, 0) : -1;
         if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open", p ? p : "?");
         sparq_free(p);
         ssize_t r;
-        while (fd >= 0 && (r = read(fd, buf, cap)) > 0) {
+        while (fd >= 0 && (r = sparq_io_read(fd, buf, cap)) > 0) {
             *bytes += (uint64_t)r;
             sink ^= buf[r - 1];
         }

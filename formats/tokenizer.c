@@ -727,7 +727,7 @@ sparq_status sq_tokenizer_load_config(sq_tokenizer *t, const char *dir)
         }
     }
     sparq_free(path);
-    if (st == SPARQ_OK) t->chat = tok_chat_detect(t->chat_template, &t->chat_trim);
+    if (st == SPARQ_OK) st = tok_chat_detect(t->chat_template, &t->chat, &t->chat_trim);
     return st;
 }
 

@@ -27,12 +27,17 @@ static void rearm(void)
     __atomic_store_n(&sparq_fault_armed_, on, __ATOMIC_SEQ_CST);
 }
 
+/* Called when an injected fault fires: `break sparq_fault_breakpoint` in gdb
+ * stops at the failing call (docs/testing.md). */
+__attribute__((noinline)) void sparq_fault_breakpoint(void) { __asm__ volatile(""); }
+
 static bool hit(int k)
 {
     const uint64_t n = atomic_fetch_add_explicit(&count_[k], 1, memory_order_relaxed) + 1;
     const uint64_t f = atomic_load_explicit(&fail_at_[k], memory_order_relaxed);
     if (!f || (atomic_load_explicit(&sticky_[k], memory_order_relaxed) ? n < f : n != f)) return false;
     atomic_fetch_add(&fired_, 1);
+    sparq_fault_breakpoint();
     uint64_t zero = 0;
     atomic_compare_exchange_strong(&first_fired_[k], &zero, n);
     return true;

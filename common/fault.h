@@ -40,6 +40,9 @@ uint64_t sparq_io_count(void);
 /* How many injected failures have fired since the process started (a sweep
  * checks its fault was reached). */
 uint64_t sparq_fault_fired(void);
+/* Called each time an injected fault fires, and does nothing: in a debugger,
+ * `break sparq_fault_breakpoint` stops at the call that is made to fail. */
+void sparq_fault_breakpoint(void);
 
 /* --- the hooks, for common/'s wrappers only --------------------------------------- */
 

@@ -479,6 +479,14 @@ done:
     return st;
 }
 
+/* List rel (a new string, NULL when its allocation failed) as the next file of the manifest. */
+static sparq_status list_file(sq_manifest_file *files, size_t *nf, char *rel, int node)
+{
+    files[*nf].path = rel;
+    files[(*nf)++].node = node;
+    return rel ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+}
+
 static sparq_status pack_files(pack_ctx *c)
 {
     const int boxes = c->plan.boxes;
@@ -492,16 +500,14 @@ static sparq_status pack_files(pack_ctx *c)
     sparq_progress_begin(&pr, "pack: shards", c->plan.weights_total, SPARQ_PROGRESS_BYTES);
     for (int k = 0; k < boxes && st == SPARQ_OK; k++) {
         st = write_node(c, k, &pr);
-        files[nf].path = node_rel(k);
-        files[nf++].node = k;
+        if (st == SPARQ_OK) st = list_file(files, &nf, node_rel(k), k);
     }
     sparq_progress_end(&pr);
     for (int k = 0; c->engram && k < boxes && st == SPARQ_OK; k++) {
         st = write_engram(c, c->engram, k);
         char rel[64];
         snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
-        files[nf].path = sparq_strdup(rel);
-        files[nf++].node = k;
+        if (st == SPARQ_OK) st = list_file(files, &nf, sparq_strdup(rel), k);
     }
     /* the model's config and tokenizer files (formats/bundle.h), those it has */
     for (const char *const *s = sq_bundle_shared_files; *s && st == SPARQ_OK; s++) {
@@ -512,8 +518,7 @@ static sparq_status pack_files(pack_ctx *c)
                 st = copy_file(src, dst);
                 if (st == SPARQ_OK) test_pause();
             }
-            files[nf].path = sparq_strdup(*s);
-            files[nf++].node = -1;
+            if (st == SPARQ_OK) st = list_file(files, &nf, sparq_strdup(*s), -1);
         }
         sparq_free(src);
         sparq_free(dst);
@@ -522,12 +527,13 @@ static sparq_status pack_files(pack_ctx *c)
     for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
         struct stat sb;
         char *p = sparq_path_join(c->partial, files[i].path);
-        if (p && stat(p, &sb) == 0) total += (uint64_t)sb.st_size;
+        if (!p) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else if (stat(p, &sb) == 0) total += (uint64_t)sb.st_size;
         sparq_free(p);
     }
     sparq_progress_begin(&pr, "pack: checksums", total, SPARQ_PROGRESS_BYTES);
     for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
-        char *p = files[i].path ? sparq_path_join(c->partial, files[i].path) : NULL;
+        char *p = sparq_path_join(c->partial, files[i].path);
         st = p ? sq_manifest_hash_file(&files[i], p, c->o->block_size) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) sparq_progress_add(&pr, files[i].size);
         sparq_free(p);

@@ -608,8 +608,13 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     remove_stale_tmp(c.partial);
     st = pack_files(&c);
     if (st != SPARQ_OK) goto done;
+    /* the state file must go: the finished bundle holds only what its manifest lists */
     char *state_path = sparq_path_join(c.partial, STATE_NAME);
-    if (state_path) unlink(state_path);
+    if (!state_path) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    unlink(state_path);
     sparq_free(state_path);
     char final_out[4096];
     snprintf(final_out, sizeof final_out, "%.*s", (int)n, out_dir);

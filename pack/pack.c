@@ -214,6 +214,7 @@ typedef struct pack_ctx {
     sq_memplan plan;
     char *partial;
     json_t *plan_json;
+    char *state; /* the text of OUT.partial/.pack-state.json */
     struct engram_src *engram; /* NULL when the model has no Engram tables */
 } pack_ctx;
 
@@ -289,7 +290,7 @@ static sparq_status prepare_partial(pack_ctx *c)
         st = sparq_mkdirs(c->partial);
         if (st == SPARQ_OK) st = sparq_file_write_atomic(state_path, want, strlen(want));
     }
-    sparq_free(want); /* json_dumps allocates through sparq_malloc (formats/json.h) or malloc: both plain malloc */
+    c->state = want; /* kept to put the state back if the final rename fails */
     sparq_free(state_path);
     return st;
 }
@@ -615,12 +616,21 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
         goto done;
     }
     unlink(state_path);
-    sparq_free(state_path);
     char final_out[4096];
     snprintf(final_out, sizeof final_out, "%.*s", (int)n, out_dir);
-    if (sparq_io_rename(c.partial, final_out) != 0)
-        st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
+    if (sparq_io_rename(c.partial, final_out) != 0) {
+        char why[1024];
+        sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
+        snprintf(why, sizeof why, "%s", sparq_errmsg());
+        /* without its state OUT.partial could not be resumed, only removed */
+        if (sparq_file_write_atomic(state_path, c.state, strlen(c.state)) == SPARQ_OK)
+            st = sparq_err(SPARQ_E_IO, "%s (rerun with --resume to finish)", why);
+        else
+            st = sparq_err(SPARQ_E_IO, "%s; and putting back %s failed: %s", why, state_path, sparq_errmsg());
+    }
+    sparq_free(state_path);
 done:
+    free(c.state); /* json_dumps' buffer: jansson's malloc (formats/json.c) */
     sparq_free(c.engram);
     json_decref(c.plan_json);
     sparq_free(c.partial);

@@ -158,8 +158,14 @@ static sparq_status check_manifest(const char *dir, const sq_manifest *m, int no
     sparq_status st = mpath && cpath ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
     if (st == SPARQ_OK) st = sq_json_load_file(&root, mpath, SQ_MANIFEST_MAX_SIZE);
     if (st != SPARQ_OK) goto done;
-    if (sq_json_load_file(&cfg_json, cpath, 1 << 24) != SPARQ_OK || sq_config_load(&cfg, dir) != SPARQ_OK) {
-        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+    st = sq_json_load_file(&cfg_json, cpath, 1 << 24);
+    if (st == SPARQ_OK) st = sq_config_load(&cfg, dir);
+    if (st != SPARQ_OK) {
+        /* a config.json that does not parse is the bundle's problem; no memory or a failed read is not */
+        if (st != SPARQ_E_NOMEM && st != SPARQ_E_IO) {
+            sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+            st = SPARQ_OK;
+        }
         goto done;
     }
     const json_t *model = json_object_get(root, "model"), *plan = json_object_get(root, "plan");

@@ -13,6 +13,7 @@
  * each shard must hold exactly its node's tensors (sq_memplan_tensor_node,
  * the rule pack wrote them by), every layer the plan gives it, and the bytes
  * the plan counts as the node's weights. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -245,13 +246,16 @@ sparq_status sq_verify_read_baseline(const char *dir, int node, uint64_t *bytes,
         if (!sq_manifest_file_for_node(&m.files[i], node)) continue;
         char *p = sparq_path_join(dir, m.files[i].path);
         int fd = p ? sparq_io_open(p, O_RDONLY | O_CLOEXEC, 0) : -1;
-        if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open", p ? p : "?");
-        sparq_free(p);
-        ssize_t r;
-        while (fd >= 0 && (r = sparq_io_read(fd, buf, cap)) > 0) {
+        if (!p) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open: %s", p, strerror(errno));
+        ssize_t r = 0;
+        while (fd >= 0 && ((r = sparq_io_read(fd, buf, cap)) > 0 || (r < 0 && errno == EINTR))) {
+            if (r < 0) continue;
             *bytes += (uint64_t)r;
             sink ^= buf[r - 1];
         }
+        if (fd >= 0 && r < 0) st = sparq_err(SPARQ_E_IO, "%s: read failed: %s", p, strerror(errno));
+        sparq_free(p);
         if (fd >= 0) close(fd);
     }
     *seconds = sparq_now() - t0;

@@ -3,13 +3,15 @@
  *
  * All library allocations go through sparq_malloc/sparq_calloc/sparq_realloc/
  * sparq_aligned_alloc so that tests can make the Nth allocation fail
- * (sparq_alloc_fail_at) and prove every error path is clean. */
+ * (sparq_alloc_fail_at, common/fault.h) and prove every error path is clean. */
 #ifndef SPARQ_COMMON_ALLOC_H
 #define SPARQ_COMMON_ALLOC_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/fault.h"
 
 void *sparq_malloc(size_t n);
 void *sparq_calloc(size_t count, size_t size);   /* NULL on overflow too */
@@ -23,12 +25,6 @@ void sparq_aligned_free(void *p);
 
 /* Duplicate a string (NULL on failure). */
 char *sparq_strdup(const char *s);
-
-/* Fault injection for tests: the nth allocation from now (1-based) and every
- * one after it fail while `sticky`, or only that one if not. 0 disables. */
-void sparq_alloc_fail_at(uint64_t nth, bool sticky);
-/* Number of allocations performed since the process started. */
-uint64_t sparq_alloc_count(void);
 
 /* Overflow-checked arithmetic: return false on overflow. */
 static inline bool sparq_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

@@ -1,4 +1,5 @@
-/* common/file.c — see file.h. */
+/* common/file.c — see file.h. The sparq_io_* wrappers are the only callers of
+ * the system calls they wrap, so the fault hook sits in one place each. */
 #include "common/file.h"
 
 #include <errno.h>
@@ -10,6 +11,87 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/fault.h"
+
+/* --- the system calls -------------------------------------------------------------- */
+
+/* Nonzero (and errno set) when an injected fault fails this operation. */
+static int faulted(int natural_errno)
+{
+    const int e = sparq_fault_io(natural_errno);
+    if (e) errno = e;
+    return e;
+}
+
+int sparq_io_open(const char *path, int flags, mode_t mode)
+{
+    if (faulted((flags & (O_WRONLY | O_RDWR | O_CREAT)) ? ENOSPC : EIO)) return -1;
+    return open(path, flags, mode);
+}
+
+ssize_t sparq_io_read(int fd, void *buf, size_t n)
+{
+    if (faulted(EIO)) return -1;
+    return read(fd, buf, n);
+}
+
+ssize_t sparq_io_pread(int fd, void *buf, size_t n, uint64_t off)
+{
+    if (faulted(EIO)) return -1;
+    return pread(fd, buf, n, (off_t)off);
+}
+
+int sparq_io_rename(const char *from, const char *to)
+{
+    if (faulted(ENOSPC)) return -1;
+    return rename(from, to);
+}
+
+void *sparq_io_mmap(int fd, size_t n, int flags)
+{
+    if (faulted(EIO)) return MAP_FAILED;
+    return mmap(NULL, n, PROT_READ, flags, fd, 0);
+}
+
+static FILE *io_fopen_write(const char *path)
+{
+    if (faulted(ENOSPC)) return NULL;
+    return fopen(path, "wbe");
+}
+
+static size_t io_fwrite(const void *buf, size_t n, FILE *fp)
+{
+    if (faulted(ENOSPC)) return 0;
+    return fwrite(buf, 1, n, fp);
+}
+
+/* fflush + fsync: where a full disk or a failing device shows up. */
+static int io_flush_sync(FILE *fp)
+{
+    if (faulted(ENOSPC)) return -1;
+    return fflush(fp) != 0 || fsync(fileno(fp)) != 0 ? -1 : 0;
+}
+
+static int io_mkdir(const char *path, mode_t mode)
+{
+    if (faulted(ENOSPC)) return -1;
+    return mkdir(path, mode);
+}
+
+sparq_status sparq_pread_full(int fd, void *buf, uint64_t n, uint64_t off, const char *path)
+{
+    uint64_t got = 0;
+    while (got < n) {
+        ssize_t r = sparq_io_pread(fd, (uint8_t *)buf + got, (size_t)(n - got), off + got);
+        if (r < 0 && errno == EINTR) continue;
+        RETURN_IF(r <= 0, SPARQ_E_IO, "%s: read of %llu bytes at %llu failed: %s", path, (unsigned long long)n,
+                  (unsigned long long)off, r < 0 ? strerror(errno) : "unexpected end of file (file shrank?)");
+        got += (uint64_t)r;
+    }
+    return SPARQ_OK;
+}
+
+/* --- reading ----------------------------------------------------------------------- */
 
 static const char *file_kind(mode_t m)
 {
@@ -27,7 +109,7 @@ sparq_status sparq_open_regular(const char *path, int *fd_out, uint64_t *size)
     if (size) *size = 0;
     /* O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer; it does
      * nothing to a regular file, and is cleared below anyway */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = sparq_io_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     RETURN_IF(fd < 0, SPARQ_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -66,7 +148,7 @@ sparq_status sparq_file_read_all(const char *path, size_t max_size, char **out, 
     }
     size_t got = 0;
     while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
+        ssize_t r = sparq_io_read(fd, buf + got, n - got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             close(fd);
@@ -94,7 +176,7 @@ sparq_status sparq_mmap_open(sparq_mmap *m, const char *path)
         close(fd);
         return SPARQ_OK;
     }
-    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = sparq_io_mmap(fd, (size_t)size, MAP_PRIVATE);
     int e = errno;
     close(fd);
     RETURN_IF(p == MAP_FAILED, SPARQ_E_IO, "%s: mmap failed: %s", path, strerror(e));
@@ -110,6 +192,8 @@ void sparq_mmap_close(sparq_mmap *m)
     m->size = 0;
 }
 
+/* --- writing ----------------------------------------------------------------------- */
+
 sparq_status sparq_atomic_open(sparq_atomic_file *f, const char *path)
 {
     memset(f, 0, sizeof *f);
@@ -123,7 +207,7 @@ sparq_status sparq_atomic_open(sparq_atomic_file *f, const char *path)
         return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
     }
     snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    f->fp = fopen(f->tmp_path, "wbe");
+    f->fp = io_fopen_write(f->tmp_path);
     if (!f->fp) {
         int e = errno;
         sparq_free(f->path);
@@ -137,7 +221,7 @@ sparq_status sparq_atomic_open(sparq_atomic_file *f, const char *path)
 sparq_status sparq_atomic_write(sparq_atomic_file *f, const void *buf, size_t n)
 {
     RETURN_IF(!f->fp, SPARQ_E_STATE, "atomic write on a closed file");
-    if (n && fwrite(buf, 1, n, f->fp) != n)
+    if (n && io_fwrite(buf, n, f->fp) != n)
         return sparq_err(SPARQ_E_IO, "%s: write failed: %s", f->path, strerror(errno));
     return SPARQ_OK;
 }
@@ -153,12 +237,12 @@ sparq_status sparq_atomic_commit(sparq_atomic_file *f)
 {
     RETURN_IF(!f->fp, SPARQ_E_STATE, "atomic commit on a closed file");
     sparq_status st = SPARQ_OK;
-    if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0)
+    if (io_flush_sync(f->fp) != 0)
         st = sparq_err(SPARQ_E_IO, "%s: flush failed: %s", f->path, strerror(errno));
     if (fclose(f->fp) != 0 && st == SPARQ_OK)
         st = sparq_err(SPARQ_E_IO, "%s: close failed: %s", f->path, strerror(errno));
     f->fp = NULL;
-    if (st == SPARQ_OK && rename(f->tmp_path, f->path) != 0)
+    if (st == SPARQ_OK && sparq_io_rename(f->tmp_path, f->path) != 0)
         st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", f->path, f->tmp_path,
                        strerror(errno));
     if (st != SPARQ_OK) unlink(f->tmp_path);
@@ -185,6 +269,8 @@ sparq_status sparq_file_write_atomic(const char *path, const void *buf, size_t n
     return sparq_atomic_commit(&f);
 }
 
+/* --- paths ------------------------------------------------------------------------- */
+
 int sparq_path_exists(const char *path)
 {
     struct stat st;
@@ -205,7 +291,7 @@ sparq_status sparq_mkdirs(const char *path)
         if (*s == '/' || *s == 0) {
             char c = *s;
             *s = 0;
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            if (io_mkdir(p, 0755) != 0 && errno != EEXIST) {
                 int e = errno;
                 sparq_status st = sparq_err(SPARQ_E_IO, "%s: cannot create directory: %s", p, strerror(e));
                 sparq_free(p);

@@ -1,16 +1,38 @@
-/* common/file.h — whole-file reads, read-only mmaps, and atomic writes.
+/* common/file.h — whole-file reads, read-only mmaps, atomic writes, and the
+ * few system calls on files that everything else uses.
  *
  * Atomic writes: everything sparq produces is written to "<path>.tmp.<pid>"
  * and renamed over <path> only when complete and fsync'ed, so an interrupted
- * run never leaves a file that looks finished. */
+ * run never leaves a file that looks finished.
+ *
+ * Every open, read, pread, write, fsync, rename, mkdir and mmap of a file
+ * that sparq reads or writes goes through this module, each one a point where
+ * common/fault.h can make it fail (tests/faults/ sweeps them all). */
 #ifndef SPARQ_COMMON_FILE_H
 #define SPARQ_COMMON_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "common/status.h"
+
+/* The system calls, with their results and errno, except that an armed fault
+ * (common/fault.h) fails one: EIO for open for reading, read, pread and mmap,
+ * ENOSPC for open for writing and rename (the atomic writer's fopen, write,
+ * flush + fsync and sparq_mkdirs' mkdir are counted inside file.c). sparq_io_mmap maps [0, n) of fd
+ * read-only with `flags` (MAP_PRIVATE / MAP_SHARED); MAP_FAILED on failure. */
+int sparq_io_open(const char *path, int flags, mode_t mode);
+ssize_t sparq_io_read(int fd, void *buf, size_t n);
+ssize_t sparq_io_pread(int fd, void *buf, size_t n, uint64_t off);
+int sparq_io_rename(const char *from, const char *to);
+void *sparq_io_mmap(int fd, size_t n, int flags);
+
+/* Read exactly [off, off + n) of fd into buf (EINTR retried); a short read is
+ * an error too ("PATH: read of N bytes at OFF failed: unexpected end of file
+ * (file shrank?)"). */
+sparq_status sparq_pread_full(int fd, void *buf, uint64_t n, uint64_t off, const char *path);
 
 /* Open a file for reading, refusing anything but a regular file (a FIFO, a
  * device, a socket or a directory) without blocking on it: open(2) of a FIFO

@@ -91,6 +91,7 @@ sparq_status sparq_pool_create(sparq_pool **out, int n_threads)
     if (n_threads > 1) {
         p->threads = sparq_calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
+            p->n = 1; /* no workers to join */
             sparq_pool_free(p);
             return sparq_err(SPARQ_E_NOMEM, "thread pool: out of memory");
         }

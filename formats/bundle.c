@@ -262,7 +262,7 @@ static sparq_status hash_blocks(const sq_manifest *m, const int *fds, uint64_t n
     for (size_t i = 0; st == SPARQ_OK && i < m->n_files; i++) {
         if (fds[i] < 0 || !m->files[i].size) continue;
         void *p = m->files[i].size <= SIZE_MAX
-                      ? mmap(NULL, (size_t)m->files[i].size, PROT_READ, MAP_SHARED, fds[i], 0)
+                      ? sparq_io_mmap(fds[i], (size_t)m->files[i].size, MAP_SHARED)
                       : MAP_FAILED;
         if (p != MAP_FAILED) {
             madvise(p, (size_t)m->files[i].size, MADV_SEQUENTIAL);

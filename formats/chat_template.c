@@ -85,13 +85,14 @@ static bool contains_squeezed(const char *hay_sq, const char *needle)
     return strstr(hay_sq, buf) != NULL;
 }
 
-sq_chat_family tok_chat_detect(const char *tmpl, bool *trim)
+sparq_status tok_chat_detect(const char *tmpl, sq_chat_family *family, bool *trim)
 {
     *trim = false;
-    if (!tmpl) return SQ_CHAT_NONE;
+    *family = SQ_CHAT_NONE;
+    if (!tmpl) return SPARQ_OK;
     size_t n = strlen(tmpl);
     char *sq = sparq_malloc(n + 1);
-    if (!sq) return SQ_CHAT_UNKNOWN;
+    RETURN_IF(!sq, SPARQ_E_NOMEM, "tokenizer: out of memory reading the chat template");
     squeeze(tmpl, sq, n + 1);
     sq_chat_family f = SQ_CHAT_UNKNOWN;
     char buf[512];
@@ -115,7 +116,8 @@ sq_chat_family tok_chat_detect(const char *tmpl, bool *trim)
         if (all) f = SQ_CHAT_DEEPSEEK;
     }
     sparq_free(sq);
-    return f;
+    *family = f;
+    return SPARQ_OK;
 }
 
 const char *sq_chat_family_name(sq_chat_family f)

@@ -430,19 +430,6 @@ void sq_engram_close(sq_engram_reader *r)
     sparq_free(r);
 }
 
-static sparq_status pread_all(int fd, void *buf, uint64_t n, uint64_t off, const char *path)
-{
-    uint64_t got = 0;
-    while (got < n) {
-        ssize_t k = pread(fd, (uint8_t *)buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (k < 0 && errno == EINTR) continue;
-        RETURN_IF(k <= 0, SPARQ_E_IO, "%s: read of %llu bytes at %llu failed: %s", path, (unsigned long long)n,
-                  (unsigned long long)off, k < 0 ? strerror(errno) : "unexpected end of file");
-        got += (uint64_t)k;
-    }
-    return SPARQ_OK;
-}
-
 sparq_status sq_engram_open(sq_engram_reader **out, const char *path, uint64_t cache_rows)
 {
     *out = NULL;
@@ -466,7 +453,7 @@ sparq_status sq_engram_open(sq_engram_reader **out, const char *path, uint64_t c
         st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
         goto fail;
     }
-    st = pread_all(r->fd, hdr, hl, 0, path);
+    st = sparq_pread_full(r->fd, hdr, hl, 0, path);
     if (st == SPARQ_OK) st = sq_engram_header_parse(&r->h, hdr, hl, fsize, path);
     if (st != SPARQ_OK) goto fail;
     if (cache_rows) {
@@ -575,7 +562,7 @@ sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key 
             continue;
         }
         r->misses++;
-        FORWARD_IF(pread_all(r->fd, dst, rb, base + k->bucket * rb, r->path));
+        FORWARD_IF(sparq_pread_full(r->fd, dst, rb, base + k->bucket * rb, r->path));
         if (!r->cap) continue;
         if (r->used < r->cap) {
             s = (int64_t)r->used++;
@@ -600,11 +587,11 @@ sparq_status sq_engram_verify(sq_engram_reader *r)
     uint8_t *buf = sparq_malloc(h->block_bytes);
     uint8_t *sums = sparq_malloc(h->n_blocks ? (size_t)h->n_blocks * 16 : 1);
     sparq_status st = (buf && sums) ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "%s: out of memory", r->path);
-    if (st == SPARQ_OK) st = pread_all(r->fd, sums, h->n_blocks * 16, h->checksum_offset, r->path);
+    if (st == SPARQ_OK) st = sparq_pread_full(r->fd, sums, h->n_blocks * 16, h->checksum_offset, r->path);
     for (uint64_t b = 0; b < h->n_blocks && st == SPARQ_OK; b++) {
         uint64_t off = b * h->block_bytes;
         uint64_t n = h->data_bytes - off < h->block_bytes ? h->data_bytes - off : h->block_bytes;
-        st = pread_all(r->fd, buf, n, h->data_offset + off, r->path);
+        st = sparq_pread_full(r->fd, buf, n, h->data_offset + off, r->path);
         if (st != SPARQ_OK) break;
         XXH128_canonical_t c;
         XXH128_canonicalFromHash(&c, XXH3_128bits(buf, (size_t)n));

@@ -256,25 +256,11 @@ const sq_manifest_file *sq_manifest_find(const sq_manifest *m, const char *path)
 
 /* ---- hashing ---- */
 
-/* Read [off, off + n) into buf (short only at EOF: an error). */
-static sparq_status pread_full(int fd, uint8_t *buf, uint64_t n, uint64_t off, const char *path)
-{
-    uint64_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        RETURN_IF(r <= 0, SPARQ_E_IO, "%s: read failed at byte %llu: %s", path, (unsigned long long)(off + got),
-                  r < 0 ? strerror(errno) : "unexpected end of file (file shrank?)");
-        got += (uint64_t)r;
-    }
-    return SPARQ_OK;
-}
-
 sparq_status sq_digest_file_range(int fd, uint64_t off, uint64_t n, uint8_t *scratch, size_t scratch_size,
                                   sq_digest *out, const char *path)
 {
     if (n <= scratch_size) { /* one read, one-shot hash */
-        FORWARD_IF(pread_full(fd, scratch, n, off, path));
+        FORWARD_IF(sparq_pread_full(fd, scratch, n, off, path));
         digest_from(XXH3_128bits(scratch, (size_t)n), out);
         return SPARQ_OK;
     }
@@ -283,7 +269,7 @@ sparq_status sq_digest_file_range(int fd, uint64_t off, uint64_t n, uint8_t *scr
     XXH3_128bits_reset(&st);
     for (uint64_t done = 0; done < n;) {
         uint64_t k = n - done < scratch_size ? n - done : scratch_size;
-        FORWARD_IF(pread_full(fd, scratch, k, off + done, path));
+        FORWARD_IF(sparq_pread_full(fd, scratch, k, off + done, path));
         XXH3_128bits_update(&st, scratch, (size_t)k);
         done += k;
     }
@@ -312,7 +298,7 @@ sparq_status sq_manifest_hash_file(sq_manifest_file *f, const char *path, uint64
     XXH3_128bits_reset(&whole);
     for (uint64_t k = 0; k < nb; k++) {
         const uint64_t off = k * block_size, want = size - off < block_size ? size - off : block_size;
-        rc = pread_full(fd, buf, want, off, path);
+        rc = sparq_pread_full(fd, buf, want, off, path);
         if (rc != SPARQ_OK) goto done;
         digest_from(XXH3_128bits(buf, (size_t)want), &blocks[k]);
         XXH3_128bits_update(&whole, buf, (size_t)want);

@@ -727,7 +727,7 @@ sparq_status sq_tokenizer_load_config(sq_tokenizer *t, const char *dir)
         }
     }
     sparq_free(path);
-    if (st == SPARQ_OK) t->chat = tok_chat_detect(t->chat_template, &t->chat_trim);
+    if (st == SPARQ_OK) st = tok_chat_detect(t->chat_template, &t->chat, &t->chat_trim);
     return st;
 }
 
@@ -1017,8 +1017,11 @@ static sparq_status bpe_cached(enc *e, const uint8_t *s, size_t len)
     }
     size_t start = e->n;
     FORWARD_IF(bpe_word(e, s, len));
-    /* cache full, or offsets would not fit the 32-bit entries */
-    if (e->n_ents >= (1u << 22) || e->keys_len + len > UINT32_MAX / 2 || e->n > UINT32_MAX / 2) return SPARQ_OK;
+    /* cache full, or offsets would not fit the 32-bit entries; or 3/4 of the slots taken, which only
+     * happens after a failed rehash: a table with no free slot would make the probe above loop forever */
+    if (e->n_ents >= (1u << 22) || e->keys_len + len > UINT32_MAX / 2 || e->n > UINT32_MAX / 2 ||
+        4 * ((size_t)e->n_ents + 1) > 3 * e->slot_cap)
+        return SPARQ_OK;
     FORWARD_IF(grow((void **)&e->ents, &e->ents_cap, e->n_ents + 1, sizeof *e->ents));
     FORWARD_IF(grow((void **)&e->keys, &e->keys_cap, e->keys_len + len, 1));
     memcpy(e->keys + e->keys_len, s, len);

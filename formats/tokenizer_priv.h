@@ -71,7 +71,8 @@ struct sq_tokenizer {
 typedef sparq_status (*tok_piece_fn)(void *ctx, const uint8_t *s, size_t n);
 sparq_status tok_pretokenize(const sq_tokenizer *t, const uint8_t *s, size_t n, tok_piece_fn fn, void *ctx);
 
-/* Recognise the family of a chat template text (NULL -> SQ_CHAT_NONE). */
-sq_chat_family tok_chat_detect(const char *tmpl, bool *trim);
+/* Recognise the family of a chat template text (NULL -> SQ_CHAT_NONE).
+ * SPARQ_E_NOMEM only: a template it does not know is SQ_CHAT_UNKNOWN. */
+sparq_status tok_chat_detect(const char *tmpl, sq_chat_family *family, bool *trim);
 
 #endif

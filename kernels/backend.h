@@ -53,7 +53,8 @@ typedef enum sq_linear_kind {
 
 typedef struct sq_linear sq_linear;
 
-/* y[rows, out] = x[rows, in] · Wᵀ (+ bias). Must not fail for valid shapes. */
+/* y[rows, out] = x[rows, in] · Wᵀ (+ bias). Must not fail for valid shapes,
+ * except for memory: then sq_exec_set_error (below). */
 typedef void (*sq_linear_forward_fn)(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y);
 
 struct sq_linear {
@@ -220,7 +221,23 @@ struct sq_exec {
     float **scratch;    /* [n_threads] each scratch_floats long */
     size_t scratch_floats;
     void *dev;          /* device backend's own state (CUDA: stream, uploaded weights); NULL on the CPU */
+    sparq_status err;   /* the first error a host op met since it was last taken (sq_exec_take_error) */
 };
+
+/* Ops return nothing, but a host one can fail (the CPU EXL3 linear's work
+ * buffers are allocated per call): it keeps the first status here, its
+ * message in the thread's sparq_errmsg(), and leaves its output zeroed. The
+ * graph's public calls take it before they return, so the failure is theirs. */
+static inline void sq_exec_set_error(sq_exec *ex, sparq_status st)
+{
+    if (ex->err == SPARQ_OK) ex->err = st;
+}
+static inline sparq_status sq_exec_take_error(sq_exec *ex)
+{
+    const sparq_status st = ex->err;
+    ex->err = SPARQ_OK;
+    return st;
+}
 
 /* Where a forward pass runs. */
 typedef enum sq_device { SQ_DEVICE_CPU = 0, SQ_DEVICE_CUDA } sq_device;

@@ -214,6 +214,7 @@ typedef struct pack_ctx {
     sq_memplan plan;
     char *partial;
     json_t *plan_json;
+    char *state; /* the text of OUT.partial/.pack-state.json */
     struct engram_src *engram; /* NULL when the model has no Engram tables */
 } pack_ctx;
 
@@ -289,7 +290,7 @@ static sparq_status prepare_partial(pack_ctx *c)
         st = sparq_mkdirs(c->partial);
         if (st == SPARQ_OK) st = sparq_file_write_atomic(state_path, want, strlen(want));
     }
-    sparq_free(want); /* json_dumps allocates through sparq_malloc (formats/json.h) or malloc: both plain malloc */
+    c->state = want; /* kept to put the state back if the final rename fails */
     sparq_free(state_path);
     return st;
 }
@@ -479,6 +480,14 @@ done:
     return st;
 }
 
+/* List rel (a new string, NULL when its allocation failed) as the next file of the manifest. */
+static sparq_status list_file(sq_manifest_file *files, size_t *nf, char *rel, int node)
+{
+    files[*nf].path = rel;
+    files[(*nf)++].node = node;
+    return rel ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+}
+
 static sparq_status pack_files(pack_ctx *c)
 {
     const int boxes = c->plan.boxes;
@@ -492,16 +501,14 @@ static sparq_status pack_files(pack_ctx *c)
     sparq_progress_begin(&pr, "pack: shards", c->plan.weights_total, SPARQ_PROGRESS_BYTES);
     for (int k = 0; k < boxes && st == SPARQ_OK; k++) {
         st = write_node(c, k, &pr);
-        files[nf].path = node_rel(k);
-        files[nf++].node = k;
+        if (st == SPARQ_OK) st = list_file(files, &nf, node_rel(k), k);
     }
     sparq_progress_end(&pr);
     for (int k = 0; c->engram && k < boxes && st == SPARQ_OK; k++) {
         st = write_engram(c, c->engram, k);
         char rel[64];
         snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
-        files[nf].path = sparq_strdup(rel);
-        files[nf++].node = k;
+        if (st == SPARQ_OK) st = list_file(files, &nf, sparq_strdup(rel), k);
     }
     /* the model's config and tokenizer files (formats/bundle.h), those it has */
     for (const char *const *s = sq_bundle_shared_files; *s && st == SPARQ_OK; s++) {
@@ -512,8 +519,7 @@ static sparq_status pack_files(pack_ctx *c)
                 st = copy_file(src, dst);
                 if (st == SPARQ_OK) test_pause();
             }
-            files[nf].path = sparq_strdup(*s);
-            files[nf++].node = -1;
+            if (st == SPARQ_OK) st = list_file(files, &nf, sparq_strdup(*s), -1);
         }
         sparq_free(src);
         sparq_free(dst);
@@ -522,12 +528,13 @@ static sparq_status pack_files(pack_ctx *c)
     for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
         struct stat sb;
         char *p = sparq_path_join(c->partial, files[i].path);
-        if (p && stat(p, &sb) == 0) total += (uint64_t)sb.st_size;
+        if (!p) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else if (stat(p, &sb) == 0) total += (uint64_t)sb.st_size;
         sparq_free(p);
     }
     sparq_progress_begin(&pr, "pack: checksums", total, SPARQ_PROGRESS_BYTES);
     for (size_t i = 0; i < nf && st == SPARQ_OK; i++) {
-        char *p = files[i].path ? sparq_path_join(c->partial, files[i].path) : NULL;
+        char *p = sparq_path_join(c->partial, files[i].path);
         st = p ? sq_manifest_hash_file(&files[i], p, c->o->block_size) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) sparq_progress_add(&pr, files[i].size);
         sparq_free(p);
@@ -602,14 +609,28 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     remove_stale_tmp(c.partial);
     st = pack_files(&c);
     if (st != SPARQ_OK) goto done;
+    /* the state file must go: the finished bundle holds only what its manifest lists */
     char *state_path = sparq_path_join(c.partial, STATE_NAME);
-    if (state_path) unlink(state_path);
-    sparq_free(state_path);
+    if (!state_path) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    unlink(state_path);
     char final_out[4096];
     snprintf(final_out, sizeof final_out, "%.*s", (int)n, out_dir);
-    if (rename(c.partial, final_out) != 0)
-        st = sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
+    if (sparq_io_rename(c.partial, final_out) != 0) {
+        char why[1024];
+        sparq_err(SPARQ_E_IO, "%s: rename from %s failed: %s", final_out, c.partial, strerror(errno));
+        snprintf(why, sizeof why, "%s", sparq_errmsg());
+        /* without its state OUT.partial could not be resumed, only removed */
+        if (sparq_file_write_atomic(state_path, c.state, strlen(c.state)) == SPARQ_OK)
+            st = sparq_err(SPARQ_E_IO, "%s (rerun with --resume to finish)", why);
+        else
+            st = sparq_err(SPARQ_E_IO, "%s; and putting back %s failed: %s", why, state_path, sparq_errmsg());
+    }
+    sparq_free(state_path);
 done:
+    free(c.state); /* json_dumps' buffer: jansson's malloc (formats/json.c) */
     sparq_free(c.engram);
     json_decref(c.plan_json);
     sparq_free(c.partial);

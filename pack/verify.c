@@ -13,6 +13,7 @@
  * each shard must hold exactly its node's tensors (sq_memplan_tensor_node,
  * the rule pack wrote them by), every layer the plan gives it, and the bytes
  * the plan counts as the node's weights. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -158,8 +159,14 @@ static sparq_status check_manifest(const char *dir, const sq_manifest *m, int no
     sparq_status st = mpath && cpath ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
     if (st == SPARQ_OK) st = sq_json_load_file(&root, mpath, SQ_MANIFEST_MAX_SIZE);
     if (st != SPARQ_OK) goto done;
-    if (sq_json_load_file(&cfg_json, cpath, 1 << 24) != SPARQ_OK || sq_config_load(&cfg, dir) != SPARQ_OK) {
-        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+    st = sq_json_load_file(&cfg_json, cpath, 1 << 24);
+    if (st == SPARQ_OK) st = sq_config_load(&cfg, dir);
+    if (st != SPARQ_OK) {
+        /* a config.json that does not parse is the bundle's problem; no memory or a failed read is not */
+        if (st != SPARQ_E_NOMEM && st != SPARQ_E_IO) {
+            sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+            st = SPARQ_OK;
+        }
         goto done;
     }
     const json_t *model = json_object_get(root, "model"), *plan = json_object_get(root, "plan");
@@ -238,14 +245,17 @@ sparq_status sq_verify_read_baseline(const char *dir, int node, uint64_t *bytes,
     for (size_t i = 0; i < m.n_files && st == SPARQ_OK; i++) {
         if (!sq_manifest_file_for_node(&m.files[i], node)) continue;
         char *p = sparq_path_join(dir, m.files[i].path);
-        int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
-        if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open", p ? p : "?");
-        sparq_free(p);
-        ssize_t r;
-        while (fd >= 0 && (r = read(fd, buf, cap)) > 0) {
+        int fd = p ? sparq_io_open(p, O_RDONLY | O_CLOEXEC, 0) : -1;
+        if (!p) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        else if (fd < 0) st = sparq_err(SPARQ_E_IO, "%s: cannot open: %s", p, strerror(errno));
+        ssize_t r = 0;
+        while (fd >= 0 && ((r = sparq_io_read(fd, buf, cap)) > 0 || (r < 0 && errno == EINTR))) {
+            if (r < 0) continue;
             *bytes += (uint64_t)r;
             sink ^= buf[r - 1];
         }
+        if (fd >= 0 && r < 0) st = sparq_err(SPARQ_E_IO, "%s: read failed: %s", p, strerror(errno));
+        sparq_free(p);
         if (fd >= 0) close(fd);
     }
     *seconds = sparq_now() - t0;

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
@@ -88,23 +88,25 @@ sparq_status qz_load_hidden(qjob *j, int *layer)
     char *path = sparq_path_join(j->work, "hidden.bin");
     RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
     sparq_status st = SPARQ_OK;
-    FILE *f = sparq_path_exists(path) ? fopen(path, "rb") : NULL;
-    if (f) {
+    int fd = -1;
+    uint64_t size = 0;
+    if (sparq_path_exists(path)) st = sparq_open_regular(path, &fd, &size);
+    if (fd >= 0) {
         char magic[8];
         int32_t hdr[4];
-        struct stat sb;
-        if (fstat(fileno(f), &sb) != 0 || (uint64_t)sb.st_size != 8 + sizeof hdr + 2 * n * sizeof(float) ||
-            fread(magic, 1, 8, f) != 8 || memcmp(magic, HID_MAGIC, 8) != 0 || fread(hdr, sizeof hdr, 1, f) != 1)
-            st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (size or magic differ)", path);
-        else if (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d)
+        const uint64_t at = 8 + sizeof hdr, fl = (uint64_t)n * sizeof(float);
+        if (size != at + 2 * fl)
+            st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (size differs)", path);
+        if (st == SPARQ_OK) st = sparq_pread_full(fd, magic, 8, 0, path);
+        if (st == SPARQ_OK) st = sparq_pread_full(fd, hdr, sizeof hdr, 8, path);
+        if (st == SPARQ_OK && memcmp(magic, HID_MAGIC, 8) != 0)
+            st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (magic differs)", path);
+        if (st == SPARQ_OK && (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d))
             st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
-        else if (fread(j->hq, sizeof(float), n, f) != n || fread(j->href, sizeof(float), n, f) != n)
-            st = sparq_err(SPARQ_E_IO, "%s: short read", path);
-        else
-            *layer = hdr[0];
-        fclose(f);
-    } else if (sparq_path_exists(path)) {
-        st = sparq_err(SPARQ_E_IO, "%s: cannot open", path);
+        if (st == SPARQ_OK) st = sparq_pread_full(fd, j->hq, fl, at, path);
+        if (st == SPARQ_OK) st = sparq_pread_full(fd, j->href, fl, at + fl, path);
+        if (st == SPARQ_OK) *layer = hdr[0];
+        close(fd);
     }
     sparq_free(path);
     return st;

@@ -173,12 +173,11 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK) {
         char *hp = qz_work_file(&j, -1);
         bool have = hp && o->resume && done == j.n_layers - 1 && sparq_path_exists(hp);
-        sparq_free(hp);
-        if (have) {
+        if (!hp) {
+            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        } else if (have) {
             sf_model *sf = NULL;
-            char *p = qz_work_file(&j, -1);
-            st = p ? sf_open(&sf, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
-            sparq_free(p);
+            st = sf_open(&sf, hp);
             if (st == SPARQ_OK) {
                 const char *v = sf_metadata(sf, "proxy.lm_head"), *kv = sf_metadata(sf, "K.lm_head");
                 st = qz_report_add_tensor(rep, "lm_head", kv ? atoi(kv) : 0, j.d, (int)j.cfg->vocab_size,
@@ -188,6 +187,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         } else {
             st = qz_do_head(&j);
         }
+        sparq_free(hp);
     }
     qz_memdbg("before assembly", -1);
     if (st == SPARQ_OK) st = qz_assemble_output(&j);

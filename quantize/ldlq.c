@@ -374,15 +374,13 @@ double ldlq_proxy_err(const float *h, int k, const float *w, const float *wq, in
     return num / (den > 1e-30 ? den : 1e-30);
 }
 
-/* Per-row RMS (dim = 1) or per-column RMS (dim = 0) of a k×n matrix. */
-static void matrix_rms(const float *m, int k, int n, int dim, float *out)
+/* Per-row RMS (dim = 1) or per-column RMS (dim = 0) of a k×n matrix. False
+ * when the column sums' buffer cannot be allocated. */
+static bool matrix_rms(const float *m, int k, int n, int dim, float *out)
 {
     if (dim == 0) {
         double *acc = sparq_calloc((size_t)n, sizeof *acc);
-        if (!acc) {
-            for (int c = 0; c < n; c++) out[c] = 1.0f;
-            return;
-        }
+        if (!acc) return false;
         for (int r = 0; r < k; r++)
             for (int c = 0; c < n; c++) acc[c] += (double)m[(size_t)r * n + c] * m[(size_t)r * n + c];
         for (int c = 0; c < n; c++) out[c] = (float)sqrt(acc[c] / k);
@@ -394,22 +392,25 @@ static void matrix_rms(const float *m, int k, int n, int dim, float *out)
             out[r] = (float)sqrt(s / n);
         }
     }
+    return true;
 }
 
 /* exllamav3's rule for output-channel scales: skip them when the input is
- * very irregular (the top 2 % of channels hold ≥ 15 % of the RMS mass). */
+ * very irregular (the top 2 % of channels hold ≥ 15 % of the RMS mass).
+ * The answer in *want; false when its sort buffer cannot be allocated. */
 static int cmp_float_desc(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
 }
 
-static bool want_out_scales(const ldlq_hessian *hs)
+static bool want_out_scales(const ldlq_hessian *hs, bool *want)
 {
+    *want = true;
     if (hs->identity) return true;
     int k = hs->k;
     float *d = sparq_malloc((size_t)k * sizeof *d);
-    if (!d) return true;
+    if (!d) return false;
     for (int i = 0; i < k; i++) d[i] = sqrtf(hs->h_diag[i] > 0 ? hs->h_diag[i] : 0.0f);
     qsort(d, (size_t)k, sizeof *d, cmp_float_desc);
     int cutoff = k / 50;
@@ -419,7 +420,8 @@ static bool want_out_scales(const ldlq_hessian *hs)
         if (i < cutoff) top += d[i];
     }
     sparq_free(d);
-    return all > 0 ? top / all < 0.15 : true;
+    *want = all > 0 ? top / all < 0.15 : true;
+    return true;
 }
 
 typedef struct ldlq_work {
@@ -487,9 +489,12 @@ sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const 
 
     /* Output signs and channel scales. */
     random_signs(wk.sv, n, opts->seed ^ 0x7A11ull);
-    bool apply_out = opts->out_scales < 0 ? want_out_scales(hs) : opts->out_scales > 0;
+    bool apply_out = opts->out_scales > 0;
     float *ocs = wk.tmp;
-    matrix_rms(wk.wr, k, n, 0, ocs);
+    if ((opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) || !matrix_rms(wk.wr, k, n, 0, ocs)) {
+        work_free(&wk);
+        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory for the channel scales", name);
+    }
     double mean = 0.0;
     for (int c = 0; c < n; c++) mean += ocs[c];
     mean /= n;
@@ -509,7 +514,7 @@ sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const 
     if (st != SPARQ_OK) goto out;
 
     /* Input signs and channel scales. */
-    matrix_rms(wk.wr, k, n, 1, wk.tmp);
+    matrix_rms(wk.wr, k, n, 1, wk.tmp); /* rows: nothing to allocate */
     for (int r = 0; r < k; r++) {
         float s = fabsf(wk.tmp[r]) < 1e-30f ? 0.1f : wk.tmp[r];
         wk.su[r] = hs->su[r] * s / -LDLQ_CODEBOOK_SCALE + 1e-10f;

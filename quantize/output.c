@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/file.h"
+#include "formats/json.h"
 #include "quantize/job.h"
 #include "sparq_version.h"
 
@@ -69,15 +70,13 @@ sparq_status qz_write_json(const char *path, json_t *v)
 {
     char *s = json_dumps(v, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
     RETURN_IF(!s, SPARQ_E_NOMEM, "%s: out of memory formatting JSON", path);
-    size_t n = strlen(s);
-    char *s2 = realloc(s, n + 2);
-    if (s2) {
-        s = s2;
-        s[n++] = '\n';
-        s[n] = 0;
-    }
-    sparq_status st = sparq_file_write_atomic(path, s, n);
-    free(s);
+    sparq_atomic_file f;
+    sparq_status st = sparq_atomic_open(&f, path);
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, s, strlen(s));
+    if (st == SPARQ_OK) st = sparq_atomic_write(&f, "\n", 1);
+    if (st == SPARQ_OK) st = sparq_atomic_commit(&f);
+    else sparq_atomic_abort(&f); /* safe after a failed open too */
+    free(s); /* jansson's own malloc (formats/json.c says why) */
     return st;
 }
 
@@ -251,9 +250,8 @@ sparq_status qz_assemble_output(qjob *j)
     /* config.json + quantization_config.json */
     if (st == SPARQ_OK) {
         char *sp = sparq_path_join(o->model_dir, "config.json");
-        json_error_t jerr;
-        json_t *cfg = sp ? json_load_file(sp, JSON_PRESERVE_ORDER, &jerr) : NULL;
-        if (!cfg) st = sparq_err(SPARQ_E_FORMAT, "%s: cannot read: %s", sp ? sp : "config.json", jerr.text);
+        json_t *cfg = NULL; /* jansson keeps the keys' order */
+        st = sp ? sq_json_load_file(&cfg, sp, 1 << 24) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) {
             /* RTN writes plain bf16: a source's own quantization_config (FP8) no longer describes it */
             if (o->method != QZ_METHOD_RTN) json_object_set_new(cfg, "quantization_config", quant_config_json(j, o));
@@ -302,7 +300,7 @@ sparq_status qz_assemble_output(qjob *j)
                                         "merges.txt", "tokenizer.model"};
     for (size_t i = 0; i < sizeof extra / sizeof *extra && st == SPARQ_OK; i++)
         st = qz_copy_file(o->model_dir, partial, extra[i]);
-    if (st == SPARQ_OK && rename(partial, o->out_dir) != 0)
+    if (st == SPARQ_OK && sparq_io_rename(partial, o->out_dir) != 0)
         st = sparq_err(SPARQ_E_IO, "%s: cannot rename to %s", partial, o->out_dir);
     sparq_free(partial);
     for (size_t i = 0; i < n_q; i++) sparq_free(qkeys[i]);

@@ -483,11 +483,7 @@ static sparq_status cpu_to_device(sq_exec *ex, void *mem, const void *host, size
     return cpu_to_host(ex, mem, host, bytes);
 }
 
-static sparq_status cpu_sync(sq_exec *ex)
-{
-    (void)ex;
-    return SPARQ_OK;
-}
+static sparq_status cpu_sync(sq_exec *ex) { return sq_exec_take_error(ex); }
 
 static sparq_status cpu_prepare(sq_exec *ex, const void *host, size_t bytes)
 {

@@ -8,6 +8,8 @@
  * again: prefill of a quantized model is decode-bound, as on the GPU). */
 #include "kernels/cpu/ops.h"
 
+#include <string.h>
+
 static void exl3_forward(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
 {
     const trellis_linear *t = l->impl;
@@ -15,9 +17,14 @@ static void exl3_forward(sq_exec *ex, const sq_linear *l, const float *x, int ro
         int n = rows - r0 < TRELLIS_GEMM_MAX_ROWS ? rows - r0 : TRELLIS_GEMM_MAX_ROWS;
         /* a small product is done before the pool's threads would be awake
          * (as for bf16, ops.c); shapes were validated by
-         * sq_cpu_linear_exl3_bind, so this cannot fail */
+         * sq_cpu_linear_exl3_bind, so only its work buffers can fail */
         sparq_pool *pool = (size_t)n * (size_t)t->k * (size_t)t->n < SQ_CPU_SERIAL_MACS ? NULL : ex->pool;
-        (void)trellis_linear_gemm(t, x + (size_t)r0 * l->in, n, y + (size_t)r0 * l->out, pool);
+        const sparq_status st = trellis_linear_gemm(t, x + (size_t)r0 * l->in, n, y + (size_t)r0 * l->out, pool);
+        if (st != SPARQ_OK) {
+            sq_exec_set_error(ex, st);
+            memset(y, 0, (size_t)rows * (size_t)l->out * sizeof *y);
+            return;
+        }
     }
     if (l->bias)
         for (int r = 0; r < rows; r++)

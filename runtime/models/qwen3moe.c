@@ -561,7 +561,7 @@ static sparq_status q3_forward_layer(sq_model *mc, int L, float *hidden, int row
         }
     }
     layer_core(m, L, hidden, rows, pos, seq >= 0, obs);
-    return SPARQ_OK;
+    return sq_exec_take_error(m->c->ex);
 }
 
 /* Check that rows continue their sequences: row r is at len(seqs[r]) plus the
@@ -594,6 +594,7 @@ static sparq_status q3_forward_rows(sq_model *mc, float *hidden, int rows, const
         for (int r = 0; r < rows; r++) m->kvf[r] = kv_row0(m, seqs[r], L);
         layer_core(m, L, hidden, rows, pos, true, NULL);
     }
+    FORWARD_IF(sq_exec_take_error(m->c->ex)); /* the sequences do not advance over a failed step */
     for (int r = 0; r < rows; r++) m->c->seq_len[seqs[r]]++;
     return SPARQ_OK;
 }
@@ -638,7 +639,7 @@ static sparq_status q3_head(sq_model *mc, const float *hidden, int rows, float *
         m->c->ex->be->rmsnorm(m->c->ex, hidden + (size_t)r0 * m->d, n, m->d, m->final_norm, m->eps, m->xn);
         sq_linear_forward(m->c->ex, &m->c->head, m->xn, n, logits + (size_t)r0 * m->vocab);
     }
-    return SPARQ_OK;
+    return sq_exec_take_error(m->c->ex);
 }
 
 static sparq_status q3_forward(sq_model *mc, int seq, const int32_t *tokens, int n, sq_logits_mode mode,

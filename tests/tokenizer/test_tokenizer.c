@@ -812,8 +812,11 @@ static void test_chat(void)
         sq_tokenizer_free(t);
     }
     bool trim;
-    CHECK_EQ_INT(tok_chat_detect("{{ messages[0]['content'] }}", &trim), SQ_CHAT_UNKNOWN);
-    CHECK_EQ_INT(tok_chat_detect(NULL, &trim), SQ_CHAT_NONE);
+    sq_chat_family fam;
+    CHECK_EQ_INT(tok_chat_detect("{{ messages[0]['content'] }}", &fam, &trim), SPARQ_OK);
+    CHECK_EQ_INT(fam, SQ_CHAT_UNKNOWN);
+    CHECK_EQ_INT(tok_chat_detect(NULL, &fam, &trim), SPARQ_OK);
+    CHECK_EQ_INT(fam, SQ_CHAT_NONE);
 }
 
 /* ---- threads: one tokenizer, many encoders at once ----------------------------------------- */

@@ -19,7 +19,7 @@ if ! command -v "$QEMU" >/dev/null 2>&1; then
 fi
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/sparq-cross-XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
-LIB="$SRC/common/status.c $SRC/common/alloc.c $SRC/common/threadpool.c \
+LIB="$SRC/common/status.c $SRC/common/alloc.c $SRC/common/fault.c $SRC/common/threadpool.c \
   $SRC/kernels/cpu/trellis.c $SRC/kernels/cpu/trellis_neon.c \
   $SRC/quantize/hadamard.c $SRC/quantize/viterbi.c"
 # -std=c11 as meson uses: no implicit fp contraction, so scalar stays unfused

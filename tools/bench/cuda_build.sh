@@ -22,7 +22,7 @@ simd=kernels/cpu/trellis_nosimd.c
 # the same SIMD files kernels/cpu/meson.build picks (every AVX file on x86-64)
 case "$(uname -m)" in x86_64) simd=$(ls kernels/cpu/trellis_avx*.c) ;; aarch64) simd=kernels/cpu/trellis_neon.c ;; esac
 objs=""
-for f in common/status.c common/alloc.c common/threadpool.c kernels/cpu/trellis.c $simd; do
+for f in common/status.c common/alloc.c common/fault.c common/threadpool.c kernels/cpu/trellis.c $simd; do
     o="$out/$(echo "$f" | tr / _).o"
     $CC $cflags -c "$f" -o "$o"
     objs="$objs $o"

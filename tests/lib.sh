@@ -91,6 +91,38 @@ flip() {
   printf "\\$(printf %03o $((_b ^ 64)))" | dd of="$1" bs=1 seek="$2" conv=notrunc 2>/dev/null
 }
 
+# edit_model SRC OUT PYTHON: a copy of the model folder SRC (its *.json files and its one
+# model.safetensors) in OUT, edited by PYTHON, which runs with cfg (config.json as a dict),
+# ts (tensor name -> [dtype, shape, bytes]) and d (OUT); config.json and model.safetensors
+# are then written from cfg and ts. Needs python3.
+edit_model() {
+  mkdir -p "$2"
+  cp "$1"/*.json "$2/"
+  python3 - "$1/model.safetensors" "$2" "$3" <<'PY'
+import json, struct, sys
+src, d, code = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(src, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    hdr = json.loads(f.read(n))
+    data = f.read()
+hdr.pop("__metadata__", None)
+ts = {k: [v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]] for k, v in hdr.items()}
+cfg = json.load(open(d + "/config.json"))
+exec(code)
+json.dump(cfg, open(d + "/config.json", "w"), indent=1)
+out, off, body = {}, 0, b""
+for k in sorted(ts):
+    dt, sh, b = ts[k]
+    out[k] = {"dtype": dt, "shape": sh, "data_offsets": [off, off + len(b)]}
+    off += len(b)
+    body += b
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+with open(d + "/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + body)
+PY
+}
+
 # serve_port LOG [PID]: wait up to 30 s for `sparq serve --port 0` to say where it
 # listens in LOG (its stderr) and print the port; returns 1 if it does not, or as soon
 # as process PID (the server) has exited.

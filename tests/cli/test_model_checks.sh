@@ -21,31 +21,7 @@ head -c 3000 "$D/text/eval.txt" > "$T/eval.txt"
 # variant NAME PYTHON: copy of the fixture, then PYTHON edits it with
 #   cfg (config.json as a dict), ts (name -> [dtype, shape, bytes]), d (its folder)
 variant() {
-  mkdir -p "$T/$1"
-  cp "$M"/*.json "$T/$1/"
-  python3 - "$M/model.safetensors" "$T/$1" "$2" <<'PY'
-import json, struct, sys
-src, d, code = sys.argv[1], sys.argv[2], sys.argv[3]
-with open(src, "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    hdr = json.loads(f.read(n))
-    data = f.read()
-hdr.pop("__metadata__", None)
-ts = {k: [v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]] for k, v in hdr.items()}
-cfg = json.load(open(d + "/config.json"))
-exec(code)
-json.dump(cfg, open(d + "/config.json", "w"), indent=1)
-out, off, body = {}, 0, b""
-for k in sorted(ts):
-    dt, sh, b = ts[k]
-    out[k] = {"dtype": dt, "shape": sh, "data_offsets": [off, off + len(b)]}
-    off += len(b)
-    body += b
-h = json.dumps(out).encode()
-h += b" " * (-len(h) % 8)
-with open(d + "/model.safetensors", "wb") as f:
-    f.write(struct.pack("<Q", len(h)) + h + body)
-PY
+  edit_model "$M" "$T/$1" "$2"
 }
 # expect CMD-NAME RC-WANTED(nonzero|1|0) PATTERN FILE: the exit status and a message
 expect() {

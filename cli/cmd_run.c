@@ -101,8 +101,8 @@ static sparq_status generate(run_state *s, const int32_t *ids, int n_ids, int n_
 static sparq_status generate_parallel(run_state *s, const sq_sampler_params *sp, const int32_t *ids, int n_ids,
                                       int n_new, int N)
 {
-    sq_gen_opts o = {.n_seqs = N, .n_new = n_new, .sampler = *sp, .stop = s->sess.stop, .n_stop = s->sess.n_stop,
-                     .ignore_stop = s->sess.ignore_eos};
+    sq_gen_opts o = {.n_seqs = N, .n_new = n_new, .sampler = *sp, .n_vocab = s->sess.n_vocab, .stop = s->sess.stop,
+                     .n_stop = s->sess.n_stop, .ignore_stop = s->sess.ignore_eos};
     sq_gen_result r;
     FORWARD_IF(sq_generate(s->model, ids, n_ids, &o, &r));
     s->sess.t_prompt += r.t_prompt;

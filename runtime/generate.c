@@ -87,7 +87,7 @@ sparq_status sq_generate(sq_dist *d, const int32_t *prompt, int n_prompt, const 
     for (int i = 0; st == SPARQ_OK && i < N; i++) {
         sq_sampler_params p = o->sampler;
         p.seed = o->sampler.seed + (uint64_t)i;
-        st = sq_sampler_create(&g.smp[i], &p, V);
+        st = sq_sampler_create(&g.smp[i], &p, o->n_vocab > 0 && o->n_vocab < V ? o->n_vocab : V);
         r->out[i] = sparq_malloc((size_t)(o->n_new > 0 ? o->n_new : 1) * sizeof(int32_t));
         if (st == SPARQ_OK && !r->out[i]) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
         for (int k = 0; st == SPARQ_OK && k < n_prompt; k++) sq_sampler_accept(g.smp[i], prompt[k]);

@@ -20,6 +20,7 @@ typedef struct sq_gen_opts {
     int n_seqs;                   /* continuations (≤ the model's n_seq) */
     int n_new;                    /* tokens each may generate */
     sq_sampler_params sampler;    /* seed is that of sequence 0 */
+    int n_vocab;                  /* the ids sampled from: sq_sampler_vocab (0: all vocab_size) */
     const int32_t *stop;          /* end-of-sequence ids (not emitted) */
     int n_stop;
     bool ignore_stop;

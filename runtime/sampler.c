@@ -89,6 +89,11 @@ sparq_status sq_sampler_create(sq_sampler **out, const sq_sampler_params *p, int
     return SPARQ_OK;
 }
 
+int sq_sampler_vocab(int64_t head_rows, int32_t tokenizer_ids)
+{
+    return tokenizer_ids > 0 && tokenizer_ids < head_rows ? (int)tokenizer_ids : (int)head_rows;
+}
+
 void sq_sampler_free(sq_sampler *s)
 {
     if (!s) return;

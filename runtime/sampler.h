@@ -36,12 +36,22 @@ void sq_sampler_params_default(sq_sampler_params *p);
 
 typedef struct sq_sampler sq_sampler;
 
-/* A sampler for a vocabulary of n_vocab logits. Allocates its scratch here. */
+/* A sampler choosing among the ids 0..n_vocab-1. Allocates its scratch here.
+ * Give it sq_sampler_vocab(), not the head's row count: see there. */
 sparq_status sq_sampler_create(sq_sampler **out, const sq_sampler_params *p, int n_vocab);
 void sq_sampler_free(sq_sampler *s);
 
-/* Choose a token from logits[n_vocab] (not modified). Does not accept it. */
+/* Choose a token from logits[0..n_vocab-1] (not modified), greedy included: a
+ * row may be longer (the head's padding rows), and what lies past n_vocab is
+ * never read, as if its logits were -inf. Does not accept the token. */
 int32_t sq_sampler_sample(sq_sampler *s, const float *logits);
+
+/* The ids to sample from, for a head of head_rows rows (config.json's vocab_size)
+ * and a tokenizer of tokenizer_ids ids (sq_tokenizer_vocab_size; ≤ 0: unknown):
+ * the smaller. Checkpoints pad the head past the tokenizer (Qwen3: vocab_size
+ * 151,936 for 151,669 ids, for GEMM-friendly shapes); a padding row's logit is
+ * no token, and one sampled could not be decoded. */
+int sq_sampler_vocab(int64_t head_rows, int32_t tokenizer_ids);
 
 /* Record a token in the repetition history (prompt tokens and generated). */
 void sq_sampler_accept(sq_sampler *s, int32_t token);

@@ -45,6 +45,7 @@ struct sq_sched {
     int32_t stop_ids[32];
     int n_stop_ids;
     int V, ctx, slots, ranks, max_queue;
+    int n_vocab;             /* the ids sampled from: sq_sampler_vocab (the V rows of the head may be padded) */
     pthread_t th;
     bool th_live;
     pthread_mutex_t mu;
@@ -192,7 +193,7 @@ static sparq_status prefill(sq_sched *s, sq_job *j)
     int keep = 0;
     while (keep < s->slot_len[slot] && keep < j->n_ids && s->slot_ids[slot][keep] == j->ids[keep]) keep++;
     if (keep == j->n_ids) keep--; /* always run one token, for the logits */
-    FORWARD_IF(sq_sampler_create(&j->smp, &j->sp, s->V));
+    FORWARD_IF(sq_sampler_create(&j->smp, &j->sp, s->n_vocab));
     for (int i = 0; i < j->n_ids; i++) sq_sampler_accept(j->smp, j->ids[i]);
     sq_detok_init(&j->dt, s->tok, true);
     j->dt_live = true;
@@ -336,6 +337,7 @@ sparq_status sq_sched_create(sq_sched **out, sq_dist *d, const sq_tokenizer *tok
     s->tok = tok;
     for (int i = 0; i < n_stop_ids && i < 32; i++) s->stop_ids[s->n_stop_ids++] = stop_ids[i];
     s->V = (int)sq_dist_cfg(d)->vocab_size;
+    s->n_vocab = sq_sampler_vocab(sq_dist_cfg(d)->vocab_size, sq_tokenizer_vocab_size(tok));
     s->ctx = sq_dist_options(d)->ctx;
     s->slots = sq_dist_options(d)->n_seq;
     s->ranks = sq_dist_size(d);

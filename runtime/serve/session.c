@@ -15,7 +15,8 @@ sparq_status sq_session_init(sq_session *s, sq_dist *model, const sq_tokenizer *
     s->tok = tok;
     const sq_model_config *cfg = sq_dist_cfg(model);
     const int V = (int)cfg->vocab_size;
-    FORWARD_IF(sq_sampler_create(&s->sampler, sp, V));
+    s->n_vocab = sq_sampler_vocab(cfg->vocab_size, sq_tokenizer_vocab_size(tok));
+    FORWARD_IF(sq_sampler_create(&s->sampler, sp, s->n_vocab));
     s->logits = sparq_malloc((size_t)V * sizeof(float));
     s->cached = sparq_malloc((size_t)sq_dist_options(model)->ctx * sizeof(int32_t));
     if (!s->logits || !s->cached) {
@@ -43,7 +44,7 @@ void sq_session_free(sq_session *s)
 sparq_status sq_session_set_sampler(sq_session *s, const sq_sampler_params *sp)
 {
     sq_sampler *n = NULL;
-    FORWARD_IF(sq_sampler_create(&n, sp, (int)sq_dist_cfg(s->model)->vocab_size));
+    FORWARD_IF(sq_sampler_create(&n, sp, s->n_vocab));
     sq_sampler_free(s->sampler);
     s->sampler = n;
     return SPARQ_OK;

@@ -22,7 +22,8 @@ typedef struct sq_session {
     sq_dist *model;              /* borrowed */
     const sq_tokenizer *tok;     /* borrowed */
     sq_sampler *sampler;
-    float *logits;
+    int n_vocab;                 /* the ids sampled from: sq_sampler_vocab (the head may be padded) */
+    float *logits;               /* [vocab_size]: the head's row */
     int32_t *cached;             /* ids in the KV cache (ctx of them at most) */
     int n_cached;
     int last_prompt_len;         /* the last prompt's ids; the generated ones follow in `cached` */

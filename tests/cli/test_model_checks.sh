@@ -12,46 +12,16 @@
 #    `inspect --check` all refuse; `pack` also refuses an empty or garbage
 #    tokenizer.json, with nothing written.
 set -u
-SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-build/tests/data}"
-M="$DATA/tiny-qwen3moe"
-command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found"; exit 77; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/sparq-checks-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-CAL="--calib $DATA/text/calib.txt --calib-rows 2 --calib-len 32 -q"
-head -c 3000 "$DATA/text/eval.txt" > "$T/eval.txt"
+. "$(dirname "$0")/../lib.sh"
+M="$D/tiny-qwen3moe"
+need python3
+CAL="--calib $D/text/calib.txt --calib-rows 2 --calib-len 32 -q"
+head -c 3000 "$D/text/eval.txt" > "$T/eval.txt"
 
 # variant NAME PYTHON: copy of the fixture, then PYTHON edits it with
 #   cfg (config.json as a dict), ts (name -> [dtype, shape, bytes]), d (its folder)
 variant() {
-  mkdir -p "$T/$1"
-  cp "$M"/*.json "$T/$1/"
-  python3 - "$M/model.safetensors" "$T/$1" "$2" <<'PY'
-import json, struct, sys
-src, d, code = sys.argv[1], sys.argv[2], sys.argv[3]
-with open(src, "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    hdr = json.loads(f.read(n))
-    data = f.read()
-hdr.pop("__metadata__", None)
-ts = {k: [v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]] for k, v in hdr.items()}
-cfg = json.load(open(d + "/config.json"))
-exec(code)
-json.dump(cfg, open(d + "/config.json", "w"), indent=1)
-out, off, body = {}, 0, b""
-for k in sorted(ts):
-    dt, sh, b = ts[k]
-    out[k] = {"dtype": dt, "shape": sh, "data_offsets": [off, off + len(b)]}
-    off += len(b)
-    body += b
-h = json.dumps(out).encode()
-h += b" " * (-len(h) % 8)
-with open(d + "/model.safetensors", "wb") as f:
-    f.write(struct.pack("<Q", len(h)) + h + body)
-PY
+  edit_model "$M" "$T/$1" "$2"
 }
 # expect CMD-NAME RC-WANTED(nonzero|1|0) PATTERN FILE: the exit status and a message
 expect() {
@@ -160,5 +130,4 @@ variant tok-big 'cfg["vocab_size"] = 4000; cfg["eos_token_id"] = 3999; cfg["bos_
 "$SPARQ" pack "$T/tok-big" "$T/btok-big" --ctx 1024 >"$T/tb.out" 2>&1
 expect "pack with tokenizer ids beyond vocab_size" 1 "tokenizer.json has ids 0..4095, but config.json's vocab_size is 4000" "$T/tb.out" $?
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -3,13 +3,9 @@
 # usage error (exit 2); `cpu` runs; `cuda` either runs (a CUDA build on a GPU
 # machine: then the greedy text equals the CPU's) or fails cleanly with exit 1
 # and a message that names the device (no CUDA in the build, or no GPU).
-SPARQ="${SPARQ_BIN:?}"
-M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
-TXT="${SPARQ_TEST_DATA:?}/exl3-model/text.txt"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+M="$D/tiny-qwen3moe"
+TXT="$D/exl3-model/text.txt"
 
 "$SPARQ" run "$M" -p "The file" -n 4 --device gpu >/dev/null 2>"$T/e"; [ $? -eq 2 ] && ok || bad "run --device gpu: exit 2"
 grep -q "expected cpu or cuda" "$T/e" && ok || bad "run --device gpu: message"
@@ -28,5 +24,4 @@ elif [ $rc -eq 1 ]; then
 else
   bad "run --device cuda: exit $rc: $(cat "$T/e")"
 fi
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

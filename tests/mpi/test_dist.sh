@@ -14,20 +14,13 @@
 #  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT.
 # Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
-SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-build/tests/data}"
-MODEL="$DATA/tiny-qwen3moe"
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: mpirun not found"; exit 77; fi
-if ! "$SPARQ" version | grep -q "mpi: yes"; then echo "SKIP: sparq built without MPI"; exit 77; fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. "$(dirname "$0")/../lib.sh"
+MODEL="$D/tiny-qwen3moe"
+need_mpi
 MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
 export SPARQ_DIST_DELAY_MS=0
-T=$(mktemp -d)
+# at exit, every process of the test's bundles (the ranks mpirun started)
 cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 
 for b in 1 2 3; do
   "$SPARQ" pack "$MODEL" "$T/b$b" --boxes $b --ctx 1024 --users 4 --chunk 64 >/dev/null 2>&1 && ok || bad "pack --boxes $b"
@@ -48,7 +41,7 @@ kv_run=$(sed -n 's/^stats: kv_bytes=//p' "$T/st2")
 grep -q "^stats: ranks=2$" "$T/st2" && ok || bad "--stats does not say ranks=2"
 
 # logits, bit for bit: eval windows of 200 tokens = several 64-row chunks in flight
-head -c 6000 "$DATA/text/eval.txt" > "$T/eval.txt"
+head -c 6000 "$D/text/eval.txt" > "$T/eval.txt"
 "$SPARQ" eval "$T/b1" --text "$T/eval.txt" --ctx 200 -t 1 --save-ref "$T/l1" --save-ref-f32 >/dev/null 2>&1 && ok || bad "eval 1 rank"
 for b in 2 3; do
   $MPIRUN -np $b "$SPARQ" eval "$T/b$b" --text "$T/eval.txt" --ctx 200 -t 1 --save-ref "$T/l$b" --save-ref-f32 \
@@ -169,10 +162,7 @@ none_left "$T/b2" "stall of rank 0"
 # SIGINT to rank 0 shuts the pipeline down and every rank exits 0
 $MPIRUN -np 2 "$SPARQ" serve "$T/b2" --port 0 -t 1 >/dev/null 2>"$T/sv.err" &
 mp=$!
-port=""; i=0
-while [ -z "$port" ] && [ $i -lt 300 ]; do
-  port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/sv.err"); sleep 0.1; i=$((i+1))
-done
+port=$(serve_port "$T/sv.err")
 [ -n "$port" ] && ok || bad "serve on 2 ranks did not start: $(cat "$T/sv.err")"
 python3 - "$port" "$P" >"$T/sv.out" 2>"$T/sv.perr" <<'PY'
 import json, sys, urllib.request
@@ -191,5 +181,4 @@ wait_for $mp 20; rc=$RC
 grep -q "stopped after 1 requests" "$T/sv.err" && ok || bad "serve on 2 ranks: no stop line: $(cat "$T/sv.err")"
 pkill -9 -f "sparq serve $T/b2" 2>/dev/null
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

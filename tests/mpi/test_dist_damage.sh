@@ -8,30 +8,12 @@
 #    message (the file and what is wrong), not just "format error".
 # Usage: test_dist_damage.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
 set -u
-SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
-MODEL="$DATA/tiny-qwen3moe"
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: mpirun not found"; exit 77; fi
-if ! "$SPARQ" version | grep -q "mpi: yes"; then echo "SKIP: sparq built without MPI"; exit 77; fi
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. "$(dirname "$0")/../lib.sh"
+MODEL="$D/tiny-qwen3moe"
+need_mpi
 # --tag-output: every line says which rank wrote it ("[1,0]<stderr>:" is rank 0)
 MPIRUN="mpirun --oversubscribe --tag-output -np 2"
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 P="The SQLite library"
-
-flip() {
-  python3 - "$1" "$2" <<'PY'
-import sys
-f, off = sys.argv[1], int(sys.argv[2])
-with open(f, "r+b") as h:
-    h.seek(off); b = h.read(1); h.seek(off); h.write(bytes([b[0] ^ 0x40]))
-PY
-}
 "$SPARQ" pack "$MODEL" "$T/b2" --boxes 2 --ctx 512 --users 2 --block-size 4096 >/dev/null 2>&1 && ok || bad "pack --boxes 2"
 $MPIRUN "$SPARQ" run "$T/b2" -p "$P" -n 8 --temp 0 -t 1 >"$T/good" 2>"$T/ge" && ok || bad "the fresh bundle runs: $(cat "$T/ge")"
 
@@ -64,5 +46,4 @@ $MPIRUN "$SPARQ" run "$T/t" -p "$P" -n 8 --temp 0 -t 1 --no-verify >"$T/o" 2>"$T
 grep '^\[1,0\]<stderr>:' "$T/e" | grep -q "rank 0 of 2: format error: .*tokenizer.json: " && ok \
   || bad "rank 0 does not print the tokenizer's message: $(cat "$T/e")"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

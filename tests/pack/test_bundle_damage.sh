@@ -11,31 +11,14 @@
 #    covers fewer layers than the model has.
 # Usage: test_bundle_damage.sh SPARQ_BIN (SPARQ_TEST_DATA points at tests/data).
 set -u
-SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-tests/data}"
-MODEL="$DATA/tiny-qwen3moe"
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-T=$(mktemp -d)
-PIDS=""
-trap 'for p in $PIDS; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+MODEL="$D/tiny-qwen3moe"
+need python3
 P="The file system"
 
 "$SPARQ" pack "$MODEL" "$T/b1" --boxes 1 --ctx 512 --users 2 --block-size 4096 >/dev/null 2>&1 && ok || bad "pack"
 "$SPARQ" verify "$T/b1" >/dev/null 2>&1 && ok || bad "the fresh bundle verifies"
 "$SPARQ" run "$T/b1" -p "$P" -n 8 --temp 0 >"$T/good" 2>/dev/null && ok || bad "the fresh bundle runs"
-
-# flip FILE OFFSET: XOR 0x40 into one byte
-flip() {
-  python3 - "$1" "$2" <<'PY'
-import sys
-f, off = sys.argv[1], int(sys.argv[2])
-with open(f, "r+b") as h:
-    h.seek(off); b = h.read(1); h.seek(off); h.write(bytes([b[0] ^ 0x40]))
-PY
-}
 # offset of the high byte of element 0 of a bf16 tensor in a safetensors file
 tensor_hi() {
   python3 - "$1" "$2" <<'PY'
@@ -89,10 +72,7 @@ grep -q "node-0/model.safetensors: block $blk (bytes" "$T/se" && ok || bad "serv
 : >"$T/sl"
 "$SPARQ" serve "$T/s" --port 0 --threads 1 --no-verify >/dev/null 2>"$T/sl" &
 sp=$!; PIDS="$PIDS $sp"
-port=""; i=0
-while [ -z "$port" ] && [ $i -lt 300 ] && kill -0 $sp 2>/dev/null; do
-  port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/sl"); sleep 0.1; i=$((i+1))
-done
+port=$(serve_port "$T/sl" $sp)
 [ -n "$port" ] && python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=10).status == 200 else 1)" \
   && ok || bad "serve --no-verify does not answer /health: $(cat "$T/sl")"
 kill -INT $sp 2>/dev/null; wait $sp 2>/dev/null
@@ -155,5 +135,4 @@ edited "model.n_layers edited" 'm["model"]["n_layers"] = 3' "model.n_layers 3"
 edited "the plan's layers edited" 'm["plan"]["nodes"][0]["n_layers"] = 3; m["plan"]["n_layers"] = 3' "layers \[0, 3)" run
 edited "the plan's ctx edited" 'm["plan"]["ctx"] = 4096' "ctx 4096"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

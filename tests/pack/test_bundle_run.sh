@@ -7,14 +7,8 @@
 #  - a bundle packed for 2 boxes is refused in one process with a clear message.
 # Usage: test_bundle_run.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
-SPARQ="$1"
-DATA="${SPARQ_TEST_DATA:-build/tests/data}"
-MODEL="$DATA/tiny-qwen3moe"
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+MODEL="$D/tiny-qwen3moe"
 
 "$SPARQ" pack "$MODEL" "$T/b1" --boxes 1 --ctx 512 --users 2 >/dev/null 2>&1 && ok || bad "pack --boxes 1"
 P="The SQLite library"
@@ -42,5 +36,4 @@ grep -q "node-0/model.safetensors" "$T/err" && ok || bad "truncated bundle: mess
 [ $rc -eq 1 ] && ok || bad "2-box bundle in one process: exit $rc, want 1"
 grep -q "packed for 2 boxes" "$T/err2" && ok || bad "2-box bundle: unclear message: $(cat "$T/err2")"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

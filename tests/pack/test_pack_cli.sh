@@ -4,14 +4,9 @@
 # verdicts and exit codes, a budget one byte too small refused with nothing
 # written, kill -9 during pack then --resume giving the identical bundle, a
 # flipped byte located by file and block, truncation reported.
-SPARQ="$1"
-MODEL="${SPARQ_TEST_DATA:-build/tests/data}/exl3-model/exl3-3.0bpw"
-[ -d "$MODEL" ] || { echo "SKIP: $MODEL absent"; exit 77; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/sparq-pack-cli-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+MODEL="$D/exl3-model/exl3-3.0bpw"
+[ -d "$MODEL" ] || skip "$MODEL absent"
 SMALL="--ctx 1024 --users 2 --chunk 64"
 
 # --- plan ---------------------------------------------------------------------
@@ -90,5 +85,4 @@ echo "$out" | grep -q "node-1/model.safetensors: 5000 bytes but the manifest say
 "$SPARQ" verify "$T/b" --node 7 >/dev/null 2>&1; [ $? -eq 1 ] && ok || bad "verify --node out of range exits 1"
 "$SPARQ" verify "$T/nonexistent" >/dev/null 2>&1; [ $? -eq 1 ] && ok || bad "verify of a missing bundle exits 1"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -5,36 +5,29 @@
 #    OUT.work (nor OUT) left behind;
 #  - the default calibration text does not depend on the current directory: from another
 #    directory quantize still finds it (a path fixed at build time).
-S=${SPARQ_BIN:?}
-D=${SPARQ_TEST_DATA:?}
+. "$(dirname "$0")/../lib.sh"
 M="$D/tiny-qwen3moe"
-T=$(mktemp -d "${TMPDIR:-/tmp}/sparq-qinputs-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 FAST="--method rtn --calib-rows 2 --calib-len 32 -q"
 
-"$S" quantize "$M" "$T/a" $FAST --calib "$T/nope.txt" >/dev/null 2>"$T/e"; rc=$?
+"$SPARQ" quantize "$M" "$T/a" $FAST --calib "$T/nope.txt" >/dev/null 2>"$T/e"; rc=$?
 [ $rc -eq 1 ] && ok || bad "missing --calib: exit $rc, want 1"
 grep -q "$T/nope.txt" "$T/e" && ok || bad "missing --calib: the message does not name it: $(cat "$T/e")"
 [ ! -e "$T/a.work" ] && [ ! -e "$T/a" ] && ok || bad "missing --calib: $(ls "$T") left behind"
 
 mkfifo "$T/fifo.txt"
-timeout 20 "$S" quantize "$M" "$T/a" $FAST --calib "$T/fifo.txt" >/dev/null 2>"$T/e"; rc=$?
+timeout 20 "$SPARQ" quantize "$M" "$T/a" $FAST --calib "$T/fifo.txt" >/dev/null 2>"$T/e"; rc=$?
 [ $rc -eq 1 ] && ok || bad "FIFO as --calib: exit $rc (124: it blocked), want 1"
 grep -q "fifo.txt: not a regular file (a FIFO)" "$T/e" && ok || bad "FIFO as --calib: $(cat "$T/e")"
 [ ! -e "$T/a.work" ] && ok || bad "FIFO as --calib: OUT.work left behind"
 
-"$S" quantize "$T/no-model" "$T/a" $FAST --calib "$D/text/calib.txt" >/dev/null 2>"$T/e"; rc=$?
+"$SPARQ" quantize "$T/no-model" "$T/a" $FAST --calib "$D/text/calib.txt" >/dev/null 2>"$T/e"; rc=$?
 [ $rc -eq 1 ] && ok || bad "missing MODEL: exit $rc, want 1"
 [ ! -e "$T/a.work" ] && ok || bad "missing MODEL: OUT.work left behind"
 
 # the default calibration text, from another directory
-(cd "$T" && "$S" quantize "$(cd "$M" && pwd)" "$T/b" $FAST >/dev/null 2>"$T/e") && ok \
+(cd "$T" && "$SPARQ" quantize "$(cd "$M" && pwd)" "$T/b" $FAST >/dev/null 2>"$T/e") && ok \
   || bad "quantize without --calib from $T: $(cat "$T/e")"
 [ -f "$T/b/model.safetensors" ] && ok || bad "quantize without --calib wrote no model"
-"$S" quantize --help | grep -q "default .*tests/data/text/calib.txt" && ok || bad "--help names the default calibration file"
+"$SPARQ" quantize --help | grep -q "default .*tests/data/text/calib.txt" && ok || bad "--help names the default calibration file"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -3,22 +3,17 @@
 # random moment, then resumed with --resume, writes exactly the same bytes as an
 # uninterrupted run with the same seed. Model: tests/data/quantize/tiny-synth.
 set -u
-S=${SPARQ_BIN:?}
-D=${SPARQ_TEST_DATA:?}
-T=$(mktemp -d "${TMPDIR:-/tmp}/sparq-kill9-XXXXXX")
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib.sh"
 ARGS="--calib $D/text/calib.txt --calib-rows 3 --calib-len 64 --scale-search fixed --seed 5 --threads 2 -q"
-pass=0; fail=0
-ok() { if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $*"; fi; }
 
-"$S" quantize "$D/quantize/tiny-synth" "$T/a" $ARGS || { echo "FAIL: uninterrupted run"; exit 1; }
+"$SPARQ" quantize "$D/quantize/tiny-synth" "$T/a" $ARGS || { echo "FAIL: uninterrupted run"; exit 1; }
 
 # Kill with SIGKILL at a random moment after the first layer checkpoint (layer-0000 written),
 # up to 5 tries until the kill lands before the end; then resume.
 killed=0
 for try in 1 2 3 4 5; do
     rm -rf "$T/b" "$T/b.work" "$T/b.partial"
-    "$S" quantize "$D/quantize/tiny-synth" "$T/b" $ARGS &
+    "$SPARQ" quantize "$D/quantize/tiny-synth" "$T/b" $ARGS &
     pid=$!
     n=0
     while [ ! -f "$T/b.work/layer-0000.safetensors" ] && [ $n -lt 3000 ] && kill -0 "$pid" 2>/dev/null; do
@@ -37,18 +32,17 @@ for try in 1 2 3 4 5; do
 done
 ok [ "$killed" = 1 ]
 ls "$T/b.work" 2>/dev/null
-"$S" quantize "$D/quantize/tiny-synth" "$T/b" $ARGS --resume
+"$SPARQ" quantize "$D/quantize/tiny-synth" "$T/b" $ARGS --resume
 ok [ $? -eq 0 ]
 for f in model.safetensors config.json quantization_config.json tokenizer.json tokenizer_config.json; do
     ok cmp "$T/a/$f" "$T/b/$f"
 done
 # --resume with different options is refused (exit 1), usage errors exit 2.
 rm -rf "$T/c"
-"$S" quantize "$D/quantize/tiny-synth" "$T/c" $ARGS --stop-after-layer 0 >/dev/null 2>&1
+"$SPARQ" quantize "$D/quantize/tiny-synth" "$T/c" $ARGS --stop-after-layer 0 >/dev/null 2>&1
 ok [ $? -eq 1 ]
-"$S" quantize "$D/quantize/tiny-synth" "$T/c" $ARGS --resume --bits 4 >/dev/null 2>&1
+"$SPARQ" quantize "$D/quantize/tiny-synth" "$T/c" $ARGS --resume --bits 4 >/dev/null 2>&1
 ok [ $? -eq 1 ]
-"$S" quantize "$D/quantize/tiny-synth" "$T/d" --method bogus >/dev/null 2>&1
+"$SPARQ" quantize "$D/quantize/tiny-synth" "$T/d" --method bogus >/dev/null 2>&1
 ok [ $? -eq 2 ]
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

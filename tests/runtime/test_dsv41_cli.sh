@@ -4,16 +4,10 @@
 # is the same text twice and equals serve's completion, `--parallel` batches
 # sequences, `eval` scores and `eval --ref` against itself gives KL 0, a model
 # with a contradicting config is refused naming the field.
-SPARQ="${SPARQ_BIN:?}"
-D="${SPARQ_TEST_DATA:?}"
+. "$(dirname "$0")/../lib.sh"
 M="$D/tiny-dsv41"
 TXT="$D/text/eval.txt"
-[ -f "$M/config.json" ] || { echo "SKIP: $M/config.json not there"; exit 77; }
-T=$(mktemp -d); PIDS=""; trap 'for p in $PIDS; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-num() { sed -n "s/.*\"$1\": \([-0-9.e+]*\).*/\1/p" "$2"; }
+[ -f "$M/config.json" ] || skip "$M/config.json not there"
 
 "$SPARQ" inspect "$M" --check >"$T/i" 2>&1 && ok || bad "inspect --check: $(cat "$T/i")"
 grep -q "^architecture *deepseek_v41" "$T/i" && ok || bad "inspect names the architecture"
@@ -37,10 +31,7 @@ cmp -s "$T/r1" "$T/r2" && ok || bad "greedy text depends on the thread count"
 # serve: a greedy completion equals `sparq run`
 "$SPARQ" serve "$M" --port 0 --threads 2 --parallel 2 2>"$T/slog" &
 PIDS="$PIDS $!"
-port=""; i=0
-while [ $i -lt 300 ] && [ -z "$port" ]; do
-  port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/slog"); sleep 0.1; i=$((i+1))
-done
+port=$(serve_port "$T/slog")
 [ -n "$port" ] && ok || bad "serve starts: $(cat "$T/slog")"
 if [ -n "$port" ]; then
   python3 - "$port" "$T/r1" <<'PY' && ok || bad "serve's greedy completion equals run's"
@@ -61,5 +52,4 @@ sed 's/"o_lora_rank": 32/"o_lora_rank": 64/' "$M/config.json" >"$T/bad/config.js
 "$SPARQ" run "$T/bad" -p x -n 1 >/dev/null 2>"$T/be"; [ $? -ne 0 ] && grep -q "wo_a\|wo_b" "$T/be" && ok \
   || bad "o_lora_rank contradicting wo_a is refused: $(cat "$T/be")"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -3,17 +3,10 @@
 # perplexity as JSON, --save-ref / --ref-logits round trip (KL ~ 0, top-1 ~ 1),
 # --ref against itself (KL exactly 0), a corrupted reference file is refused,
 # usage errors exit 2.
-SPARQ="${SPARQ_BIN:?}"
-D="${SPARQ_TEST_DATA:?}"
+. "$(dirname "$0")/../lib.sh"
 M="$D/tiny-qwen3moe"
 TXT="$D/text/eval.txt"
-[ -f "$M/config.json" ] || { echo "SKIP: $M/config.json not there yet (fixture, issue 3)"; exit 77; }
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
-num() { sed -n "s/.*\"$1\": \([-0-9.e+]*\).*/\1/p" "$2"; }
-lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'; }
+[ -f "$M/config.json" ] || skip "$M/config.json not there yet (fixture, issue 3)"
 
 "$SPARQ" eval "$M" --text "$TXT" --ctx 128 --max-windows 3 --json >"$T/j" 2>"$T/e" && ok || bad "eval: $(cat "$T/e")"
 ppl=$(num ppl "$T/j"); sc=$(num scored "$T/j")
@@ -56,5 +49,4 @@ head -c 100 "$T/ref.lp" >"$T/short.lp"
 "$SPARQ" eval "$M" --text "$TXT" --ref "$M" --ref-logits "$T/ref.lp" >/dev/null 2>&1; [ $? -eq 2 ] && ok \
   || bad "--ref with --ref-logits is a usage error"
 "$SPARQ" eval "$M" --text "$T/nonexistent" >/dev/null 2>&1; [ $? -eq 1 ] && ok || bad "missing text exits 1"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

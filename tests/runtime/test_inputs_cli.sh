@@ -6,13 +6,8 @@
 #  - `run -c N` / `serve -c N` above the model's max_position_embeddings is refused (sparq
 #    has no RoPE scaling: those positions were never trained), as is a -c above the ctx a
 #    bundle was packed for; a -c within them is used as given.
-SPARQ="${SPARQ_BIN:?}"
-M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+M="$D/tiny-qwen3moe"
 P="The file system"
 
 # --- non-regular files -------------------------------------------------------------
@@ -56,5 +51,4 @@ grep -q "ctx 1024 exceeds the 512 the bundle was packed for" "$T/e" && ok || bad
 k2=$(sed -n 's/^stats: kv_bytes=//p' "$T/s256"); k5=$(sed -n 's/^stats: kv_bytes=//p' "$T/s512")
 [ -n "$k2" ] && [ $((k2 * 2)) -eq "$k5" ] && ok || bad "BUNDLE -c 256 halves the KV cache: $k2 vs $k5"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

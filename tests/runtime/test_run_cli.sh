@@ -3,13 +3,9 @@
 # streaming output, deterministic seeds, greedy == --temp 0, --stats and the
 # peak-RSS inequality (RSS <= weights + KV + 64 MB), chat (one-shot and
 # interactive on stdin), usage and runtime errors with their exit codes.
-SPARQ="${SPARQ_BIN:?}"
-M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
-[ -f "$M/config.json" ] || { echo "SKIP: $M/config.json not there yet (fixture, issue 3)"; exit 77; }
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+M="$D/tiny-qwen3moe"
+[ -f "$M/config.json" ] || skip "$M/config.json not there yet (fixture, issue 3)"
 
 "$SPARQ" run "$M" -p "The file" -n 24 --temp 0 >"$T/g1" 2>"$T/e1" && ok || bad "greedy run exits 0: $(cat "$T/e1")"
 head -c 8 "$T/g1" | grep -q "^The file" && ok || bad "output starts with the prompt"
@@ -83,5 +79,4 @@ fi
 "$SPARQ" run "$T/none" -p x >/dev/null 2>"$T/ee"; [ $? -eq 1 ] && ok || bad "missing model exits 1"
 "$SPARQ" run "$M" -p "The file system of the computer" --ctx 4 >/dev/null 2>"$T/ee"; [ $? -eq 1 ] && ok \
   || bad "prompt longer than --ctx exits 1"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -1,7 +1,7 @@
 /* tests/runtime/test_sampler.c — the sampler: greedy is the argmax, a seed
  * fixes the sequence, each filter (top-k, top-p, min-p, repetition penalty)
- * keeps exactly the tokens it should, and the empirical distribution matches
- * softmax(logits / T). */
+ * keeps exactly the tokens it should, the empirical distribution matches
+ * softmax(logits / T), and the ids past the tokenizer's are never chosen. */
 #include <math.h>
 #include <string.h>
 
@@ -111,6 +111,23 @@ static void test_repeat_penalty(void)
     sq_sampler_free(s), sq_sampler_free(s2);
 }
 
+/* A head padded past the tokenizer: ids at or past n_vocab are never chosen, however high their
+ * logits (tests/runtime/test_padded_vocab.c runs the same through run's and serve's paths). */
+static void test_padded_row(void)
+{
+    CHECK_EQ_INT(sq_sampler_vocab(151936, 151669), 151669); /* Qwen3 */
+    CHECK_EQ_INT(sq_sampler_vocab(4096, 4096), 4096);
+    CHECK_EQ_INT(sq_sampler_vocab(4000, 4096), 4000); /* a tokenizer past the head: the head's rows */
+    CHECK_EQ_INT(sq_sampler_vocab(4096, 0), 4096);    /* unknown */
+    const float row[9] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f, 50.0f, INFINITY, NAN}; /* 3 padding rows */
+    sq_sampler *g = make(0, 0, 1, 0, 1, 1, 6), *t = make(5.0f, 0, 1, 0, 1, 1, 6);
+    CHECK_EQ_INT(sq_sampler_sample(g, row), 1);
+    int past = 0;
+    for (int i = 0; i < 2000; i++) past += sq_sampler_sample(t, row) >= 6;
+    CHECK_EQ_INT(past, 0);
+    sq_sampler_free(g), sq_sampler_free(t);
+}
+
 static void test_bad_params(void)
 {
     sq_sampler_params p;
@@ -128,6 +145,7 @@ int main(void)
     RUN(test_distribution);
     RUN(test_filters);
     RUN(test_repeat_penalty);
+    RUN(test_padded_row);
     RUN(test_bad_params);
     return t_summary();
 }

@@ -3,13 +3,16 @@
  * threads (so 3 wait for a slot) each give exactly the text of a one-sequence
  * session (runtime/serve/session.h) on the same prompt; stop strings cut the text
  * and end the job; max_new and max_new = 0; a cancelled job frees its slot (and is counted);
- * a full queue is refused; the prefix cache of a slot is reused. */
+ * a full queue is refused; the prefix cache of a slot is reused; with a head padded past
+ * the tokenizer, no path that samples (session, scheduler, sq_generate) picks a padding id. */
+#include <jansson.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "formats/tokenizer.h"
 #include "runtime/dist/dist.h"
+#include "runtime/generate.h"
 #include "runtime/serve/sched.h"
 #include "runtime/serve/session.h"
 #include "t.h"
@@ -104,6 +107,158 @@ static char *alone(sq_session *s, const char *prompt, int n_new)
     CHECK(sq_session_generate(s, ids, n, n_new, 0, collect, &acc, &o) == SPARQ_OK);
     sparq_free(ids);
     return acc;
+}
+
+enum { N_IDS = 300 };
+
+/* The fixture's tokenizer.json with only the ids below n: the vocabulary, the merges
+ * whose parts and result all stay, the added tokens below n. */
+static sq_tokenizer *cut_tokenizer(const char *dir, int n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        fprintf(stderr, "%s: %s\n", path, je.text);
+        return NULL;
+    }
+    json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges"), *added = json_object_get(root, "added_tokens");
+    const char *key;
+    json_t *v, *kept = json_object();
+    void *tmp;
+    json_object_foreach_safe(vocab, tmp, key, v) {
+        if (json_integer_value(v) < n) json_object_set(kept, key, v);
+    }
+    json_object_set_new(model, "vocab", kept);
+    json_t *mk = json_array();
+    size_t i;
+    json_array_foreach(merges, i, v) {
+        const char *m = json_string_value(v), *sp = m ? strchr(m, ' ') : NULL;
+        if (!sp) continue;
+        char a[256], whole[512];
+        snprintf(a, sizeof a, "%.*s", (int)(sp - m), m);
+        snprintf(whole, sizeof whole, "%s%s", a, sp + 1);
+        if (json_object_get(kept, a) && json_object_get(kept, sp + 1) && json_object_get(kept, whole))
+            json_array_append(mk, v);
+    }
+    json_object_set_new(model, "merges", mk);
+    json_t *ak = json_array();
+    json_array_foreach(added, i, v) {
+        if (json_integer_value(json_object_get(v, "id")) < n) json_array_append(ak, v);
+    }
+    json_object_set_new(root, "added_tokens", ak);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    sq_tokenizer *tok = NULL;
+    if (!text || sq_tokenizer_load_json(&tok, text, strlen(text), "tokenizer.json cut") != SPARQ_OK)
+        fprintf(stderr, "cut tokenizer: %s\n", sparq_errmsg());
+    free(text);
+    return tok;
+}
+
+static bool all_below(const int32_t *ids, int n, int32_t lim)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= lim) return false;
+    return true;
+}
+
+static bool keep_text(void *ctx, const char *text, size_t len)
+{
+    size_t *total = ctx;
+    (void)text;
+    *total += len;
+    return true;
+}
+
+static sq_sampler_params every_id(float temp, uint64_t seed)
+{
+    sq_sampler_params p;
+    sq_sampler_params_default(&p);
+    p.temp = temp;
+    p.top_k = 0; /* every id a candidate: the padding would be drawn if it were one */
+    p.top_p = 1;
+    p.min_p = 0;
+    p.seed = seed;
+    return p;
+}
+
+/* A head padded past the tokenizer (real checkpoints: Qwen3's vocab_size is 151,936 for
+ * 151,669 tokenizer ids): the fixture's 4096 rows with its tokenizer cut to the first N_IDS
+ * ids, so most of what the model would pick lies past the tokenizer. A session (run, chat),
+ * the scheduler (serve) and sq_generate (run --parallel), greedy and at a temperature with
+ * every id a candidate, must give only ids below N_IDS and decode them
+ * (runtime/sampler.h, sq_sampler_vocab). */
+static void test_padded_head(void)
+{
+    sq_tokenizer *cut = cut_tokenizer(t_data_path("tiny-qwen3moe"), N_IDS);
+    CHECK(cut != NULL);
+    if (!cut) return;
+    int32_t *ids = NULL;
+    int n = 0;
+    const int V = (int)sq_dist_cfg(dist)->vocab_size;
+    CHECK_EQ_INT(V, 4096);
+    CHECK_EQ_INT(sq_tokenizer_vocab_size(cut), N_IDS);
+    CHECK(sq_prompt_encode(cut, "The file system of the computer", false, &ids, &n) == SPARQ_OK);
+
+    t_current_ = "session (run)";
+    for (int k = 0; k < 2; k++) {
+        const sq_sampler_params p = every_id(k ? 1.0f : 0.0f, 7);
+        sq_session s;
+        CHECK(sq_session_init(&s, dist, cut, &p, false) == SPARQ_OK);
+        CHECK_EQ_INT(s.n_vocab, N_IDS);
+        s.ignore_eos = true;
+        size_t len = 0;
+        sq_session_out o;
+        const sparq_status st = sq_session_generate(&s, ids, n, N_NEW, 7, keep_text, &len, &o);
+        CHECK_MSG(st == SPARQ_OK, "temp %d: %s", k, sparq_errmsg());
+        CHECK_EQ_INT(o.n_new, N_NEW);
+        CHECK_MSG(all_below(s.cached + n, o.n_new, N_IDS), "temp %d: an id at or past %d was sampled", k, N_IDS);
+        CHECK(len > 0);
+        sq_session_free(&s);
+    }
+
+    t_current_ = "scheduler (serve)";
+    sq_sched *sc = NULL;
+    CHECK(sq_sched_create(&sc, dist, cut, NULL, 0, 4) == SPARQ_OK);
+    for (int k = 0; sc && k < 2; k++) {
+        const sq_job_params jp = {ids, n, N_NEW, every_id(k ? 1.0f : 0.0f, 3), NULL, 0};
+        sq_job *j = NULL;
+        CHECK(sq_sched_submit(sc, &jp, &j) == SPARQ_OK);
+        sq_job_update u = {0};
+        int guard = 0;
+        while (j && sq_job_next(j, 30, &u) == SPARQ_OK && ++guard < 1000) {
+            sparq_free(u.text);
+            if (u.end != SQ_JOB_RUNNING) break;
+        }
+        CHECK_MSG(u.end == SQ_JOB_LENGTH && u.n_new == N_NEW, "temp %d: job ended %d after %d tokens: %s", k,
+                  (int)u.end, u.n_new, u.error);
+        if (j) sq_job_release(j);
+    }
+    sq_sched_free(sc);
+
+    t_current_ = "sq_generate (run --parallel)";
+    for (int k = 0; k < 2; k++) {
+        const sq_gen_opts o = {.n_seqs = 2, .n_new = N_NEW, .sampler = every_id(k ? 1.0f : 0.0f, 11),
+                               .n_vocab = sq_sampler_vocab(V, sq_tokenizer_vocab_size(cut))};
+        sq_gen_result r;
+        CHECK(sq_generate(dist, ids, n, &o, &r) == SPARQ_OK);
+        for (int i = 0; i < r.n_seqs; i++) {
+            CHECK_EQ_INT(r.n_out[i], N_NEW);
+            CHECK_MSG(all_below(r.out[i], r.n_out[i], N_IDS), "temp %d, sequence %d: an id at or past %d", k, i,
+                      N_IDS);
+            char *text = NULL;
+            size_t len = 0;
+            CHECK(sq_tokenizer_decode(cut, r.out[i], (size_t)r.n_out[i], true, &text, &len) == SPARQ_OK);
+            sparq_free(text);
+        }
+        sq_gen_result_free(&r);
+    }
+
+    sparq_free(ids);
+    sq_tokenizer_free(cut);
 }
 
 int main(void)
@@ -260,6 +415,8 @@ int main(void)
             sq_job_release(q[i]);
         }
     sq_sched_free(sched);
+
+    test_padded_head();
 
     sparq_free(ids);
     sparq_free(want_short);

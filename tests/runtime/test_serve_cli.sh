@@ -10,16 +10,10 @@
 # half-open connections, the header timeout, NUL-only / short / oversized
 # requests, /health with every worker busy, non-streaming clients that go away,
 # --max-connections and the open-file limit.
-SPARQ="${SPARQ_BIN:?}"
-M="${SPARQ_TEST_DATA:?}/tiny-qwen3moe"
-[ -f "$M/config.json" ] || { echo "SKIP: $M/config.json missing"; exit 77; }
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-T=$(mktemp -d)
-PIDS=""
-trap 'for p in $PIDS; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/../lib.sh"
+M="$D/tiny-qwen3moe"
+[ -f "$M/config.json" ] || skip "$M/config.json missing"
+need python3
 # what every Python client below shares (PYTHONPATH="$T"): the port (argv[1]), checks, requests
 cat >"$T/sq_client.py" <<'EOF'
 import http.client, json, sys
@@ -55,13 +49,7 @@ start_server() {
   "$SPARQ" serve "$M" --port 0 --threads 1 "$@" 2>"$log" &
   PIDS="$PIDS $!"
   LAST_PID=$!
-  i=0
-  while [ $i -lt 300 ]; do
-    port=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$log")
-    [ -n "$port" ] && { LAST_PORT=$port; return 0; }
-    kill -0 $LAST_PID 2>/dev/null || break
-    sleep 0.1; i=$((i+1))
-  done
+  LAST_PORT=$(serve_port "$log" $LAST_PID) && return 0
   echo "server did not start: $(cat "$log")" >&2
   return 1
 }
@@ -410,5 +398,4 @@ kill -TERM $L_PID; wait $L_PID
 "$SPARQ" serve "$T/none" --port 0 >/dev/null 2>"$T/nomodel"; [ $? -eq 1 ] && grep -q "$T/none" "$T/nomodel" && ok \
   || bad "missing model: exit 1 naming it ($(cat "$T/nomodel"))"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -15,7 +15,14 @@
  *    the quantizer says it produced (w_hat);
  *  - the result is deterministic and independent of the thread count.
  * Weights/Hessians live in cases.safetensors (512x256, 256x768) and
- * quant-cases.safetensors (768x256; see tests/data/exl3/README-quant-cases.md). */
+ * quant-cases.safetensors (768x256; see tests/data/exl3/README-quant-cases.md).
+ *
+ * Usage: test_ldlq [basics | cases P N]. Without arguments it runs everything;
+ * `basics` runs the checks other than the golden cases (errors, identity Hessian,
+ * determinism), `cases P N` the golden cases whose place in the list is P mod N.
+ * Nearly all the time goes to the Viterbi search (some 1,450 tile encodes per
+ * 512x256 case, its scale search included), so meson runs the test in five parts
+ * (tests/quantize/meson.build), each far from its timeout on a loaded machine. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,14 +146,18 @@ static sparq_status quantize_case(const float *h, const float *w, int k, int n, 
     return st;
 }
 
+static int g_part = 0, g_parts = 1; /* test_golden_cases runs the cases i with i % g_parts == g_part */
+
 static void test_golden_cases(void)
 {
     const char *list = sf_metadata(g_cases, "cases");
     CHECK(list != NULL);
     if (!list) return;
     char *cases = sparq_strdup(list);
-    int n_cases = 0;
+    int n_listed = 0, n_chosen = 0, n_cases = 0;
     for (char *save = NULL, *c = strtok_r(cases, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
+        if (n_listed++ % g_parts != g_part) continue;
+        n_chosen++;
         int k = 0, n = 0, K = 0;
         char cbname[16] = {0};
         CHECK(sscanf(c, "%dx%d.K%d.%15s", &k, &n, &K, cbname) == 4);
@@ -201,7 +212,8 @@ static void test_golden_cases(void)
         n_cases++;
     }
     sparq_free(cases);
-    CHECK_EQ_INT(n_cases, 16);
+    CHECK_EQ_INT(n_listed, 16);
+    CHECK_EQ_INT(n_cases, n_chosen); /* every chosen case had its data */
 }
 
 static void test_deterministic(void)
@@ -267,8 +279,18 @@ static void test_errors(void)
     free(hh);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    const bool all = argc == 1, basics = argc == 2 && !strcmp(argv[1], "basics");
+    const bool cases = argc == 4 && !strcmp(argv[1], "cases");
+    if (cases) {
+        g_part = atoi(argv[2]);
+        g_parts = atoi(argv[3]);
+    }
+    if (!(all || basics || cases) || g_parts < 1 || g_part < 0 || g_part >= g_parts) {
+        fprintf(stderr, "usage: test_ldlq [basics | cases P N]   (0 <= P < N)\n");
+        return 2;
+    }
     char *p1 = strdup(t_data_path("exl3/cases.safetensors"));
     char *p2 = strdup(t_data_path("exl3/quant-cases.safetensors"));
     if (sf_open(&g_cases, p1) != SPARQ_OK || sf_open(&g_extra, p2) != SPARQ_OK) {
@@ -276,10 +298,12 @@ int main(void)
         return 1;
     }
     if (sparq_pool_create(&g_pool, 2) != SPARQ_OK) return 1;
-    RUN(test_errors);
-    RUN(test_identity_hessian);
-    RUN(test_deterministic);
-    RUN(test_golden_cases);
+    if (!cases) {
+        RUN(test_errors);
+        RUN(test_identity_hessian);
+        RUN(test_deterministic);
+    }
+    if (!basics) RUN(test_golden_cases);
     sparq_pool_free(g_pool);
     sf_close(g_cases);
     sf_close(g_extra);

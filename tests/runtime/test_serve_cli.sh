@@ -61,6 +61,7 @@ start_server() {
 # model, and the second turn must not take it for cached (session.c)
 printf 'Hello\nAnd then?\n' | "$SPARQ" run "$M" --chat -n 6 --temp 0 2>/dev/null >"$T/run_turns" || bad "sparq run --chat, 2 turns"
 
+set --  # "$@" collects the prompts and their references (an argument given to the script is sparq: lib.sh)
 for i in 1 2 3; do
   p=$(sed -n "${i}p" <<'PROMPTS'
 The SQLite library

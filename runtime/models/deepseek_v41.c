@@ -1395,26 +1395,6 @@ static sparq_status v41_embed(const sq_model *mc, const int32_t *tokens, int n, 
     return SPARQ_OK;
 }
 
-/* Rows continue their sequences (row r at len(seqs[r]) plus the earlier rows
- * of the same sequence), fit the context, and a sequence's rows are
- * consecutive. */
-static sparq_status check_rows(const v41 *m, int rows, const int *seqs, const int *pos)
-{
-    const sq_model *c = m->c;
-    RETURN_IF(rows < 0 || rows > c->opts.max_rows, SPARQ_E_RANGE, "%d rows in one step, at most %d (max_rows)", rows,
-              c->opts.max_rows);
-    for (int r = 0; r < rows; r++) {
-        RETURN_IF(seqs[r] < 0 || seqs[r] >= c->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seqs[r],
-                  c->opts.n_seq);
-        int expect = c->seq_len[seqs[r]];
-        for (int q = 0; q < r; q++) expect += seqs[q] == seqs[r];
-        RETURN_IF(pos[r] != expect, SPARQ_E_ARG, "row %d of sequence %d has position %d, expected %d", r, seqs[r],
-                  pos[r], expect);
-        RETURN_IF(pos[r] >= c->opts.ctx, SPARQ_E_RANGE, "sequence %d: the context of %d is full", seqs[r],
-                  c->opts.ctx);
-    }
-    return SPARQ_OK;
-}
 
 /* The error a step's Engram reads met (its message already set), once. */
 static sparq_status step_status(v41 *m)
@@ -1433,7 +1413,7 @@ static sparq_status v41_forward_layer(sq_model *mc, int L, float *hidden, int ro
     RETURN_IF(rows < 0 || rows > mc->opts.max_rows, SPARQ_E_RANGE, "forward_layer: %d rows, at most %d (max_rows)",
               rows, mc->opts.max_rows);
     for (int r = 0; r < rows; r++) m->seqs[r] = seq;
-    FORWARD_IF(check_rows(m, rows, m->seqs, pos));
+    FORWARD_IF(sq_mdl_check_rows(mc, rows, m->seqs, pos));
     if (rows) layer_rows(m, L, hidden, rows, m->seqs, pos, obs);
     return step_status(m);
 }
@@ -1441,7 +1421,7 @@ static sparq_status v41_forward_layer(sq_model *mc, int L, float *hidden, int ro
 static sparq_status v41_forward_rows(sq_model *mc, float *hidden, int rows, const int *seqs, const int *pos)
 {
     v41 *m = mc->impl;
-    FORWARD_IF(check_rows(m, rows, seqs, pos));
+    FORWARD_IF(sq_mdl_check_rows(mc, rows, seqs, pos));
     for (int L = mc->first; L < mc->end && rows; L++) layer_rows(m, L, hidden, rows, seqs, pos, NULL);
     FORWARD_IF(step_status(m));
     for (int r = 0; r < rows; r++) mc->seq_len[seqs[r]]++;
@@ -1471,38 +1451,13 @@ static sparq_status v41_forward(sq_model *mc, int seq, const int32_t *tokens, in
                                 float *logits)
 {
     v41 *m = mc->impl;
-    for (int c0 = 0; c0 < n; c0 += mc->opts.max_rows) {
-        const int rows = n - c0 < mc->opts.max_rows ? n - c0 : mc->opts.max_rows;
-        FORWARD_IF(sq_model_embed(mc, tokens + c0, rows, m->b.x));
-        const int len = mc->seq_len[seq];
-        for (int r = 0; r < rows; r++) m->pos[r] = len + r;
-        for (int L = mc->first; L < mc->end; L++)
-            FORWARD_IF(sq_model_forward_layer(mc, L, m->b.x, rows, m->pos, seq, NULL));
-        FORWARD_IF(sq_model_seq_advance(mc, seq, rows));
-        if (mode == SQ_LOGITS_ALL) FORWARD_IF(sq_model_head(mc, m->b.x, rows, logits + (size_t)c0 * m->g.vocab));
-        else if (mode == SQ_LOGITS_LAST && c0 + rows == n)
-            FORWARD_IF(sq_model_head(mc, m->b.x + (size_t)(rows - 1) * m->g.W, 1, logits));
-    }
-    return SPARQ_OK;
+    return sq_mdl_forward_chunked(mc, seq, tokens, n, mode, logits, m->b.x, m->pos, m->g.W);
 }
 
 static sparq_status v41_decode_batch(sq_model *mc, int n, const int *seqs, const int32_t *tokens, float *logits)
 {
     v41 *m = mc->impl;
-    RETURN_IF(n < 0 || n > mc->opts.max_rows || n > mc->opts.n_seq, SPARQ_E_RANGE,
-              "decode_batch: %d rows (max_rows %d, sequences %d)", n, mc->opts.max_rows, mc->opts.n_seq);
-    for (int r = 0; r < n; r++) {
-        RETURN_IF(seqs[r] < 0 || seqs[r] >= mc->opts.n_seq, SPARQ_E_RANGE, "decode_batch: sequence %d outside [0, %d)",
-                  seqs[r], mc->opts.n_seq);
-        for (int q = 0; q < r; q++)
-            RETURN_IF(seqs[q] == seqs[r], SPARQ_E_ARG, "decode_batch: sequence %d appears twice", seqs[r]);
-        m->pos[r] = mc->seq_len[seqs[r]];
-    }
-    if (n == 0) return SPARQ_OK;
-    FORWARD_IF(sq_model_embed(mc, tokens, n, m->b.x));
-    FORWARD_IF(sq_model_forward_rows(mc, m->b.x, n, seqs, m->pos));
-    if (logits) FORWARD_IF(sq_model_head(mc, m->b.x, n, logits));
-    return SPARQ_OK;
+    return sq_mdl_decode_batch(mc, n, seqs, tokens, logits, m->b.x, m->pos);
 }
 
 static float *v41_hidden_buffer(sq_model *mc) { return ((v41 *)mc->impl)->b.x; }

@@ -569,6 +569,63 @@ sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n
     return m->arch->graph->forward(m, seq, tokens, n, mode, logits);
 }
 
+/* --- graph steps the architectures share (model_impl.h) -------------------- */
+
+sparq_status sq_mdl_check_rows(const sq_model *m, int rows, const int *seqs, const int *pos)
+{
+    RETURN_IF(rows < 0 || rows > m->opts.max_rows, SPARQ_E_RANGE, "%d rows in one step, at most %d (max_rows)", rows,
+              m->opts.max_rows);
+    for (int r = 0; r < rows; r++) {
+        RETURN_IF(seqs[r] < 0 || seqs[r] >= m->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seqs[r],
+                  m->opts.n_seq);
+        int expect = m->seq_len[seqs[r]];
+        for (int q = 0; q < r; q++) expect += seqs[q] == seqs[r];
+        RETURN_IF(pos[r] != expect, SPARQ_E_ARG, "row %d of sequence %d has position %d, expected %d", r, seqs[r],
+                  pos[r], expect);
+        RETURN_IF(pos[r] >= m->opts.ctx, SPARQ_E_RANGE, "sequence %d: the context of %d is full", seqs[r],
+                  m->opts.ctx);
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_mdl_forward_chunked(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
+                                    float *logits, float *x, int *pos, int width)
+{
+    const int V = (int)m->cfg.vocab_size;
+    for (int c0 = 0; c0 < n; c0 += m->opts.max_rows) {
+        const int rows = n - c0 < m->opts.max_rows ? n - c0 : m->opts.max_rows;
+        FORWARD_IF(sq_model_embed(m, tokens + c0, rows, x));
+        const int len = m->seq_len[seq];
+        for (int r = 0; r < rows; r++) pos[r] = len + r;
+        for (int L = m->first; L < m->end; L++) FORWARD_IF(sq_model_forward_layer(m, L, x, rows, pos, seq, NULL));
+        FORWARD_IF(sq_model_seq_advance(m, seq, rows));
+        if (mode == SQ_LOGITS_ALL) FORWARD_IF(sq_model_head(m, x, rows, logits + (size_t)c0 * V));
+        else if (mode == SQ_LOGITS_LAST && c0 + rows == n)
+            FORWARD_IF(sq_model_head(m, x + (size_t)(rows - 1) * width, 1, logits));
+    }
+    return m->ex->be->sync(m->ex); /* a device backend reports its errors here */
+}
+
+sparq_status sq_mdl_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits, float *x,
+                                 int *pos)
+{
+    RETURN_IF(n < 0 || n > m->opts.max_rows || n > m->opts.n_seq, SPARQ_E_RANGE,
+              "decode_batch: %d rows (max_rows %d, sequences %d)", n, m->opts.max_rows, m->opts.n_seq);
+    for (int r = 0; r < n; r++) {
+        RETURN_IF(seqs[r] < 0 || seqs[r] >= m->opts.n_seq, SPARQ_E_RANGE, "decode_batch: sequence %d outside [0, %d)",
+                  seqs[r], m->opts.n_seq);
+        for (int q = 0; q < r; q++)
+            RETURN_IF(seqs[q] == seqs[r], SPARQ_E_ARG, "decode_batch: sequence %d appears twice", seqs[r]);
+        pos[r] = m->seq_len[seqs[r]];
+    }
+    if (n == 0) return SPARQ_OK;
+    FORWARD_IF(sq_mdl_check_rows(m, n, seqs, pos));
+    FORWARD_IF(sq_model_embed(m, tokens, n, x));
+    FORWARD_IF(sq_model_forward_rows(m, x, n, seqs, pos));
+    if (logits) FORWARD_IF(sq_model_head(m, x, n, logits));
+    return SPARQ_OK;
+}
+
 /* --- sequences ---------------------------------------------------------------- */
 
 sparq_status sq_model_seq_advance(sq_model *m, int seq, int n)

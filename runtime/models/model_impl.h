@@ -85,6 +85,20 @@ sparq_status sq_mdl_bind_layers(sq_model *m);
  * A no-op on the CPU. */
 sparq_status sq_mdl_device_check(sq_model *m, uint64_t own_bytes);
 
+/* The graph steps every architecture shares (model.c), over the model's own
+ * hidden rows x (`width` floats each, device memory on a device exec) and a
+ * host `pos` buffer of max_rows:
+ *  - check_rows: rows continue their sequences (row r at len(seqs[r]) plus
+ *    the earlier rows of the same sequence) and fit the context;
+ *  - forward_chunked: sq_model_forward in max_rows chunks (embed, every layer,
+ *    advance, the head's logits as `mode` asks), then the backend's sync;
+ *  - decode_batch: one new token for each of n distinct sequences. */
+sparq_status sq_mdl_check_rows(const sq_model *m, int rows, const int *seqs, const int *pos);
+sparq_status sq_mdl_forward_chunked(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
+                                    float *logits, float *x, int *pos, int width);
+sparq_status sq_mdl_decode_batch(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits, float *x,
+                                 int *pos);
+
 /* Make the linears of layer L whose role is in the bit set `roles`
  * (1 << sq_lin_role) usable by the exec (a device backend uploads them). */
 sparq_status sq_mdl_prepare_layer(sq_model *m, int L, unsigned roles);

@@ -564,29 +564,11 @@ static sparq_status q3_forward_layer(sq_model *mc, int L, float *hidden, int row
     return sq_exec_take_error(m->c->ex);
 }
 
-/* Check that rows continue their sequences: row r is at len(seqs[r]) plus the
- * number of earlier rows of the same sequence, and fits the context. */
-static sparq_status check_rows(const q3 *m, int rows, const int *seqs, const int *pos)
-{
-    RETURN_IF(rows < 0 || rows > m->c->opts.max_rows, SPARQ_E_RANGE, "%d rows in one step, at most %d (max_rows)", rows,
-              m->c->opts.max_rows);
-    for (int r = 0; r < rows; r++) {
-        RETURN_IF(seqs[r] < 0 || seqs[r] >= m->c->opts.n_seq, SPARQ_E_RANGE, "sequence %d outside [0, %d)", seqs[r],
-                  m->c->opts.n_seq);
-        int expect = m->c->seq_len[seqs[r]];
-        for (int q = 0; q < r; q++) expect += seqs[q] == seqs[r];
-        RETURN_IF(pos[r] != expect, SPARQ_E_ARG, "row %d of sequence %d has position %d, expected %d", r, seqs[r],
-                  pos[r], expect);
-        RETURN_IF(pos[r] >= m->c->opts.ctx, SPARQ_E_RANGE, "sequence %d: the context of %d is full", seqs[r],
-                  m->c->opts.ctx);
-    }
-    return SPARQ_OK;
-}
 
 static sparq_status q3_forward_rows(sq_model *mc, float *hidden, int rows, const int *seqs, const int *pos)
 {
     q3 *m = mc->impl;
-    FORWARD_IF(check_rows(m, rows, seqs, pos));
+    FORWARD_IF(sq_mdl_check_rows(mc, rows, seqs, pos));
     if (rows == 0) return SPARQ_OK;
     FORWARD_IF(check_mem(m, hidden, "forward_rows"));
     for (int r = 0; r < rows; r++) m->kvl[r] = pos[r] + 1;
@@ -602,21 +584,7 @@ static sparq_status q3_forward_rows(sq_model *mc, float *hidden, int rows, const
 static sparq_status q3_decode_batch(sq_model *mc, int n, const int *seqs, const int32_t *tokens, float *logits)
 {
     q3 *m = mc->impl;
-    RETURN_IF(n < 0 || n > m->c->opts.max_rows || n > m->c->opts.n_seq, SPARQ_E_RANGE,
-              "decode_batch: %d rows (max_rows %d, sequences %d)", n, m->c->opts.max_rows, m->c->opts.n_seq);
-    for (int r = 0; r < n; r++) {
-        RETURN_IF(seqs[r] < 0 || seqs[r] >= m->c->opts.n_seq, SPARQ_E_RANGE, "decode_batch: sequence %d outside [0, %d)",
-                  seqs[r], m->c->opts.n_seq);
-        for (int q = 0; q < r; q++)
-            RETURN_IF(seqs[q] == seqs[r], SPARQ_E_ARG, "decode_batch: sequence %d appears twice", seqs[r]);
-        m->pos[r] = m->c->seq_len[seqs[r]];
-    }
-    if (n == 0) return SPARQ_OK;
-    FORWARD_IF(check_rows(m, n, seqs, m->pos));
-    FORWARD_IF(sq_model_embed(m->c, tokens, n, m->x));
-    FORWARD_IF(sq_model_forward_rows(m->c, m->x, n, seqs, m->pos));
-    if (logits) FORWARD_IF(sq_model_head(m->c, m->x, n, logits));
-    return SPARQ_OK;
+    return sq_mdl_decode_batch(mc, n, seqs, tokens, logits, m->x, m->pos);
 }
 
 
@@ -646,18 +614,7 @@ static sparq_status q3_forward(sq_model *mc, int seq, const int32_t *tokens, int
                               float *logits)
 {
     q3 *m = mc->impl;
-    for (int c0 = 0; c0 < n; c0 += m->c->opts.max_rows) {
-        const int rows = n - c0 < m->c->opts.max_rows ? n - c0 : m->c->opts.max_rows;
-        FORWARD_IF(sq_model_embed(m->c, tokens + c0, rows, m->x));
-        const int len = m->c->seq_len[seq];
-        for (int r = 0; r < rows; r++) m->pos[r] = len + r;
-        for (int L = m->c->first; L < m->c->end; L++) FORWARD_IF(sq_model_forward_layer(m->c, L, m->x, rows, m->pos, seq, NULL));
-        FORWARD_IF(sq_model_seq_advance(m->c, seq, rows));
-        if (mode == SQ_LOGITS_ALL) FORWARD_IF(sq_model_head(m->c, m->x, rows, logits + (size_t)c0 * m->vocab));
-        else if (mode == SQ_LOGITS_LAST && c0 + rows == n)
-            FORWARD_IF(sq_model_head(m->c, m->x + (size_t)(rows - 1) * m->d, 1, logits));
-    }
-    return m->c->ex->be->sync(m->c->ex); /* a device backend reports its errors here */
+    return sq_mdl_forward_chunked(mc, seq, tokens, n, mode, logits, m->x, m->pos, m->d);
 }
 
 static float *q3_hidden_buffer(sq_model *mc) { return ((q3 *)mc->impl)->x; }

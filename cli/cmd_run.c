@@ -318,6 +318,10 @@ int cmd_run(int argc, char **argv)
                     (unsigned long long)mm.kv, (unsigned long long)mm.workspace, (unsigned long long)mm.plan_kv,
                     (unsigned long long)mm.plan_workspace, sq_model_exec(sq_dist_model(s.model))->n_threads,
                     (unsigned long long)mm.device_plan, (unsigned long long)mm.device_used);
+            uint64_t g_cap, g_rep;
+            sq_model_graph_counts(sq_dist_model(s.model), &g_cap, &g_rep);
+            fprintf(stderr, "stats: graph_steps_captured=%llu\nstats: graph_steps_replayed=%llu\n",
+                    (unsigned long long)g_cap, (unsigned long long)g_rep);
             sq_dist_stats ds;
             sq_dist_get_stats(s.model, &ds);
             fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",

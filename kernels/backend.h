@@ -201,6 +201,19 @@ typedef struct sq_backend {
 
     /* Release the exec's `dev` state (called by sq_exec_free); NULL on the CPU. */
     void (*exec_free)(sq_exec *ex);
+
+    /* Decode steps as device graphs; NULL on the CPU. The model calls
+     * step_begin before the first op of a whole step of `rows` rows whose rows
+     * attend to at most `max_keys` keys, when nothing in the step waits for
+     * the device before its end (the step ends at the next to_host, to_device,
+     * sync or step_begin), and step_abort when it leaves a step early on an
+     * error. The CUDA backend runs the first step of a shape as usual,
+     * captures the second and replays the capture from then on (docs/cuda.md);
+     * the results are the same bit for bit. step_graphs: how many steps were
+     * captured / replayed so far. */
+    void (*step_begin)(sq_exec *ex, int rows, int max_keys);
+    void (*step_abort)(sq_exec *ex);
+    void (*step_graphs)(sq_exec *ex, uint64_t *captured, uint64_t *replayed);
 } sq_backend;
 
 

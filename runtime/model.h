@@ -79,6 +79,10 @@ typedef struct sq_model_mem {
 } sq_model_mem;
 void sq_model_mem_report(const sq_model *m, sq_model_mem *out);
 
+/* Steps a device exec captured as graphs and replayed (kernels/backend.h
+ * step_begin; docs/cuda.md); 0 and 0 on the CPU. */
+void sq_model_graph_counts(const sq_model *m, uint64_t *captured, uint64_t *replayed);
+
 /* --- whole-model forward ----------------------------------------------- */
 
 typedef enum sq_logits_mode {

@@ -52,6 +52,35 @@ typedef struct ent {
  * linear, shared by all linears (trellis_cuda_prefill_ws). */
 #define SQ_CUDA_PREFILL_ROWS 128
 
+/* Decode steps as CUDA graphs (docs/cuda.md, "The decode step as a graph").
+ * The model brackets a small step with step_begin(rows, max keys); the first
+ * step of a shape runs as usual, the second is captured on the exec's stream,
+ * later ones replay the capture: the host still walks the graph code, but the
+ * ops only copy their index arrays into the same pinned offsets the capture's
+ * upload nodes read, and launch nothing. The step ends (the graph launches) at
+ * the next to_host, to_device, sync or step_begin. Each op folds its launch
+ * arguments into `sig`; a replay whose arguments differ from its capture is
+ * an error, never a silent wrong result. */
+enum { G_OFF = 0, G_PLAIN, G_CAPTURE, G_REPLAY };
+#define GRAPH_SLOTS 32
+#define GRAPH_STAGE_INTS (1 << 16)  /* the pinned ring's tail, kept for graph steps */
+#define GRAPH_KV_BUCKET 256         /* attention's shared memory grows in steps of this many keys */
+typedef struct step_graph {
+    uint64_t key, sig, used;
+    cudaGraphExec_t exec; /* NULL: seen once, not captured yet */
+} step_graph;
+typedef struct step_graphs {
+    int mode;             /* G_OFF: not in a step; G_PLAIN: a step run as usual */
+    bool disabled;        /* SPARQ_CUDA_GRAPHS=0, or a capture failed */
+    step_graph slot[GRAPH_SLOTS];
+    step_graph *cur;
+    uint64_t sig, clock;
+    size_t stage_at;      /* next free int of the graph staging area */
+    uint64_t n_capture, n_replay;
+    int max_rows;         /* largest step every layer runs without a host round trip (set by prepare_moe) */
+    bool pending;         /* a graph was launched and nothing has waited for it yet */
+} step_graphs;
+
 typedef struct cuda_state {
     ent *tab;
     size_t cap, n;
@@ -78,6 +107,9 @@ typedef struct cuda_state {
     size_t h_cap, cnt_cap;
     sparq_status err; /* first error any op met */
     char errmsg[512];
+    float *attn_part; /* ATTN_SPLIT_SCRATCH bytes: the split attention's partial results */
+    cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
+    step_graphs graph;
 } cuda_state;
 
 static cuda_state *state_of(sq_exec *ex) { return (cuda_state *)ex->dev; }
@@ -117,6 +149,127 @@ static sparq_status cuda_status(cudaError_t e, const char *what)
 static void check(cuda_state *st, cudaError_t e, const char *what)
 {
     if (e != cudaSuccess) keep_err(st, cuda_status(e, what));
+}
+
+/* --- decode steps as graphs ------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xbf58476d1ce4e5b9ull;
+}
+
+/* In a captured or replayed step, fold an op's launch arguments into the
+ * step's signature; true when the op must not launch (a replay: the graph
+ * does its work). Ops call it after staging their index arrays. */
+static bool replaying(cuda_state *st, uint64_t op, uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0,
+                      uint64_t e = 0)
+{
+    step_graphs *g = &st->graph;
+    if (g->mode != G_CAPTURE && g->mode != G_REPLAY) return false;
+    g->sig = mix64(mix64(mix64(mix64(mix64(mix64(g->sig, op), a), b), c), d), e);
+    return g->mode == G_REPLAY;
+}
+#define P(x) ((uint64_t)(uintptr_t)(x))
+
+static uint64_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* End the step: a capture becomes a graph and launches, a replay launches
+ * its graph. Called by everything that hands data to the host or waits. */
+static void graph_finish(cuda_state *st)
+{
+    step_graphs *g = &st->graph;
+    const int mode = g->mode;
+    g->mode = G_OFF;
+    if (mode == G_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        cudaError_t e = cudaStreamEndCapture(st->s, &graph);
+        if (e == cudaSuccess && st->err == SPARQ_OK) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess || st->err != SPARQ_OK) { /* the captured work never ran: the step fails */
+            if (exec) cudaGraphExecDestroy(exec);
+            g->disabled = true;
+            (void)cudaGetLastError();
+            if (e != cudaSuccess)
+                keep_err(st, cuda_status(e, "capturing the decode step as a graph (SPARQ_CUDA_GRAPHS=0 runs without)"));
+            return;
+        }
+        g->cur->exec = exec;
+        g->cur->sig = g->sig;
+        g->n_capture++;
+    } else if (mode == G_REPLAY) {
+        if (g->sig != g->cur->sig) {
+            keep_err(st, sparq_err(SPARQ_E_STATE,
+                                   "cuda backend: a decode step of %llu rows launched other kernels than its captured "
+                                   "graph (a bug; SPARQ_CUDA_GRAPHS=0 runs without graphs)",
+                                   (unsigned long long)(g->cur->key >> 32)));
+            return;
+        }
+        g->n_replay++;
+    } else {
+        return;
+    }
+    check(st, cudaGraphLaunch(g->cur->exec, st->s), "decode step graph launch");
+    g->pending = true;
+}
+
+/* The model starts a step of `rows` rows whose rows attend to at most
+ * `max_keys` keys (backend.h). */
+static void cuda_step_begin(sq_exec *ex, int rows, int max_keys)
+{
+    cuda_state *st = state_of(ex);
+    step_graphs *g = &st->graph;
+    graph_finish(st);
+    if (g->disabled || rows < 1 || rows > g->max_rows || st->err != SPARQ_OK) return;
+    const uint64_t key = (uint64_t)rows << 32 | (uint64_t)((max_keys + GRAPH_KV_BUCKET - 1) / GRAPH_KV_BUCKET);
+    step_graph *hit = NULL, *lru = &g->slot[0];
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (g->slot[i].used && g->slot[i].key == key) hit = &g->slot[i];
+        if (g->slot[i].used < lru->used) lru = &g->slot[i];
+    }
+    g->clock++;
+    if (!hit) { /* first time: run it as usual (first uses upload and size things), capture the next one */
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);
+        *lru = (step_graph){key, 0, g->clock, NULL};
+        return;
+    }
+    hit->used = g->clock;
+    if (g->pending) { /* the staging area is about to be rewritten: the last graph must have read it */
+        check(st, cudaStreamSynchronize(st->s), "decode step graph");
+        g->pending = false;
+    }
+    g->cur = hit;
+    g->sig = 0;
+    g->stage_at = 0;
+    if (hit->exec) {
+        g->mode = G_REPLAY;
+        return;
+    }
+    if (cudaStreamBeginCapture(st->s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        g->disabled = true;
+        return;
+    }
+    g->mode = G_CAPTURE;
+}
+
+/* The step failed on the host before it ended: drop what it captured. */
+static void cuda_step_abort(sq_exec *ex)
+{
+    cuda_state *st = state_of(ex);
+    step_graphs *g = &st->graph;
+    if (g->mode == G_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        if (cudaStreamEndCapture(st->s, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+    }
+    g->mode = G_OFF;
 }
 
 static size_t hash_ptr(const void *p, size_t cap)
@@ -261,21 +414,36 @@ static sparq_status exl3_get(cuda_state *st, const sq_linear *l, trellis_cuda_li
  * copy (valid for ops queued after this call). */
 static const int *stage(cuda_state *st, const int *host, size_t n)
 {
-    if (n > STAGE_INTS) {
+    if (n > STAGE_INTS - GRAPH_STAGE_INTS) {
         keep_err(st, sparq_err(SPARQ_E_RANGE, "cuda backend: %zu indices exceed the staging ring", n));
         return NULL;
+    }
+    step_graphs *g = &st->graph;
+    if (g->mode == G_CAPTURE || g->mode == G_REPLAY) { /* the same offsets every time the step runs */
+        if (g->stage_at + n > GRAPH_STAGE_INTS) {
+            keep_err(st, sparq_err(SPARQ_E_RANGE, "cuda backend: a graph step stages more than %d indices",
+                                   GRAPH_STAGE_INTS));
+            return NULL;
+        }
+        const size_t at = STAGE_INTS - GRAPH_STAGE_INTS + g->stage_at;
+        memcpy(st->h_stage + at, host, n * sizeof(int));
+        if (g->mode == G_CAPTURE)
+            check(st, cudaMemcpyAsync(st->d_stage + at, st->h_stage + at, n * sizeof(int), cudaMemcpyHostToDevice, st->s),
+                  "index upload");
+        g->stage_at += (n + 31) & ~(size_t)31;
+        return st->d_stage + at;
     }
     for (int i = 0; i < 4; i++) /* positions, key ranges: often the same as one op ago */
         if (st->recent[i].n == n && n && memcmp(st->h_stage + st->recent[i].at, host, n * sizeof(int)) == 0)
             return st->d_stage + st->recent[i].at;
-    if (st->stage_at + n > STAGE_INTS) { /* wrap: earlier copies must have landed */
-        check(st, cudaStreamSynchronize(0), "staging ring wrap");
+    if (st->stage_at + n > STAGE_INTS - GRAPH_STAGE_INTS) { /* wrap: earlier copies must have landed */
+        check(st, cudaStreamSynchronize(st->s), "staging ring wrap");
         st->stage_at = 0;
         memset(st->recent, 0, sizeof st->recent);
     }
     int *h = st->h_stage + st->stage_at, *d = st->d_stage + st->stage_at;
     memcpy(h, host, n * sizeof(int));
-    check(st, cudaMemcpyAsync(d, h, n * sizeof(int), cudaMemcpyHostToDevice, 0), "index upload");
+    check(st, cudaMemcpyAsync(d, h, n * sizeof(int), cudaMemcpyHostToDevice, st->s), "index upload");
     st->recent[st->recent_i].at = st->stage_at;
     st->recent[st->recent_i].n = n;
     st->recent_i = (st->recent_i + 1) % 4;
@@ -425,19 +593,19 @@ static unsigned grid_for(size_t n, unsigned threads)
 }
 
 template <typename T>
-static void dense(const T *W, const float *x, float *y, int in, int out, int rows)
+static void dense(const T *W, const float *x, float *y, int in, int out, int rows, cudaStream_t s)
 {
     if (rows <= 8) {
         const unsigned g = (unsigned)((out + 7) / 8);
         /* 8-wide loads need 16-byte aligned rows of W (cudaMalloc'd) and x */
         const bool vec = in % 8 == 0 && (uintptr_t)x % 16 == 0;
-        if (rows == 1) k_gemv<T, 1><<<g, 256>>>(W, x, y, in, out, rows, vec);
-        else if (rows == 2) k_gemv<T, 2><<<g, 256>>>(W, x, y, in, out, rows, vec);
-        else if (rows <= 4) k_gemv<T, 4><<<g, 256>>>(W, x, y, in, out, rows, vec);
-        else k_gemv<T, 8><<<g, 256>>>(W, x, y, in, out, rows, vec);
+        if (rows == 1) k_gemv<T, 1><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
+        else if (rows == 2) k_gemv<T, 2><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
+        else if (rows <= 4) k_gemv<T, 4><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
+        else k_gemv<T, 8><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
     } else {
         dim3 g((unsigned)((out + 63) / 64), (unsigned)((rows + 63) / 64));
-        k_gemm<T><<<g, 256>>>(W, x, y, in, out, rows);
+        k_gemm<T><<<g, 256, 0, s>>>(W, x, y, in, out, rows);
     }
 }
 
@@ -456,7 +624,7 @@ static sparq_status refuse_block_scaled(const sq_linear *l)
 static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *y)
 {
     cuda_state *st = state_of(ex);
-    if (rows <= 0) return;
+    if (rows <= 0 || replaying(st, 1, P(l), P(x), P(y), (uint64_t)rows)) return;
     if (block_scaled(l)) { /* prepare_linear refused it; an unprepared call keeps the error for sync */
         keep_err(st, refuse_block_scaled(l));
         return;
@@ -464,8 +632,8 @@ static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int row
     if (l->kind == SQ_LINEAR_EXL3) {
         trellis_cuda_linear *lin;
         sparq_status s = exl3_get(st, l, &lin);
-        if (s == SPARQ_OK && rows <= 16) s = trellis_cuda_gemm(lin, x, rows, y, st->tws, NULL);
-        else if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, rows, y, st->pws, NULL);
+        if (s == SPARQ_OK && rows <= 16) s = trellis_cuda_gemm(lin, x, rows, y, st->tws, st->s);
+        else if (s == SPARQ_OK) s = trellis_cuda_gemm_prefill(lin, x, rows, y, st->pws, st->s);
         keep_err(st, s);
     } else {
         const size_t es = l->kind == SQ_LINEAR_F32 ? 4 : 2;
@@ -475,9 +643,9 @@ static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int row
             keep_err(st, s);
             return;
         }
-        if (l->kind == SQ_LINEAR_F32) dense((const float *)w, x, y, l->in, l->out, rows);
-        else if (l->kind == SQ_LINEAR_BF16) dense((const uint16_t *)w, x, y, l->in, l->out, rows);
-        else dense((const f16_t *)w, x, y, l->in, l->out, rows);
+        if (l->kind == SQ_LINEAR_F32) dense((const float *)w, x, y, l->in, l->out, rows, st->s);
+        else if (l->kind == SQ_LINEAR_BF16) dense((const uint16_t *)w, x, y, l->in, l->out, rows, st->s);
+        else dense((const f16_t *)w, x, y, l->in, l->out, rows, st->s);
     }
     if (l->bias) {
         void *b;
@@ -487,7 +655,7 @@ static void cuda_linear(sq_exec *ex, const sq_linear *l, const float *x, int row
             return;
         }
         const size_t n = (size_t)rows * l->out;
-        k_add_bias<<<grid_for(n, 256), 256>>>(y, (const float *)b, l->out, n);
+        k_add_bias<<<grid_for(n, 256), 256, 0, st->s>>>(y, (const float *)b, l->out, n);
     }
 }
 
@@ -549,7 +717,8 @@ static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const f
         keep_err(st, s);
         return;
     }
-    k_rmsnorm<<<(unsigned)rows, 256>>>(x, dim, (const float *)dw, eps, y);
+    if (replaying(st, 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim)) return;
+    k_rmsnorm<<<(unsigned)rows, 256, 0, st->s>>>(x, dim, (const float *)dw, eps, y);
 }
 
 /* Block (row, head); thread i rotates the pair (i, i + hd/2). */
@@ -577,8 +746,8 @@ static void cuda_rope(sq_exec *ex, float *x, int rows, int n_heads, int head_dim
         return;
     }
     const int *dp = stage(st, pos, (size_t)rows);
-    if (!dp) return;
-    k_rope<<<(unsigned)(rows * n_heads), 64>>>(x, n_heads, head_dim, dp, (const float *)df);
+    if (!dp || replaying(st, 3, P(x), P(dp), P(df), (uint64_t)rows << 32 | (uint32_t)(n_heads * head_dim))) return;
+    k_rope<<<(unsigned)(rows * n_heads), 64, 0, st->s>>>(x, n_heads, head_dim, dp, (const float *)df);
 }
 
 /* Block (row, head), 128 threads: scores in shared memory (hd + kv_len
@@ -625,6 +794,156 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, int n_heads, 
 
 #define ATTN_SMEM_MAX (200 * 1024)
 
+/* Decode attention (≤ ATTN_SPLIT_ROWS query rows), split over the keys as
+ * flash-decoding does: block (row, KV head, split) takes the query heads of
+ * its KV head together (their keys and values are read once) and a range of
+ * at most ATTN_SPLIT_KEYS·k keys; a warp takes one key at a time, its lanes 4
+ * dimensions each (coalesced, one warp sum a query head); then the split's
+ * max, exp and sum per head and its unnormalised output. k_attn_combine
+ * merges the splits in order (deterministic). The old kernel (above) runs one
+ * block per (row, head) with a thread per key: 32 blocks on 132 SMs at batch 1
+ * and uncoalesced key loads. */
+#define ATTN_SPLIT_ROWS 16
+#define ATTN_SPLIT_GMAX 16       /* query heads per KV head */
+#define ATTN_SPLIT_HDMAX 512
+#define ATTN_SPLIT_MIN_KEYS 16   /* keys per split at least */
+#define ATTN_SPLIT_FROM 512      /* fewer keys (rounded up to GRAPH_KV_BUCKET): the one-block-a-head kernel,
+                                    measured faster there (docs/benchmarks-cuda.md) */
+#define ATTN_SPLIT_MAX 64        /* splits per (row, KV head) at most */
+#define ATTN_SPLIT_SCRATCH ((size_t)2 << 20)
+
+template <int G>
+__global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads, int n_kv, int hd, const float *k,
+                                                    const float *v, const int *kv_first, const int *kv_len,
+                                                    float scale, int per_split, int splits, float *part)
+{
+    extern __shared__ float sm[];
+    const int kvd = n_kv * hd;
+    const int split = blockIdx.x % splits, hk = (blockIdx.x / splits) % n_kv, r = blockIdx.x / (splits * n_kv);
+    const int n = kv_len[r], t0 = split * per_split, t1 = min(n, t0 + per_split), nt = max(t1 - t0, 0);
+    float *qs = sm;                       /* [G][hd] */
+    float *sc = sm + (size_t)G * hd;      /* [G][per_split] */
+    const float *qb = q + ((size_t)r * n_heads + (size_t)hk * G) * hd;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qb[i];
+    __syncthreads();
+    const float *kb = k + ((size_t)kv_first[r] + t0) * kvd + (size_t)hk * hd;
+    const float *vb = v + ((size_t)kv_first[r] + t0) * kvd + (size_t)hk * hd;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int t = warp; t < nt; t += nw) {
+        const float *kt = kb + (size_t)t * kvd;
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) s[g] = 0.f;
+        for (int i = lane * 4; i < hd; i += 128) {
+            const float4 kv4 = *(const float4 *)(kt + i);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float4 q4 = *(const float4 *)(qs + (size_t)g * hd + i);
+                s[g] = fmaf(q4.x, kv4.x, fmaf(q4.y, kv4.y, fmaf(q4.z, kv4.z, fmaf(q4.w, kv4.w, s[g]))));
+            }
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+        if (lane < G) {
+            float mine = s[0];
+#pragma unroll
+            for (int g = 1; g < G; g++) mine = lane == g ? s[g] : mine;
+            sc[(size_t)lane * per_split + t] = mine * scale;
+        }
+    }
+    __syncthreads();
+    /* per head: max and sum over the split (a warp a head, heads in turn) */
+    __shared__ float mx_s[G], sum_s[G];
+    for (int g = warp; g < G; g += nw) {
+        float m = -INFINITY;
+        for (int t = lane; t < nt; t += 32) m = fmaxf(m, sc[(size_t)g * per_split + t]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float su = 0.f;
+        for (int t = lane; t < nt; t += 32) {
+            const float e = expf(sc[(size_t)g * per_split + t] - m);
+            sc[(size_t)g * per_split + t] = e;
+            su += e;
+        }
+        for (int o = 16; o; o >>= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+        if (lane == 0) mx_s[g] = m, sum_s[g] = su;
+    }
+    __syncthreads();
+    /* unnormalised output: thread i owns dimensions i, i + 128, ... of every head */
+    float *pb = part + (((size_t)r * n_heads + (size_t)hk * G) * splits + split) * (size_t)(hd + 2);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) acc[g] = 0.f;
+        int t = 0;
+        for (; t + 4 <= nt; t += 4) { /* four value loads in flight */
+            float vv[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) vv[j] = vb[(size_t)(t + j) * kvd + i];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int g = 0; g < G; g++) acc[g] = fmaf(sc[(size_t)g * per_split + t + j], vv[j], acc[g]);
+        }
+        for (; t < nt; t++) {
+            const float vv = vb[(size_t)t * kvd + i];
+#pragma unroll
+            for (int g = 0; g < G; g++) acc[g] = fmaf(sc[(size_t)g * per_split + t], vv, acc[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) pb[(size_t)g * splits * (hd + 2) + i] = acc[g];
+    }
+    if (threadIdx.x < G) {
+        float *pg = pb + (size_t)threadIdx.x * splits * (hd + 2);
+        pg[hd] = mx_s[threadIdx.x];
+        pg[hd + 1] = sum_s[threadIdx.x];
+    }
+}
+
+/* Block (row, head): out = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s, splits in order. */
+__global__ void k_attn_combine(const float *part, int n_heads, int hd, int splits, float *out)
+{
+    const float *pb = part + (size_t)blockIdx.x * splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++)
+        if (pb[(size_t)s * (hd + 2) + hd + 1] > 0.f) M = fmaxf(M, pb[(size_t)s * (hd + 2) + hd]);
+    float L = 0.f;
+    for (int s = 0; s < splits; s++) {
+        const float l = pb[(size_t)s * (hd + 2) + hd + 1];
+        if (l > 0.f) L = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), l, L);
+    }
+    const float inv = 1.0f / L;
+    float *o = out + (size_t)blockIdx.x * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float l = pb[(size_t)s * (hd + 2) + hd + 1];
+            if (l > 0.f) a = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), pb[(size_t)s * (hd + 2) + i], a);
+        }
+        o[i] = a * inv;
+    }
+}
+
+/* The split kernel's launch for these rows, or false (the one-block-a-head kernel serves them). */
+static bool attn_split_shape(int rows, int n_heads, int n_kv, int hd, int mx, int *per_split, int *splits)
+{
+    const int G = n_kv > 0 ? n_heads / n_kv : 0;
+    if (rows > ATTN_SPLIT_ROWS || n_kv <= 0 || n_heads % n_kv || (G != 1 && G != 2 && G != 4 && G != 8 && G != 16) ||
+        hd % 4 ||
+        hd > ATTN_SPLIT_HDMAX || mx < ATTN_SPLIT_FROM)
+        return false;
+    const size_t per = (size_t)rows * n_heads * (size_t)(hd + 2) * sizeof(float);
+    int sp = (mx + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
+    if (sp > ATTN_SPLIT_MAX) sp = ATTN_SPLIT_MAX;
+    while (sp > 1 && (size_t)sp * per > ATTN_SPLIT_SCRATCH) sp--;
+    if ((size_t)sp * per > ATTN_SPLIT_SCRATCH) return false;
+    *per_split = (mx + sp - 1) / sp;
+    *splits = (mx + *per_split - 1) / *per_split;
+    const size_t smem = ((size_t)(n_heads / n_kv) * (size_t)(hd + *per_split)) * sizeof(float);
+    return smem <= ATTN_SMEM_MAX;
+}
+
 static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
                            const float *v, const int *kv_first, const int *kv_len, float scale, float *out)
 {
@@ -633,6 +952,8 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
     int mx = 0;
     for (int r = 0; r < rows; r++)
         if (kv_len[r] > mx) mx = kv_len[r];
+    /* in steps of GRAPH_KV_BUCKET keys, so a graph step's launch holds for the keys of its bucket */
+    mx = (mx + GRAPH_KV_BUCKET - 1) / GRAPH_KV_BUCKET * GRAPH_KV_BUCKET;
     const size_t smem = ((size_t)hd + (size_t)mx) * sizeof(float);
     if (smem > ATTN_SMEM_MAX) {
         keep_err(st, sparq_err(SPARQ_E_UNSUPPORTED, "cuda attention: %d keys exceed this kernel's %d", mx,
@@ -640,8 +961,29 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
         return;
     }
     const int *df = stage(st, kv_first, (size_t)rows), *dl = stage(st, kv_len, (size_t)rows);
-    if (!df || !dl) return;
-    k_attention<<<(unsigned)(rows * n_heads), 128, smem>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
+    if (!df || !dl || replaying(st, 4, P(q), P(k), P(out), (uint64_t)rows << 32 | (uint32_t)smem, P(df) ^ P(dl) << 1))
+        return;
+    int per_split, splits;
+    if (st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && attn_split_shape(rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
+        const size_t sm2 = (size_t)(n_heads / n_kv) * (size_t)(hd + per_split) * sizeof(float);
+        const unsigned blocks = (unsigned)(rows * n_kv * splits);
+        switch (n_heads / n_kv) {
+#define ATTN_SPLIT_CASE(G)                                                                                          \
+    case G:                                                                                                         \
+        k_attn_split<G><<<blocks, 128, sm2, st->s>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, splits, \
+                                                     st->attn_part);                                                \
+        break;
+            ATTN_SPLIT_CASE(1)
+            ATTN_SPLIT_CASE(2)
+            ATTN_SPLIT_CASE(4)
+            ATTN_SPLIT_CASE(8)
+            ATTN_SPLIT_CASE(16)
+#undef ATTN_SPLIT_CASE
+        }
+        k_attn_combine<<<(unsigned)(rows * n_heads), 128, 0, st->s>>>(st->attn_part, n_heads, hd, splits, out);
+        return;
+    }
+    k_attention<<<(unsigned)(rows * n_heads), 128, smem, st->s>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
 }
 
 /* --- router, elementwise, embed, KV ----------------------------------------------- */
@@ -712,15 +1054,16 @@ __global__ void __launch_bounds__(32 * TOPK_WARPS) k_topk_warp(const float *logi
 static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_exp, int k, bool norm, int *idx,
                              float *w)
 {
-    (void)ex;
-    if (rows <= 0) return;
+    cuda_state *st = state_of(ex);
+    if (rows <= 0 || replaying(st, 5, P(logits), P(idx), P(w), (uint64_t)rows << 32 | (uint32_t)(n_exp << 8 | k)))
+        return;
     if (n_exp <= TOPK_WARP_MAX_EXP && k <= n_exp) {
         const size_t smem = (size_t)TOPK_WARPS * n_exp * (sizeof(float) + 1);
-        k_topk_warp<<<(unsigned)((rows + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, smem>>>(logits, rows, n_exp, k,
+        k_topk_warp<<<(unsigned)((rows + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, smem, st->s>>>(logits, rows, n_exp, k,
                                                                                                norm, idx, w);
         return;
     }
-    k_topk<<<(unsigned)((rows + 63) / 64), 64>>>(logits, rows, n_exp, k, norm, idx, w);
+    k_topk<<<(unsigned)((rows + 63) / 64), 64, 0, st->s>>>(logits, rows, n_exp, k, norm, idx, w);
 }
 
 __global__ void k_swiglu(const float *gate, const float *up, size_t n, float *out)
@@ -733,8 +1076,8 @@ __global__ void k_swiglu(const float *gate, const float *up, size_t n, float *ou
 
 static void cuda_swiglu(sq_exec *ex, const float *gate, const float *up, size_t n, float *out)
 {
-    (void)ex;
-    if (n) k_swiglu<<<grid_for(n, 256), 256>>>(gate, up, n, out);
+    cuda_state *st = state_of(ex);
+    if (n && !replaying(st, 6, P(gate), P(up), P(out), n)) k_swiglu<<<grid_for(n, 256), 256, 0, st->s>>>(gate, up, n, out);
 }
 
 __global__ void k_axpy(float a, const float *x, size_t n, float *y)
@@ -745,8 +1088,8 @@ __global__ void k_axpy(float a, const float *x, size_t n, float *y)
 
 static void cuda_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
 {
-    (void)ex;
-    if (n) k_axpy<<<grid_for(n, 256), 256>>>(a, x, n, y);
+    cuda_state *st = state_of(ex);
+    if (n && !replaying(st, 7, P(x), P(y), n, float_bits(a))) k_axpy<<<grid_for(n, 256), 256, 0, st->s>>>(a, x, n, y);
 }
 
 template <typename T>
@@ -769,10 +1112,10 @@ static void cuda_embed(sq_exec *ex, sq_linear_kind kind, const void *table, int 
         return;
     }
     const int *dt = stage(st, (const int *)tokens, (size_t)n);
-    if (!dt) return;
-    if (kind == SQ_LINEAR_F32) k_embed<<<(unsigned)n, 256>>>((const float *)e->dev, d, dt, hidden);
-    else if (kind == SQ_LINEAR_BF16) k_embed<<<(unsigned)n, 256>>>((const uint16_t *)e->dev, d, dt, hidden);
-    else k_embed<<<(unsigned)n, 256>>>((const f16_t *)e->dev, d, dt, hidden);
+    if (!dt || replaying(st, 8, P(e->dev), P(dt), P(hidden), (uint64_t)n << 32 | (uint32_t)d)) return;
+    if (kind == SQ_LINEAR_F32) k_embed<<<(unsigned)n, 256, 0, st->s>>>((const float *)e->dev, d, dt, hidden);
+    else if (kind == SQ_LINEAR_BF16) k_embed<<<(unsigned)n, 256, 0, st->s>>>((const uint16_t *)e->dev, d, dt, hidden);
+    else k_embed<<<(unsigned)n, 256, 0, st->s>>>((const f16_t *)e->dev, d, dt, hidden);
 }
 
 __global__ void k_kv_store(const float *k, const float *v, size_t width, const int *kv_first, const int *pos,
@@ -792,8 +1135,9 @@ static void cuda_kv_store(sq_exec *ex, const float *k, const float *v, int rows,
     cuda_state *st = state_of(ex);
     if (rows <= 0) return;
     const int *df = stage(st, kv_first, (size_t)rows), *dp = stage(st, pos, (size_t)rows);
-    if (!df || !dp) return;
-    k_kv_store<<<(unsigned)rows, 256>>>(k, v, width, df, dp, kc, vc);
+    if (!df || !dp || replaying(st, 9, P(k) ^ P(v) << 1, P(kc) ^ P(vc) << 1, P(df) ^ P(dp) << 1, (uint64_t)rows << 32 | width))
+        return;
+    k_kv_store<<<(unsigned)rows, 256, 0, st->s>>>(k, v, width, df, dp, kc, vc);
 }
 
 /* --- MoE ------------------------------------------------------------------------------ */
@@ -883,15 +1227,15 @@ __global__ void k_moe_combine(const float *dn, const float *w, int K, int d, flo
 
 template <typename T>
 static void dense_moe_run(const dense_moe *dm, int E, const float *xn, int rows, int K, int d, int I,
-                          const sq_moe_ws *ws, float *out)
+                          const sq_moe_ws *ws, float *out, cudaStream_t s)
 {
     const int slots = rows * K;
     const bool vd = d % 8 == 0 && (uintptr_t)xn % 16 == 0, vi = I % 8 == 0 && (uintptr_t)ws->g % 16 == 0;
-    k_moe_gateup<T><<<dim3((unsigned)((I + 7) / 8), (unsigned)slots), 256>>>(dm->tab, E, xn, ws->ridx, K, d, I,
+    k_moe_gateup<T><<<dim3((unsigned)((I + 7) / 8), (unsigned)slots), 256, 0, s>>>(dm->tab, E, xn, ws->ridx, K, d, I,
                                                                                ws->g, vd);
-    k_moe_down<T><<<dim3((unsigned)((d + 7) / 8), (unsigned)slots), 256>>>(dm->tab, E, ws->g, ws->ridx, I, d,
+    k_moe_down<T><<<dim3((unsigned)((d + 7) / 8), (unsigned)slots), 256, 0, s>>>(dm->tab, E, ws->g, ws->ridx, I, d,
                                                                              ws->dn, vi);
-    k_moe_combine<<<(unsigned)rows, 256>>>(ws->dn, ws->rw, K, d, out);
+    k_moe_combine<<<(unsigned)rows, 256, 0, s>>>(ws->dn, ws->rw, K, d, out);
 }
 
 static sparq_status host_grow(cuda_state *st, size_t slots, size_t cnt)
@@ -937,19 +1281,26 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     cuda_router_topk(ex, ws->rl, rows, E, K, ml->norm_topk, ws->ridx, ws->rw);
     ent *fused = find_ent(st, ml->gate);
     if (fused && rows <= 16) { /* adds into out */
-        check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), 0), "moe: clear");
-        keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out, NULL));
+        if (replaying(st, 10, P(fused->dev), P(xn), P(out), (uint64_t)rows, P(ws->ridx) ^ P(ws->rw) << 1)) return;
+        check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
+        keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out, st->s));
         return;
     }
     ent *dense = find_ent(st, ml->up);
     if (dense && rows <= 8 && rows * K <= ((dense_moe *)dense->dev)->max_slots) {
         const dense_moe *dm = (const dense_moe *)dense->dev;
-        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out);
-        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out);
-        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out);
+        if (replaying(st, 11, P(dm), P(xn), P(out), (uint64_t)rows, P(ws))) return;
+        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out, st->s);
+        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out, st->s);
+        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out, st->s);
         return;
     }
-    check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), 0), "moe: clear");
+    if (st->graph.mode == G_CAPTURE || st->graph.mode == G_REPLAY) { /* prepare_moe keeps such steps out of graphs */
+        keep_err(st, sparq_err(SPARQ_E_STATE, "cuda moe: %d rows need the host's expert grouping inside a graph step",
+                               rows));
+        return;
+    }
+    check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
     /* group (row, slot) pairs by expert on the host: rows·K ids come back */
     const size_t slots = (size_t)rows * K;
     sparq_status s = host_grow(st, slots, (size_t)E + 1);
@@ -957,9 +1308,9 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
         keep_err(st, s);
         return;
     }
-    check(st, cudaMemcpyAsync(st->h_ids, ws->ridx, slots * sizeof(int), cudaMemcpyDeviceToHost, 0), "moe ids");
-    check(st, cudaMemcpyAsync(st->h_w, ws->rw, slots * sizeof(float), cudaMemcpyDeviceToHost, 0), "moe weights");
-    check(st, cudaStreamSynchronize(0), "moe routing");
+    check(st, cudaMemcpyAsync(st->h_ids, ws->ridx, slots * sizeof(int), cudaMemcpyDeviceToHost, st->s), "moe ids");
+    check(st, cudaMemcpyAsync(st->h_w, ws->rw, slots * sizeof(float), cudaMemcpyDeviceToHost, st->s), "moe weights");
+    check(st, cudaStreamSynchronize(st->s), "moe routing");
     if (st->err != SPARQ_OK) return;
     int *cnt = st->h_cnt;
     memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
@@ -973,17 +1324,17 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     }
     for (int e = E; e > 0; e--) cnt[e] = cnt[e - 1]; /* back to starts */
     cnt[0] = 0;
-    check(st, cudaMemcpyAsync(ws->rows_of, st->h_rows, slots * sizeof(int), cudaMemcpyHostToDevice, 0), "moe rows");
-    check(st, cudaMemcpyAsync(ws->lw, st->h_lw, slots * sizeof(float), cudaMemcpyHostToDevice, 0), "moe rows");
+    check(st, cudaMemcpyAsync(ws->rows_of, st->h_rows, slots * sizeof(int), cudaMemcpyHostToDevice, st->s), "moe rows");
+    check(st, cudaMemcpyAsync(ws->lw, st->h_lw, slots * sizeof(float), cudaMemcpyHostToDevice, st->s), "moe rows");
     for (int e = 0; e < E; e++) {
         const int first = cnt[e], n = cnt[e + 1] - first;
         if (n <= 0) continue;
-        k_gather<<<(unsigned)n, 256>>>(xn, d, ws->rows_of + first, ws->xg);
+        k_gather<<<(unsigned)n, 256, 0, st->s>>>(xn, d, ws->rows_of + first, ws->xg);
         cuda_linear(ex, &ml->gate[e], ws->xg, n, ws->g);
         cuda_linear(ex, &ml->up[e], ws->xg, n, ws->u);
         cuda_swiglu(ex, ws->g, ws->u, (size_t)n * I, ws->g);
         cuda_linear(ex, &ml->down[e], ws->g, n, ws->dn);
-        k_scatter<<<(unsigned)n, 256>>>(ws->dn, d, ws->rows_of + first, ws->lw + first, out);
+        k_scatter<<<(unsigned)n, 256, 0, st->s>>>(ws->dn, d, ws->rows_of + first, ws->lw + first, out);
     }
 }
 
@@ -1025,6 +1376,8 @@ static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int m
     return s;
 }
 
+static sparq_status prepare_fused_moe(cuda_state *st, const sq_moe_layer *ml, bool exl3);
+
 /* Upload a layer's linears; for EXL3 experts of one K and codebook, build the
  * fused decode layer (keyed by the gate array). */
 static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int max_rows)
@@ -1043,6 +1396,18 @@ static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int ma
                 ml->down[e].kind == SQ_LINEAR_EXL3 && !ml->gate[e].bias && !ml->up[e].bias && !ml->down[e].bias;
     }
     if (ml->router && !exl3 && !find_ent(st, ml->up)) FORWARD_IF(dense_moe_make(st, ml, max_rows));
+    FORWARD_IF(prepare_fused_moe(st, ml, exl3));
+    if (ml->router) { /* the largest step this layer runs on the device alone (cuda_moe's paths) */
+        const ent *de = find_ent(st, ml->up);
+        const int lim = find_ent(st, ml->gate) ? 16 : de ? ((dense_moe *)de->dev)->max_slots / ml->top_k : 0;
+        if (lim < st->graph.max_rows) st->graph.max_rows = lim;
+    }
+    return SPARQ_OK;
+}
+
+static sparq_status prepare_fused_moe(cuda_state *st, const sq_moe_layer *ml, bool exl3)
+{
+    const int E = ml->n_exp;
     if (!exl3 || find_ent(st, ml->gate) || ml->top_k > 16) return SPARQ_OK;
     trellis_cuda_linear **h = (trellis_cuda_linear **)sparq_malloc(3 * (size_t)E * sizeof *h);
     RETURN_IF(!h, SPARQ_E_NOMEM, "cuda moe: out of memory");
@@ -1111,21 +1476,29 @@ static sparq_status cuda_sync(sq_exec *ex)
 {
     memlog("sync", 0);
     cuda_state *st = state_of(ex);
-    check(st, cudaStreamSynchronize(0), "synchronize");
+    graph_finish(st);
+    check(st, cudaStreamSynchronize(st->s), "synchronize");
+    st->graph.pending = false;
     return take_err(st);
 }
 
 static sparq_status cuda_to_host(sq_exec *ex, void *host, const void *mem, size_t bytes)
 {
     cuda_state *st = state_of(ex);
-    if (bytes) check(st, cudaMemcpy(host, mem, bytes, cudaMemcpyDeviceToHost), "download");
+    graph_finish(st);
+    if (bytes) check(st, cudaMemcpyAsync(host, mem, bytes, cudaMemcpyDeviceToHost, st->s), "download");
+    check(st, cudaStreamSynchronize(st->s), "download");
+    st->graph.pending = false;
     return take_err(st);
 }
 
 static sparq_status cuda_to_device(sq_exec *ex, void *mem, const void *host, size_t bytes)
 {
     cuda_state *st = state_of(ex);
-    if (bytes) check(st, cudaMemcpy(mem, host, bytes, cudaMemcpyHostToDevice), "upload");
+    graph_finish(st);
+    if (bytes) check(st, cudaMemcpyAsync(mem, host, bytes, cudaMemcpyHostToDevice, st->s), "upload");
+    check(st, cudaStreamSynchronize(st->s), "upload");
+    st->graph.pending = false;
     return take_err(st);
 }
 
@@ -1150,11 +1523,22 @@ static sparq_status cuda_prepare_linear(sq_exec *ex, const sq_linear *l)
     return SPARQ_OK;
 }
 
+static void cuda_step_graphs(sq_exec *ex, uint64_t *captured, uint64_t *replayed)
+{
+    const cuda_state *st = state_of(ex);
+    *captured = st->graph.n_capture;
+    *replayed = st->graph.n_replay;
+}
+
 static void cuda_exec_free(sq_exec *ex)
 {
     cuda_state *st = state_of(ex);
     if (!st) return;
+    cuda_step_abort(ex);
     cudaDeviceSynchronize();
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        if (st->graph.slot[i].exec) cudaGraphExecDestroy(st->graph.slot[i].exec);
+    if (st->s) cudaStreamDestroy(st->s);
     for (int pass = 0; pass < 3; pass++) /* fused layers before the linears they use */
         for (size_t i = 0; i < st->cap; i++) {
             ent *e = &st->tab[i];
@@ -1174,6 +1558,7 @@ static void cuda_exec_free(sq_exec *ex)
     trellis_cuda_prefill_ws_free(st->pws);
     cudaFreeHost(st->h_stage);
     cudaFree(st->d_stage);
+    cudaFree(st->attn_part);
     cudaFreeHost(st->h_ids);
     cudaFreeHost(st->h_rows);
     cudaFreeHost(st->h_w);
@@ -1206,6 +1591,9 @@ static const sq_backend cuda_backend = {
     .prepare_moe = cuda_prepare_moe,
     .mem_info = cuda_mem_info,
     .exec_free = cuda_exec_free,
+    .step_begin = cuda_step_begin,
+    .step_abort = cuda_step_abort,
+    .step_graphs = cuda_step_graphs,
 };
 
 extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }
@@ -1230,6 +1618,21 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     ex->be = &cuda_backend;
     sparq_status s = cuda_status(cudaMallocHost((void **)&st->h_stage, STAGE_INTS * sizeof(int)), "staging ring");
     if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->d_stage, STAGE_INTS * sizeof(int)), "staging ring");
+    if (s == SPARQ_OK) s = cuda_status(cudaStreamCreate(&st->s), "stream");
+    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->attn_part, ATTN_SPLIT_SCRATCH), "attention scratch");
+    if (s == SPARQ_OK && getenv("SPARQ_CUDA_ATTN_SPLIT") && strcmp(getenv("SPARQ_CUDA_ATTN_SPLIT"), "0") == 0) {
+        cudaFree(st->attn_part); /* the one-block-a-head kernel only (tests, comparisons) */
+        st->attn_part = NULL;
+    }
+    const void *split_fns[] = {(const void *)k_attn_split<1>, (const void *)k_attn_split<2>,
+                               (const void *)k_attn_split<4>, (const void *)k_attn_split<8>,
+                               (const void *)k_attn_split<16>};
+    for (int i = 0; i < 5 && s == SPARQ_OK; i++)
+        s = cuda_status(cudaFuncSetAttribute(split_fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, ATTN_SMEM_MAX),
+                        "attention shared memory");
+    st->graph.max_rows = 8;
+    const char *ge = getenv("SPARQ_CUDA_GRAPHS");
+    st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)
         s = cuda_status(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, ATTN_SMEM_MAX),
                         "attention shared memory");

@@ -462,6 +462,12 @@ void sq_model_mem_report(const sq_model *m, sq_model_mem *out)
     out->device_used = m->dev_used;
 }
 
+void sq_model_graph_counts(const sq_model *m, uint64_t *captured, uint64_t *replayed)
+{
+    *captured = *replayed = 0;
+    if (m->ex->be->step_graphs) m->ex->be->step_graphs(m->ex, captured, replayed);
+}
+
 static void widest(const sq_linear *l, uint64_t *kn, uint64_t *k, uint64_t *n)
 {
     if (l->kind != SQ_LINEAR_EXL3) return;
@@ -588,20 +594,39 @@ sparq_status sq_mdl_check_rows(const sq_model *m, int rows, const int *seqs, con
     return SPARQ_OK;
 }
 
+/* A device step: the backend may run it as a graph (kernels/backend.h). */
+static void step_begin(sq_model *m, int rows, int max_keys)
+{
+    if (m->ex->be->step_begin) m->ex->be->step_begin(m->ex, rows, max_keys);
+}
+
+static sparq_status step_end(sq_model *m, sparq_status s)
+{
+    if (s != SPARQ_OK && m->ex->be->step_abort) m->ex->be->step_abort(m->ex);
+    return s;
+}
+
+static sparq_status forward_chunk(sq_model *m, int seq, const int32_t *tokens, int rows, float *x, int *pos)
+{
+    FORWARD_IF(sq_model_embed(m, tokens, rows, x));
+    const int len = m->seq_len[seq];
+    for (int r = 0; r < rows; r++) pos[r] = len + r;
+    for (int L = m->first; L < m->end; L++) FORWARD_IF(sq_model_forward_layer(m, L, x, rows, pos, seq, NULL));
+    return sq_model_seq_advance(m, seq, rows);
+}
+
 sparq_status sq_mdl_forward_chunked(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
                                     float *logits, float *x, int *pos, int width)
 {
     const int V = (int)m->cfg.vocab_size;
     for (int c0 = 0; c0 < n; c0 += m->opts.max_rows) {
         const int rows = n - c0 < m->opts.max_rows ? n - c0 : m->opts.max_rows;
-        FORWARD_IF(sq_model_embed(m, tokens + c0, rows, x));
-        const int len = m->seq_len[seq];
-        for (int r = 0; r < rows; r++) pos[r] = len + r;
-        for (int L = m->first; L < m->end; L++) FORWARD_IF(sq_model_forward_layer(m, L, x, rows, pos, seq, NULL));
-        FORWARD_IF(sq_model_seq_advance(m, seq, rows));
-        if (mode == SQ_LOGITS_ALL) FORWARD_IF(sq_model_head(m, x, rows, logits + (size_t)c0 * V));
-        else if (mode == SQ_LOGITS_LAST && c0 + rows == n)
-            FORWARD_IF(sq_model_head(m, x + (size_t)(rows - 1) * width, 1, logits));
+        step_begin(m, rows, m->seq_len[seq] + rows);
+        sparq_status s = forward_chunk(m, seq, tokens + c0, rows, x, pos);
+        if (s == SPARQ_OK && mode == SQ_LOGITS_ALL) s = sq_model_head(m, x, rows, logits + (size_t)c0 * V);
+        else if (s == SPARQ_OK && mode == SQ_LOGITS_LAST && c0 + rows == n)
+            s = sq_model_head(m, x + (size_t)(rows - 1) * width, 1, logits);
+        FORWARD_IF(step_end(m, s));
     }
     return m->ex->be->sync(m->ex); /* a device backend reports its errors here */
 }
@@ -620,10 +645,13 @@ sparq_status sq_mdl_decode_batch(sq_model *m, int n, const int *seqs, const int3
     }
     if (n == 0) return SPARQ_OK;
     FORWARD_IF(sq_mdl_check_rows(m, n, seqs, pos));
-    FORWARD_IF(sq_model_embed(m, tokens, n, x));
-    FORWARD_IF(sq_model_forward_rows(m, x, n, seqs, pos));
-    if (logits) FORWARD_IF(sq_model_head(m, x, n, logits));
-    return SPARQ_OK;
+    int max_keys = 0;
+    for (int r = 0; r < n; r++) max_keys = pos[r] + 1 > max_keys ? pos[r] + 1 : max_keys;
+    step_begin(m, n, max_keys);
+    sparq_status s = sq_model_embed(m, tokens, n, x);
+    if (s == SPARQ_OK) s = sq_model_forward_rows(m, x, n, seqs, pos);
+    if (s == SPARQ_OK && logits) s = sq_model_head(m, x, n, logits);
+    return step_end(m, s);
 }
 
 /* --- sequences ---------------------------------------------------------------- */

@@ -165,6 +165,37 @@ static void test_rmsnorm_rope_swiglu_axpy(void)
     free(x), free(w), free(yc), free(yg), free(q), free(inv), free(qg), free(g), free(u), free(oc), free(og);
 }
 
+/* Decode-sized attention over a KV cache (the split kernel, kernels/cuda/
+ * backend_cuda.cu k_attn_split) for Qwen3-30B's heads (32 over 4 KV heads,
+ * 128 wide), a head width that is not a multiple of 128, one head per KV head
+ * and more query heads per KV head than the split kernel takes (the
+ * one-block-a-head kernel), key counts from 1 to past several splits. */
+static void test_attention_split(void)
+{
+    static const struct { int rows, nh, nkv, hd; } sh[] = {{1, 32, 4, 128}, {5, 32, 4, 128}, {16, 32, 4, 128},
+                                                          {3, 6, 2, 96}, {2, 8, 8, 64}, {1, 64, 1, 512}};
+    static const int lens[] = {1, 33, 300, 520, 700, 2100};
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int rows = sh[s].rows, nh = sh[s].nh, nkv = sh[s].nkv, hd = sh[s].hd, L = lens[li];
+            const size_t kvd = (size_t)nkv * hd, cache = (size_t)rows * L;
+            float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f), *q = randv((size_t)rows * nh * hd, 1.0f);
+            int kvf[16], kvl[16];
+            for (int r = 0; r < rows; r++) kvf[r] = r * L, kvl[r] = L - (r * 7) % (L > 8 ? 8 : 1);
+            float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4), *dq = up(q, (size_t)rows * nh * hd * 4);
+            float *dout = up(NULL, (size_t)rows * nh * hd * 4);
+            float *oc = malloc((size_t)rows * nh * hd * 4), *og = malloc((size_t)rows * nh * hd * 4);
+            cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, 0.0884f, oc);
+            gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, 0.0884f, dout);
+            down(og, dout, (size_t)rows * nh * hd * 4);
+            char what[96];
+            snprintf(what, sizeof what, "attention %d rows %d/%d heads x %d, %d keys", rows, nh, nkv, hd, L);
+            check_nmse(og, oc, (size_t)rows * nh * hd, 1e-11, what);
+            gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dout);
+            free(kc), free(vc), free(q), free(oc), free(og);
+        }
+}
+
 static void test_attention_kv(void)
 {
     const int rows = 3, nh = 4, nkv = 2, hd = 64, cache = 300;
@@ -322,6 +353,7 @@ int main(void)
     RUN(test_linear_exl3);
     RUN(test_rmsnorm_rope_swiglu_axpy);
     RUN(test_attention_kv);
+    RUN(test_attention_split);
     RUN(test_router_embed);
     RUN(test_moe);
     CHECK(gpu->be->sync(gpu) == SPARQ_OK);

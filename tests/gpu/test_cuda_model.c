@@ -157,6 +157,91 @@ done:
     sq_model_free(m[1]);
 }
 
+/* Decode steps replayed as CUDA graphs give the logits of the same steps run
+ * launch by launch: one sequence decoded across the attention's 256-key
+ * buckets (a new capture at 256 and 512 keys) and two sequences decoded
+ * together (a 2-row graph). The bf16 fixture (dense GEMVs, the dense-expert
+ * kernels) is deterministic: bit for bit. The EXL3 kernels add partial sums
+ * with atomics, so two runs of the same step differ in the last bits with or
+ * without graphs: within `tol` (rel. error of a step's logits). */
+static bool logits_differ(const float *a, const float *b, size_t n, double tol)
+{
+    return tol == 0 ? memcmp(a, b, n * 4) != 0 : rel_err(a, b, n) > tol;
+}
+
+static void graphs_equal(const char *rel, double tol)
+{
+    enum { P0 = 230, STEPS = 300, BATCH_STEPS = 12 };
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.ctx = 600;
+    o.max_rows = 64;
+    o.n_seq = 2;
+    o.n_threads = 2;
+    o.device = SQ_DEVICE_CUDA;
+    sq_model *m[2] = {NULL, NULL}; /* [0] launch by launch, [1] graphs */
+    setenv("SPARQ_CUDA_GRAPHS", "0", 1);
+    sparq_status st = sq_model_load(&m[0], t_data_path(rel), &o);
+    unsetenv("SPARQ_CUDA_GRAPHS");
+    CHECK_MSG(st == SPARQ_OK, "%s: %s", rel, sparq_errmsg());
+    st = sq_model_load(&m[1], t_data_path(rel), &o);
+    CHECK_MSG(st == SPARQ_OK, "%s: %s", rel, sparq_errmsg());
+    if (!m[0] || !m[1]) goto done;
+    {
+        const int V = (int)sq_model_cfg(m[0])->vocab_size;
+        float *lg[2] = {malloc((size_t)2 * V * 4), malloc((size_t)2 * V * 4)};
+        int32_t *prompt = malloc(P0 * sizeof *prompt);
+        for (int i = 0; i < P0; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+        int diff_at = -1;
+        for (int k = 0; k < 2; k++) CHECK(sq_model_forward(m[k], 0, prompt, P0, SQ_LOGITS_LAST, lg[k]) == SPARQ_OK);
+        for (int step = 0; step < STEPS && diff_at < 0; step++) {
+            int32_t t = argmax(lg[0], V);
+            for (int k = 0; k < 2; k++) {
+                st = sq_model_forward(m[k], 0, &t, 1, SQ_LOGITS_LAST, lg[k]);
+                CHECK_MSG(st == SPARQ_OK, "%s step %d: %s", rel, step, sparq_errmsg());
+            }
+            if (logits_differ(lg[1], lg[0], (size_t)V, tol)) diff_at = step;
+        }
+        uint64_t cap, rep;
+        sq_model_graph_counts(m[1], &cap, &rep);
+        printf("%s: %d decode steps from %d to %d keys: %s; %llu captured, %llu replayed\n", rel, STEPS, P0 + 1,
+               P0 + STEPS, diff_at < 0 ? (tol == 0 ? "logits identical" : "logits within tolerance") : "DIFFER", (unsigned long long)cap,
+               (unsigned long long)rep);
+        CHECK_MSG(diff_at < 0, "%s: graph logits differ at step %d", rel, diff_at);
+        CHECK_MSG(cap == 3 && rep == STEPS - 3 - 3, "%s: %llu captured / %llu replayed, expected 3 / %d", rel,
+                  (unsigned long long)cap, (unsigned long long)rep, STEPS - 6);
+        /* two rows: sequence 1 beside sequence 0 */
+        const int seqs[2] = {0, 1};
+        for (int k = 0; k < 2; k++) CHECK(sq_model_forward(m[k], 1, prompt, 17, SQ_LOGITS_LAST, lg[k] + V) == SPARQ_OK);
+        CHECK(sq_model_forward(m[0], 0, prompt, 1, SQ_LOGITS_LAST, lg[0]) == SPARQ_OK);
+        CHECK(sq_model_forward(m[1], 0, prompt, 1, SQ_LOGITS_LAST, lg[1]) == SPARQ_OK);
+        diff_at = -1;
+        for (int step = 0; step < BATCH_STEPS && diff_at < 0; step++) {
+            int32_t tok[2] = {argmax(lg[0], V), argmax(lg[0] + V, V)};
+            for (int k = 0; k < 2; k++) CHECK(sq_model_decode_batch(m[k], 2, seqs, tok, lg[k]) == SPARQ_OK);
+            if (logits_differ(lg[1], lg[0], (size_t)2 * V, tol)) diff_at = step;
+        }
+        uint64_t cap2, rep2;
+        sq_model_graph_counts(m[1], &cap2, &rep2);
+        printf("%s: %d steps of 2 sequences: %s; %llu more replayed\n", rel, BATCH_STEPS,
+               diff_at < 0 ? (tol == 0 ? "logits identical" : "logits within tolerance") : "DIFFER", (unsigned long long)(rep2 - rep));
+        CHECK_MSG(diff_at < 0, "%s: 2-row graph logits differ at step %d", rel, diff_at);
+        CHECK(rep2 - rep >= BATCH_STEPS - 2);
+        free(prompt);
+        free(lg[0]);
+        free(lg[1]);
+    }
+done:
+    sq_model_free(m[0]);
+    sq_model_free(m[1]);
+}
+
+static void test_graphs(void)
+{
+    graphs_equal("exl3-model/exl3-3.0bpw", 2e-3);
+    graphs_equal("tiny-qwen3moe", 0);
+}
+
 static void test_fixture_bf16(void) { compare_model("tiny-qwen3moe", 1e-4, 1e-4); }
 
 /* Memory is planned: a load whose KV cache cannot fit the device is refused
@@ -205,6 +290,7 @@ int main(void)
     RUN(test_fixture_bf16);
     RUN(test_exl3_model);
     RUN(test_decode_batch);
+    RUN(test_graphs);
     RUN(test_device_plan);
     return t_summary();
 }

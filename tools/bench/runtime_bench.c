@@ -284,6 +284,9 @@ int main(int argc, char **argv)
                gpu_total - gpu_free0, gpu_total - gpu_free, gpu_total);
     printf("prefill_tokens %d\nprefill_tok_s %.1f\n", n_prompt, best_pf);
     printf("decode_tokens %d\ndecode_tok_s %.1f\n", n_decode, best_dc);
+    uint64_t g_cap, g_rep;
+    sq_model_graph_counts(m, &g_cap, &g_rep);
+    if (g_cap || g_rep) printf("graph_steps captured %llu replayed %llu\n", (unsigned long long)g_cap, (unsigned long long)g_rep);
     printf("decode_bytes_per_token %.0f (weights %llu, kv %.0f)\n", bytes_tok, (unsigned long long)per_tok, kv_read);
     printf("decode_bytes_s %.3g\n", bytes_tok * best_dc);
     if (host) printf("memory_bw_bytes_s %.3g (streaming read of %d MiB, best of 5)\n", bw, bw_mib);

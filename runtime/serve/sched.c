@@ -29,6 +29,8 @@ struct sq_job {
     sq_detok dt;
     bool dt_live;
     int32_t next;            /* sampled, to be forwarded */
+    bool prefilling;         /* its prompt is still being run, a chunk a round */
+    int pf_at;               /* prompt tokens in the slot's cache so far */
     /* shared */
     char *text;
     size_t len, cap, safe, taken;
@@ -63,6 +65,7 @@ struct sq_sched {
     int32_t *gtok;
     sq_job **grow;           /* the job of each row of a round */
     sq_sched_stats stats;
+    int pf_chunk;            /* prompt tokens a chunk (PREFILL_CHUNK; sq_sched_set_prefill_chunk) */
 };
 
 static void job_free(sq_job *j)
@@ -185,9 +188,14 @@ static void fail_all_locked(sq_sched *s, const char *msg)
     s->q_tail = NULL;
 }
 
-/* Prefill job j in its slot and sample its first token (engine thread,
- * nothing in flight). */
-static sparq_status prefill(sq_sched *s, sq_job *j)
+/* Prompt tokens a prefill runs before the next decode round: a long prompt
+ * does not stall the jobs already decoding (they get a token between its
+ * chunks), and each chunk is still big enough for the model's batched path. */
+#define PREFILL_CHUNK 256
+
+/* Start job j's prefill in its slot (engine thread, nothing in flight): the
+ * part of its prompt the slot already holds is kept. */
+static sparq_status prefill_start(sq_sched *s, sq_job *j)
 {
     const int slot = j->slot;
     int keep = 0;
@@ -199,15 +207,38 @@ static sparq_status prefill(sq_sched *s, sq_job *j)
     j->dt_live = true;
     FORWARD_IF(sq_dist_seq_truncate(s->d, slot, keep));
     s->slot_len[slot] = keep;
+    j->pf_at = keep;
+    pthread_mutex_lock(&s->mu);
+    j->prefilling = true;
+    pthread_mutex_unlock(&s->mu);
+    return SPARQ_OK;
+}
+
+/* Run the next chunk of job j's prompt; after the last one sample its first
+ * token (engine thread, nothing in flight). */
+static sparq_status prefill_step(sq_sched *s, sq_job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    const int chunk = s->pf_chunk;
+    pthread_mutex_unlock(&s->mu);
+    const int slot = j->slot, n = j->n_ids - j->pf_at < chunk ? j->n_ids - j->pf_at : chunk;
+    const bool last = j->pf_at + n == j->n_ids;
     const double t0 = sparq_now();
-    FORWARD_IF(sq_dist_forward(s->d, slot, j->ids + keep, j->n_ids - keep, SQ_LOGITS_LAST, s->plog));
-    memcpy(s->slot_ids[slot], j->ids, (size_t)j->n_ids * sizeof(int32_t));
-    s->slot_len[slot] = j->n_ids;
+    FORWARD_IF(sq_dist_forward(s->d, slot, j->ids + j->pf_at, n, last ? SQ_LOGITS_LAST : SQ_LOGITS_NONE, s->plog));
+    memcpy(s->slot_ids[slot] + j->pf_at, j->ids + j->pf_at, (size_t)n * sizeof(int32_t));
+    j->pf_at += n;
+    s->slot_len[slot] = j->pf_at;
     pthread_mutex_lock(&s->mu);
     s->stats.t_prefill += sparq_now() - t0;
-    s->stats.prefill_tokens += (unsigned long long)(j->n_ids - keep);
-    j->n_prompt = j->n_ids;
+    s->stats.prefill_tokens += (unsigned long long)n;
+    if (last) {
+        j->prefilling = false;
+        j->n_prompt = j->n_ids;
+        s->stats.prefill_chunks_done++;
+    }
+    s->stats.prefill_chunks++;
     pthread_mutex_unlock(&s->mu);
+    if (!last) return SPARQ_OK;
     if (j->max_new == 0) {
         pthread_mutex_lock(&s->mu);
         finish_locked(s, j, SQ_JOB_LENGTH, NULL);
@@ -224,7 +255,7 @@ static sparq_status decode_round(sq_sched *s)
     int n = 0;
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->slots; i++)
-        if (s->slot_job[i]) s->grow[n++] = s->slot_job[i];
+        if (s->slot_job[i] && !s->slot_job[i]->prefilling) s->grow[n++] = s->slot_job[i];
     pthread_mutex_unlock(&s->mu);
     if (n == 0) return SPARQ_OK;
     const int G = n < s->ranks ? n : s->ranks, per = (n + G - 1) / G;
@@ -252,6 +283,11 @@ static sparq_status decode_round(sq_sched *s)
     }
     pthread_mutex_lock(&s->mu);
     s->stats.rounds++;
+    for (int i = 0; i < s->slots; i++)
+        if (s->slot_job[i] && s->slot_job[i]->prefilling) {
+            s->stats.rounds_beside_prefill++;
+            break;
+        }
     s->stats.t_decode += sparq_now() - t0;
     pthread_mutex_unlock(&s->mu);
     return SPARQ_OK;
@@ -315,7 +351,14 @@ static void *engine(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         sparq_status st = SPARQ_OK;
-        for (int i = 0; st == SPARQ_OK && i < n_adm; i++) st = prefill(s, admitted[i]);
+        for (int i = 0; st == SPARQ_OK && i < n_adm; i++) st = prefill_start(s, admitted[i]);
+        /* one chunk of every prompt being run, then one token of every job decoding */
+        int n_pf = 0;
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->slots; i++)
+            if (s->slot_job[i] && s->slot_job[i]->prefilling) admitted[n_pf++] = s->slot_job[i];
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; st == SPARQ_OK && i < n_pf; i++) st = prefill_step(s, admitted[i]);
         if (st == SPARQ_OK) st = decode_round(s);
         pthread_mutex_lock(&s->mu);
         if (st != SPARQ_OK) {
@@ -335,6 +378,7 @@ sparq_status sq_sched_create(sq_sched **out, sq_dist *d, const sq_tokenizer *tok
     RETURN_IF(!s, SPARQ_E_NOMEM, "out of memory");
     s->d = d;
     s->tok = tok;
+    s->pf_chunk = PREFILL_CHUNK;
     for (int i = 0; i < n_stop_ids && i < 32; i++) s->stop_ids[s->n_stop_ids++] = stop_ids[i];
     s->V = (int)sq_dist_cfg(d)->vocab_size;
     s->n_vocab = sq_sampler_vocab(sq_dist_cfg(d)->vocab_size, sq_tokenizer_vocab_size(tok));
@@ -513,6 +557,13 @@ void sq_job_release(sq_job *j)
     sq_sched *s = j->s;
     pthread_mutex_lock(&s->mu);
     unref_locked(j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sq_sched_set_prefill_chunk(sq_sched *s, int n)
+{
+    pthread_mutex_lock(&s->mu);
+    s->pf_chunk = n < 1 ? 1 : n;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -9,7 +9,9 @@
  * one decode round: every active job's next token, split into
  * G = min(active, ranks) groups that are all in flight at once so every
  * pipeline stage works; sample each row with its job's sampler; repeat.
- * A prefill runs while no decode step is in flight (other jobs pause for it).
+ * A prompt runs in chunks of at most 256 tokens, one chunk of each prompt
+ * being run before each decode round, so a long new prompt delays the jobs
+ * already decoding by one chunk a token, not by its whole prefill.
  *
  * A job's text is cut at the first stop string; while it runs, text that
  * could still begin a stop string is held back, so what a reader gets is
@@ -83,8 +85,14 @@ typedef struct sq_sched_stats {
     unsigned long long jobs_done, tokens, rounds;
     unsigned long long jobs_cancelled; /* of jobs_done: ended by sq_job_cancel (their reader went away) */
     unsigned long long prefill_tokens; /* prompt tokens run (the rest came from a slot's cache) */
+    unsigned long long prefill_chunks; /* forward steps of prompts (PREFILL_CHUNK = 256 tokens at most) */
+    unsigned long long prefill_chunks_done; /* prompts finished */
+    unsigned long long rounds_beside_prefill; /* decode rounds run while a prompt was still being run */
     double t_decode, t_prefill;  /* seconds spent in decode rounds and in prefills */
 } sq_sched_stats;
 void sq_sched_get_stats(sq_sched *s, sq_sched_stats *st);
+
+/* Prompt tokens run between two decode rounds (default 256; tests use fewer). */
+void sq_sched_set_prefill_chunk(sq_sched *s, int n);
 
 #endif

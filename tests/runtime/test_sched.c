@@ -86,6 +86,20 @@ static void *run_job(void *v)
     return NULL;
 }
 
+typedef struct drain_arg {
+    sq_job *j;
+    char *text;
+    sq_job_end end;
+} drain_arg;
+
+static void *drain_job(void *v)
+{
+    drain_arg *a = v;
+    int n_new;
+    a->text = drain(a->j, &a->end, &n_new);
+    return NULL;
+}
+
 static bool collect(void *ctx, const char *text, size_t len)
 {
     char **acc = ctx;
@@ -281,6 +295,13 @@ int main(void)
     char *want[N_JOBS];
     for (int i = 0; i < N_JOBS; i++) want[i] = alone(&sess, prompts[i], N_NEW);
     char *want_short = alone(&sess, prompts[0], 7);
+    /* a prompt of ~150 tokens */
+    char long_text[2048] = "";
+    for (int i = 0; i < 12; i++) strcat(long_text, "The file system keeps a journal of every block. ");
+    int32_t *long_ids;
+    int long_n;
+    encode(long_text, &long_ids, &long_n);
+    char *want_long = alone(&sess, long_text, 4);
     const int32_t stop_ids[] = {(int32_t)sq_tokenizer_eos(tok)};
     sq_session_free(&sess);
 
@@ -329,6 +350,45 @@ int main(void)
                 CHECK(ss.prefill_tokens - before >= 1 && ss.prefill_tokens - before <= (unsigned long long)pn);
         }
         sparq_free(pid);
+    }
+
+    t_current_ = "prefill beside decode";
+    {
+        /* a long prompt runs in chunks of 16 tokens, each followed by a decode round of the
+         * job already decoding: both texts stay what they are alone */
+        sq_sched_set_prefill_chunk(sched, 16);
+        sq_sched_get_stats(sched, &ss);
+        const unsigned long long r0 = ss.rounds_beside_prefill, c0 = ss.prefill_chunks;
+        int32_t *sid;
+        int sn;
+        encode(prompts[0], &sid, &sn);
+        const sq_job_params sp = {sid, sn, N_NEW, greedy(), NULL, 0};
+        drain_arg ra = {NULL, NULL, SQ_JOB_RUNNING};
+        CHECK(sq_sched_submit(sched, &sp, &ra.j) == SPARQ_OK); /* first: it decodes while the long one runs */
+        pthread_t tha;
+        pthread_create(&tha, NULL, drain_job, &ra);
+        sq_job_params lp = {long_ids, long_n, 4, greedy(), NULL, 0};
+        sq_job *lj = NULL;
+        sq_job_end le;
+        int ln;
+        CHECK(sq_sched_submit(sched, &lp, &lj) == SPARQ_OK);
+        char *lt = drain(lj, &le, &ln);
+        sq_job_release(lj);
+        pthread_join(tha, NULL);
+        sq_job_release(ra.j);
+        sparq_free(sid);
+        CHECK_MSG(strcmp(lt, want_long) == 0, "long prompt beside a decode: '%s' vs alone '%s'", lt, want_long);
+        CHECK_MSG(ra.text && strcmp(ra.text, want[0]) == 0, "decode beside a long prompt: '%s' vs alone '%s'",
+                  ra.text ? ra.text : "(none)", want[0]);
+        sq_sched_get_stats(sched, &ss);
+        printf("prefill beside decode: %d-token prompt in %llu chunks, %llu decode rounds beside them\n", long_n,
+               ss.prefill_chunks - c0, ss.rounds_beside_prefill - r0);
+        CHECK(ss.prefill_chunks - c0 >= (unsigned long long)(long_n / 16));
+        /* the short job, submitted first, decodes between the long prompt's chunks */
+        CHECK(ss.rounds_beside_prefill - r0 >= (unsigned long long)(long_n / 16 - 2));
+        sparq_free(lt);
+        sparq_free(ra.text);
+        sq_sched_set_prefill_chunk(sched, 256);
     }
 
     t_current_ = "limits and stops";
@@ -420,6 +480,8 @@ int main(void)
 
     sparq_free(ids);
     sparq_free(want_short);
+    sparq_free(want_long);
+    sparq_free(long_ids);
     for (int i = 0; i < N_JOBS; i++) sparq_free(want[i]);
     sq_dist_close(dist);
     sq_model_free(m);

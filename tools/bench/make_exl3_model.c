@@ -2,7 +2,7 @@
  * at any real shape, so the GPU runtime can be loaded and timed at the sizes
  * users run without downloading anything.
  *
- *   make_exl3_model OUT [--preset qwen3-30b-a3b | qwen3-235b-a22b | tiny] [--layers N]
+ *   make_exl3_model OUT [--preset qwen3-30b-a3b | qwen3-235b-a22b | dsv41-moe | tiny] [--layers N]
  *                   [--hidden N] [--heads N] [--kv-heads N] [--head-dim N] [--experts N] [--topk N]
  *                   [--inter N] [--vocab N] [--expert-bits K] [--attn-bits K] [--head-bits K]
  *                   [--shard-mb N] [--seed N]
@@ -17,7 +17,8 @@
  * Presets: qwen3-30b-a3b = Qwen3-30B-A3B (48 layers, hidden 2048, 32/4 heads ×
  * 128, 128 experts top-8 of width 768, vocab 151936); qwen3-235b-a22b =
  * Qwen3-235B-A22B (94 layers, 4096, 64/4 × 128, 128 × 1536 top-8) — use
- * --layers to trim it to a GPU; tiny = a 2-layer model for tests. */
+ * --layers to trim it to a GPU; dsv41-moe = DeepSeek-V4.1-Flash's MoE shapes (hidden 5120,
+ * 384 × 2304 top-6, vocab 129280) in a Qwen3-MoE body, 8 layers; tiny = a 2-layer model for tests. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,6 +241,11 @@ int main(int argc, char **argv)
     shape s = {48, 2048, 32, 4, 128, 128, 8, 768, 151936, 3, 4, 6};
     const shape big = {94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 3, 4, 6};
     const shape tiny = {2, 256, 4, 2, 64, 8, 2, 256, 1024, 3, 4, 6};
+    /* DeepSeek-V4.1-Flash's MoE at its real size in a Qwen3-MoE body (the runtime's CUDA
+     * architecture): hidden 5120, 384 experts of width 2304, top-6, vocab 129280; the
+     * attention is Qwen3's GQA (40/8 heads × 128), not V4.1's MQA. 5.1 GB of experts a
+     * layer at K=3: --layers trims it to the GPU (8 layers: ~42 GB). */
+    const shape dsv41 = {8, 5120, 40, 8, 128, 384, 6, 2304, 129280, 3, 4, 6};
     const char *out = NULL;
     int shard_mb = 4096;
     rng_state = 1;
@@ -249,6 +255,7 @@ int main(int argc, char **argv)
             const char *p = argv[++i];
             if (!strcmp(p, "qwen3-235b-a22b")) s = big;
             else if (!strcmp(p, "tiny")) s = tiny;
+            else if (!strcmp(p, "dsv41-moe")) s = dsv41;
             else if (strcmp(p, "qwen3-30b-a3b")) {
                 fprintf(stderr, "make_exl3_model: unknown preset '%s'\n", p);
                 return 2;
@@ -269,7 +276,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seed")) rng_state = (uint64_t)arg_int(argc, argv, &i, 0, 1 << 30);
         else if (a[0] != '-' && !out) out = a;
         else {
-            fprintf(stderr, "usage: make_exl3_model OUT [--preset qwen3-30b-a3b|qwen3-235b-a22b|tiny] [--layers N] "
+            fprintf(stderr, "usage: make_exl3_model OUT [--preset qwen3-30b-a3b|qwen3-235b-a22b|dsv41-moe|tiny] [--layers N] "
                             "[--hidden N] [--heads N] [--kv-heads N] [--head-dim N] [--experts N] [--topk N] "
                             "[--inter N] [--vocab N] [--expert-bits K] [--attn-bits K] [--head-bits K] "
                             "[--shard-mb N] [--seed N]\n");

@@ -8,6 +8,7 @@
 
 #include "cli/cmd_plan.h"
 #include "cli/commands.h"
+#include "runtime/quantplan.h"
 
 bool plan_opt_handle(const cli_spec *s, int id, const char *v, sq_pack_options *o)
 {
@@ -53,16 +54,33 @@ bool plan_opt_handle(const cli_spec *s, int id, const char *v, sq_pack_options *
     return false;
 }
 
-static const cli_opt opts[] = {PLAN_OPTS, {"json", 0, NULL, "print the plan as JSON"}, {0}};
+enum { O_JSON = PLAN_OPT_COUNT, O_BITS, O_BITS_FOR, O_ATTN_BITS, O_SHARED_BITS, O_HEAD_BITS };
+#define MAX_BITS_RULES 32
+static const cli_opt opts[] = {
+    PLAN_OPTS,
+    [O_JSON] = {"json", 0, NULL, "print the plan as JSON"},
+    [O_BITS] = {"bits", 0, "K", "plan a quantized target instead of MODEL as stored: routed experts at K bits "
+                                "(1..8, fractional as `sparq quantize` spreads it: 2.9 = 3 bits on 90% of the "
+                                "layers), the other linears at the role defaults below, other tensors as stored"},
+    [O_BITS_FOR] = {"bits-for", 0, "PATTERN=K", "with --bits: K bits for the linears whose key matches the fnmatch "
+                                                "PATTERN (e.g. 'layers.2[0-2].ffn.experts.*=2'; repeatable, the last "
+                                                "match wins; engram.wkv has '*.engram.wkv=4' first)"},
+    [O_ATTN_BITS] = {"attn-bits", 0, "K", "with --bits: attention projections (default 5)"},
+    [O_SHARED_BITS] = {"shared-bits", 0, "K", "with --bits: shared experts and dense MLPs (default 4)"},
+    [O_HEAD_BITS] = {"head-bits", 0, "K", "with --bits: the output head (default 6)"},
+    {0}};
 static const cli_spec spec = {
     "plan", "MODEL [--boxes N] [budget and run options] [--json]",
     "Plan how MODEL (an HF-layout folder, any dtype incl. EXL3) splits over N boxes: contiguous layers per\n"
     "node balanced by bytes and per-token work, and per node the weights, KV cache (ctx x users),\n"
     "workspace, Engram row cache, communication buffers and safety margin against the usable memory\n"
     "  usable = (mem-per-box - reserve-os - display-reserve + unlock-display) * gpu-util\n"
+    "With --bits, the plan is of the EXL3 pack `sparq quantize` would make from MODEL (any stored form,\n"
+    "a header-only copy too): each linear's bytes at its bits, everything else as stored.\n"
     "Exit status 0 when it fits, 1 when it does not (or on error), 2 on a usage error.",
     opts,
     "example: sparq plan models/qwen3-exl3 --boxes 2 --ctx 32768 --users 6\n"
+    "         sparq plan DeepSeek-V4.1-Flash --bits 2.9 --boxes 2 --ctx 131072 --users 4\n"
     "docs: docs/cli-plan.md"};
 
 /* Binary units: memory is counted in GiB. */
@@ -80,6 +98,20 @@ static const char *fmt_size(char *buf, size_t cap, uint64_t b)
     return buf;
 }
 
+static void print_target(const sq_bits_policy *pol, const sq_quantplan_summary *q)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32];
+    printf("target: EXL3, experts %g bits (%.3f bpw over the experts), attention %d, shared %d, head %d", pol->bits,
+           q->expert_bpw, pol->attn_bits, pol->shared_bits, pol->head_bits);
+    for (int r = 0; r < pol->n_rules; r++) printf(", %s=%d", pol->rules[r].pattern, pol->rules[r].K);
+    printf("\n        experts %s, attention %s, shared %s, head %s, native %s: %s in memory; linears at K =",
+           fmt_size(a, 32, q->experts), fmt_size(b, 32, q->attn), fmt_size(c, 32, q->shared),
+           fmt_size(d, 32, q->head), fmt_size(e, 32, q->native), fmt_size(f, 32, q->total));
+    for (int k = 1; k <= 8; k++)
+        if (q->linears_at[k]) printf(" %d:%llu", k, (unsigned long long)q->linears_at[k]);
+    printf("\n");
+}
+
 static void print_table(const char *model, const sq_memplan *p)
 {
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[40];
@@ -91,7 +123,12 @@ static void print_table(const char *model, const sq_memplan *p)
            fmt_size(a, 32, p->budget.mem_per_box), fmt_size(b, 32, p->budget.reserve_os),
            fmt_size(c, 32, p->budget.display_reserve), fmt_size(d, 32, p->budget.unlock_display),
            p->budget.gpu_util, fmt_size(e, 32, p->usable));
-    if (p->has_engram) printf("engram tables on SSD: %s\n", fmt_size(a, 32, p->engram_table_bytes));
+    if (p->has_engram) {
+        printf("engram tables on SSD: %s (", fmt_size(a, 32, p->engram_table_bytes));
+        for (int i = 0; i < p->boxes; i++)
+            printf("%snode %d %s", i ? ", " : "", i, fmt_size(a, 32, p->nodes[i].engram_ssd));
+        printf(")\n");
+    }
     printf("\n%-4s %-9s %-7s %11s %11s %11s %11s %11s %11s %11s %12s\n", "node", "layers", "experts", "weights", "kv",
            "workspace", "engram", "comm", "margin", "total", "headroom");
     for (int i = 0; i < p->boxes; i++) {
@@ -114,15 +151,39 @@ int cmd_plan(int argc, char **argv)
     sq_pack_options o;
     sq_pack_options_default(&o);
     bool json = false;
+    double bits = 0;
+    sq_bits_policy pol;
+    sq_bits_policy_default(&pol, 3);
+    pol.attn_bits = 5;
+    pol.shared_bits = 4;
+    /* the Engram fusion projection is counted as attention by the layer description; it gets 4 */
+    sq_bits_rule rules[MAX_BITS_RULES + 1] = {{"*.engram.wkv", 4}};
+    char pats[MAX_BITS_RULES][256];
+    int n_rules = 1;
     cli_args a;
     const char *v;
     int id;
     cli_args_init(&a, argc, argv, &spec);
     while ((id = cli_next(&a, &v)) >= 0) {
+        long long ll;
         if (id < PLAN_OPT_COUNT) {
             if (!plan_opt_handle(&spec, id, v, &o)) return 2;
-        } else {
+        } else if (id == O_JSON) {
             json = true;
+        } else if (id == O_BITS) {
+            if (!cli_parse_double(&spec, "bits", v, 1.0, 8.0, &bits)) return 2;
+        } else if (id == O_BITS_FOR) {
+            const char *eq = strrchr(v, '=');
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof pats[0] || n_rules > MAX_BITS_RULES)
+                return cli_usage_error(&spec, "--bits-for: expected PATTERN=K (at most %d rules)", MAX_BITS_RULES);
+            if (!cli_parse_int(&spec, "bits-for", eq + 1, 1, 8, &ll)) return 2;
+            char *pat = pats[n_rules - 1];
+            snprintf(pat, sizeof pats[0], "%.*s", (int)(eq - v), v);
+            rules[n_rules] = (sq_bits_rule){pat, (int)ll};
+            n_rules++;
+        } else {
+            if (!cli_parse_int(&spec, opts[id].name, v, 1, 8, &ll)) return 2;
+            *(id == O_ATTN_BITS ? &pol.attn_bits : id == O_SHARED_BITS ? &pol.shared_bits : &pol.head_bits) = (int)ll;
         }
     }
     if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
@@ -132,15 +193,36 @@ int cmd_plan(int argc, char **argv)
     sq_pack_model m;
     sparq_status st = sq_pack_model_open(&m, model);
     if (st != SPARQ_OK) return cli_fail(&spec, st);
+    /* the tensors planned: MODEL's, or those of its quantized target */
+    const sq_memplan_tensor *tensors = m.tensors;
+    size_t n_tensors = m.n_tensors;
+    sq_quantplan qp = {0};
+    sq_quantplan_summary qs;
+    if (bits > 0) {
+        pol.bits = bits;
+        pol.rules = rules;
+        pol.n_rules = n_rules;
+        st = sq_quantplan_tensors(&m.cfg, m.sf, &pol, &qp, &qs);
+        if (st != SPARQ_OK) {
+            sq_pack_model_close(&m);
+            return cli_fail(&spec, st);
+        }
+        tensors = qp.tensors;
+        n_tensors = qp.n_tensors;
+    } else if (n_rules > 1) {
+        sq_pack_model_close(&m);
+        return cli_usage_error(&spec, "--bits-for needs --bits");
+    }
     sq_memplan p;
-    st = sq_memplan_build(&p, &m.cfg, m.tensors, m.n_tensors, o.boxes, &o.params, &o.budget);
+    st = sq_memplan_build(&p, &m.cfg, tensors, n_tensors, o.boxes, &o.params, &o.budget);
     if (st != SPARQ_OK) {
+        sq_quantplan_free(&qp);
         sq_pack_model_close(&m);
         return cli_fail(&spec, st);
     }
     int min_boxes = 0;
     int64_t max_ctx = 0;
-    if (!p.fits) st = sq_memplan_suggest(&p, &m.cfg, m.tensors, m.n_tensors, &min_boxes, &max_ctx);
+    if (!p.fits) st = sq_memplan_suggest(&p, &m.cfg, tensors, n_tensors, &min_boxes, &max_ctx);
     char why[256];
     sq_pack_plan_reason(&p, why, sizeof why);
     int rc = p.fits ? 0 : 1;
@@ -155,13 +237,28 @@ int cmd_plan(int argc, char **argv)
         json_object_set_new(sug, "max_ctx", max_ctx ? json_integer(max_ctx) : json_null());
         json_object_set_new(root, "suggest", p.fits ? json_null() : sug);
         if (p.fits) json_decref(sug);
-        json_t *pj = sq_pack_plan_json(&p);
+        json_t *pj = sq_pack_plan_json(&p), *ssd = json_array();
         json_object_set_new(root, "plan", pj ? pj : json_null());
+        for (int i = 0; i < p.boxes; i++) json_array_append_new(ssd, json_integer((json_int_t)p.nodes[i].engram_ssd));
+        json_object_set_new(root, "engram_ssd", ssd);
+        if (bits > 0) {
+            json_t *t = json_object();
+            json_object_set_new(t, "bits", json_real(bits));
+            json_object_set_new(t, "expert_bpw", json_real(qs.expert_bpw));
+            json_object_set_new(t, "attn_bits", json_integer(pol.attn_bits));
+            json_object_set_new(t, "shared_bits", json_integer(pol.shared_bits));
+            json_object_set_new(t, "head_bits", json_integer(pol.head_bits));
+            const uint64_t v[] = {qs.experts, qs.attn, qs.shared, qs.head, qs.native, qs.total, qs.engram_tables};
+            static const char *const k[] = {"experts", "attn", "shared", "head", "native", "total", "engram_tables"};
+            for (int i = 0; i < 7; i++) json_object_set_new(t, k[i], json_integer((json_int_t)v[i]));
+            json_object_set_new(root, "target", t);
+        }
         char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
         if (s) printf("%s\n", s);
         free(s);
         json_decref(root);
     } else {
+        if (bits > 0) print_target(&pol, &qs);
         print_table(model, &p);
         if (m.cfg.max_position_embeddings > 0 && p.params.ctx > m.cfg.max_position_embeddings)
             printf("note: ctx %lld exceeds the model's max_position_embeddings (%lld)\n", (long long)p.params.ctx,
@@ -176,6 +273,7 @@ int cmd_plan(int argc, char **argv)
         }
     }
     sq_memplan_free(&p);
+    sq_quantplan_free(&qp);
     sq_pack_model_close(&m);
     return rc;
 }

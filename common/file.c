@@ -226,6 +226,19 @@ sparq_status sparq_atomic_write(sparq_atomic_file *f, const void *buf, size_t n)
     return SPARQ_OK;
 }
 
+sparq_status sparq_atomic_skip(sparq_atomic_file *f, uint64_t n)
+{
+    RETURN_IF(!f->fp, SPARQ_E_STATE, "atomic skip on a closed file");
+    if (!n) return SPARQ_OK;
+    /* flush what is buffered, then extend the file (ftruncate leaves a hole) and move past it */
+    off_t at;
+    if (fflush(f->fp) != 0 || (at = ftello(f->fp)) < 0 || n > (uint64_t)INT64_MAX - (uint64_t)at ||
+        faulted(ENOSPC) || ftruncate(fileno(f->fp), at + (off_t)n) != 0 || fseeko(f->fp, at + (off_t)n, SEEK_SET) != 0)
+        return sparq_err(SPARQ_E_IO, "%s: cannot extend by %llu bytes: %s", f->path, (unsigned long long)n,
+                         strerror(errno));
+    return SPARQ_OK;
+}
+
 static void atomic_release(sparq_atomic_file *f)
 {
     sparq_free(f->path);

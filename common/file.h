@@ -67,6 +67,9 @@ typedef struct sparq_atomic_file {
 sparq_status sparq_atomic_open(sparq_atomic_file *f, const char *path);
 /* Write n bytes; names the file in the error. */
 sparq_status sparq_atomic_write(sparq_atomic_file *f, const void *buf, size_t n);
+/* Advance the file by n bytes without writing them: they read as zeros and,
+ * on file systems with sparse files, take no disk (a hole). */
+sparq_status sparq_atomic_skip(sparq_atomic_file *f, uint64_t n);
 /* Flush, fsync and rename to the final name. Frees f's resources either way. */
 sparq_status sparq_atomic_commit(sparq_atomic_file *f);
 /* Remove the temporary file. Safe to call after a failed commit or twice. */

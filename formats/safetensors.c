@@ -813,6 +813,7 @@ typedef struct sf_wentry {
     const void *data;
     uint64_t nbytes;
     bool owned;
+    bool hole; /* no data: the bytes are skipped (sf_writer_add_hole) */
 } sf_wentry;
 
 struct sf_writer {
@@ -856,7 +857,7 @@ void sf_writer_free(sf_writer *w)
 }
 
 static sparq_status writer_add(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
-                               const void *data, uint64_t nbytes, bool copy)
+                               const void *data, uint64_t nbytes, bool copy, bool hole)
 {
     RETURN_IF((unsigned)dt >= SF_DTYPE_COUNT, SPARQ_E_ARG, "%s: tensor '%s': invalid dtype %d", w->path, name,
               (int)dt);
@@ -873,7 +874,7 @@ static sparq_status writer_add(sf_writer *w, const char *name, sf_dtype dt, int 
     RETURN_IF(need != nbytes, SPARQ_E_SHAPE, "%s: tensor '%s': %llu bytes given but %s with %llu elements needs %llu",
               w->path, name, (unsigned long long)nbytes, sf_dtype_name(dt), (unsigned long long)numel,
               (unsigned long long)need);
-    RETURN_IF(nbytes && !data, SPARQ_E_ARG, "%s: tensor '%s': no data", w->path, name);
+    RETURN_IF(nbytes && !data && !hole, SPARQ_E_ARG, "%s: tensor '%s': no data", w->path, name);
     for (size_t i = 0; i < w->n; i++)
         RETURN_IF(!strcmp(w->e[i].name, name), SPARQ_E_ARG, "%s: tensor '%s' added twice", w->path, name);
     if (w->n == w->cap) {
@@ -887,7 +888,9 @@ static sparq_status writer_add(sf_writer *w, const char *name, sf_dtype dt, int 
     memset(e, 0, sizeof *e);
     e->name = sparq_strdup(name);
     RETURN_IF(!e->name, SPARQ_E_NOMEM, "%s: out of memory", w->path);
-    if (copy && nbytes) {
+    if (hole) {
+        e->hole = true;
+    } else if (copy && nbytes) {
         RETURN_IF(nbytes > SIZE_MAX, SPARQ_E_RANGE, "%s: tensor '%s' too large", w->path, name);
         void *d = sparq_malloc((size_t)nbytes);
         if (!d) {
@@ -912,13 +915,24 @@ static sparq_status writer_add(sf_writer *w, const char *name, sf_dtype dt, int 
 sparq_status sf_writer_add(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
                            const void *data, uint64_t nbytes)
 {
-    return writer_add(w, name, dt, ndim, shape, data, nbytes, true);
+    return writer_add(w, name, dt, ndim, shape, data, nbytes, true, false);
 }
 
 sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
                                const void *data, uint64_t nbytes)
 {
-    return writer_add(w, name, dt, ndim, shape, data, nbytes, false);
+    return writer_add(w, name, dt, ndim, shape, data, nbytes, false, false);
+}
+
+sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape)
+{
+    uint64_t numel, need;
+    bool frac;
+    RETURN_IF(ndim < 0 || ndim > SF_MAX_DIMS || (unsigned)dt >= SF_DTYPE_COUNT, SPARQ_E_ARG,
+              "%s: tensor '%s': invalid dtype or dimensions", w->path, name);
+    RETURN_IF(!tensor_size(dt, ndim, shape, &numel, &need, &frac), SPARQ_E_RANGE,
+              "%s: tensor '%s': size overflows 64 bits", w->path, name);
+    return writer_add(w, name, dt, ndim, shape, NULL, need, false, true);
 }
 
 sparq_status sf_writer_set_metadata(sf_writer *w, const char *key, const char *value)
@@ -1070,7 +1084,8 @@ sparq_status sf_writer_finish(sf_writer *w)
         st = sparq_atomic_write(&f, len, 8);
         if (st == SPARQ_OK) st = sparq_atomic_write(&f, b.p, b.n);
         for (size_t i = 0; i < w->n && st == SPARQ_OK; i++)
-            if (w->e[i].nbytes) st = sparq_atomic_write(&f, w->e[i].data, (size_t)w->e[i].nbytes);
+            if (w->e[i].hole) st = sparq_atomic_skip(&f, w->e[i].nbytes);
+            else if (w->e[i].nbytes) st = sparq_atomic_write(&f, w->e[i].data, (size_t)w->e[i].nbytes);
         if (st == SPARQ_OK) {
             st = sparq_atomic_commit(&f);
             opened = false;

@@ -118,6 +118,10 @@ sparq_status sf_writer_add(sf_writer *w, const char *name, sf_dtype dt, int ndim
                            const void *data, uint64_t nbytes);
 sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int ndim,
                                const uint64_t *shape, const void *data, uint64_t nbytes);
+/* Add a tensor whose bytes are left a hole in the file (they read as zeros and
+ * take no disk where the file system has sparse files): a header-only
+ * checkpoint that plan / inspect can read at full size (tools/bench/make_v41_model). */
+sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape);
 sparq_status sf_writer_set_metadata(sf_writer *w, const char *key, const char *value);
 /* Write header (padded so data starts at a multiple of 4096) and data to
  * "<path>.tmp.<pid>", fsync, rename. Frees the writer either way. */

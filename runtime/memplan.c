@@ -191,7 +191,7 @@ typedef struct model_sums {
     int64_t L;
     uint64_t *layer_bytes;   /* [L] */
     double *layer_work;      /* [L] bytes read per decoded token */
-    bool *layer_engram;      /* [L] */
+    uint64_t *layer_engram;  /* [L] bytes of the layer's Engram tables */
     uint64_t embed, head, norm, last_other, other, engram_tables;
     bool has_lm_head;
 } model_sums;
@@ -232,7 +232,7 @@ static sparq_status sums_build(model_sums *s, const sq_model_config *cfg, const 
             s->layer_work[l] += (double)t[i].nbytes * (ex ? frac : 1.0);
             break;
         case SQ_TENSOR_ENGRAM_TABLE:
-            s->layer_engram[l] = true;
+            s->layer_engram[l] = sparq_sat_add_u64(s->layer_engram[l], t[i].nbytes);
             s->engram_tables = sparq_sat_add_u64(s->engram_tables, t[i].nbytes);
             break;
         case SQ_TENSOR_EMBED: s->embed = sparq_sat_add_u64(s->embed, t[i].nbytes); break;
@@ -403,6 +403,7 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
         for (int64_t l = nd->first_layer; l < nd->first_layer + nd->n_layers; l++) {
             nd->weights = sparq_sat_add_u64(nd->weights, s.layer_bytes[l]);
             if (s.layer_engram[l]) nd->has_engram = true;
+            nd->engram_ssd = sparq_sat_add_u64(nd->engram_ssd, s.layer_engram[l]);
             if (sq_config_is_moe_layer(cfg, l)) nd->experts += cfg->num_experts;
         }
         if (nd->has_embed) nd->weights = sparq_sat_add_u64(nd->weights, sparq_sat_add_u64(s.embed, s.other));
@@ -461,7 +462,12 @@ sparq_status sq_memplan_suggest(const sq_memplan *plan, const sq_model_config *c
     *max_ctx = 0;
     sq_memplan t;
     for (int nb = plan->boxes + 1; nb <= plan->n_layers && nb <= 1024; nb++) {
-        FORWARD_IF(sq_memplan_build(&t, cfg, tensors, n_tensors, nb, &plan->params, &plan->budget));
+        sparq_status st = sq_memplan_build(&t, cfg, tensors, n_tensors, nb, &plan->params, &plan->budget);
+        if (st == SPARQ_E_UNSUPPORTED) { /* no split into nb nodes respects the architecture's cuts */
+            sparq_err_clear();
+            continue;
+        }
+        FORWARD_IF(st);
         bool ok = t.fits;
         sq_memplan_free(&t);
         if (ok) {

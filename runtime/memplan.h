@@ -187,6 +187,7 @@ typedef struct sq_memplan_node {
     int64_t first_layer, n_layers;   /* layers [first_layer, first_layer + n_layers) */
     bool has_embed, has_head;        /* has_head: final norm + lm_head (+ tied embedding) */
     bool has_engram;                 /* holds a layer with an Engram table */
+    uint64_t engram_ssd;             /* bytes of its layers' Engram tables (on the node's SSD, not in memory) */
     int64_t experts;                 /* routed experts held (all experts of its MoE layers) */
     uint64_t weights, kv, workspace, engram_cache, comm, margin;
     uint64_t total;                  /* sum of the six terms (saturating) */

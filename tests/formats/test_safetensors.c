@@ -157,6 +157,35 @@ static void test_writer_rejects(void)
     CHECK(!sparq_path_exists(tmp_file("rej.safetensors")));
 }
 
+/* Holes: the tensors between and after real data read as zeros, the file has
+ * its full size, and what follows a hole is where the header says. */
+static void test_writer_holes(void)
+{
+    const char *path = tmp_file("holes.safetensors");
+    sf_writer *w;
+    const uint64_t big[2] = {1024, 1024}, small[1] = {4};
+    const float v[4] = {1, 2, 3, 4};
+    CHECK_EQ_INT(sf_writer_create(&w, path), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add_hole(w, "a.hole", SF_BF16, 2, big), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add(w, "b.data", SF_F32, 1, small, v, 16), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add_hole(w, "c.hole", SF_F8_E4M3, 2, big), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add_hole(w, "a.hole", SF_BF16, 2, big), SPARQ_E_ARG);
+    CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
+    sf_model *m;
+    CHECK_EQ_INT(sf_open(&m, path), SPARQ_OK);
+    if (!m) return;
+    const sf_tensor *a = sf_find(m, "a.hole"), *b = sf_find(m, "b.data"), *c = sf_find(m, "c.hole");
+    CHECK(a && b && c);
+    if (a && b && c) {
+        CHECK_EQ_INT(a->nbytes, 2u << 20);
+        CHECK_EQ_INT(c->nbytes, 1u << 20);
+        CHECK(!memcmp(b->data, v, 16));
+        const uint8_t *pa = a->data, *pc = c->data;
+        CHECK(pa[0] == 0 && pa[a->nbytes - 1] == 0 && pc[0] == 0 && pc[c->nbytes - 1] == 0);
+    }
+    sf_close(m);
+}
+
 /* --- conversion by hand -------------------------------------------------- */
 
 static void test_scalar_decoders(void)
@@ -631,6 +660,7 @@ int main(void)
     RUN(test_dtype_names);
     RUN(test_round_trip_every_dtype);
     RUN(test_writer_rejects);
+    RUN(test_writer_holes);
     RUN(test_scalar_decoders);
     RUN(test_to_f32);
     RUN(test_count_nonfinite);

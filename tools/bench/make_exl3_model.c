@@ -29,82 +29,22 @@
 #include "common/half.h"
 #include "common/progress.h"
 #include "formats/safetensors.h"
+#include "tools/bench/model_writer.h"
 
 typedef struct shape {
     int layers, hidden, heads, kv_heads, head_dim, experts, topk, inter, vocab;
     int expert_bits, attn_bits, head_bits;
 } shape;
 
-static uint64_t rng_state;
-static uint64_t rnd(void) /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+typedef mw_job job;
 
-/* One output shard being filled: its writer and the buffers it references. */
-typedef struct shard {
-    sf_writer *w;
-    void **bufs;
-    size_t n_bufs, cap_bufs;
-    uint64_t bytes;
-    int index;
-} shard;
-
-typedef struct job {
-    const char *out;
-    uint64_t shard_cap;
-    shard cur;
-    int n_shards;
-    FILE *map; /* the index's weight_map entries, written as tensors are added */
-    int n_map;
-} job;
-
-static sparq_status shard_flush(job *j)
-{
-    if (!j->cur.w) return SPARQ_OK;
-    sparq_status st = sf_writer_finish(j->cur.w);
-    j->cur.w = NULL;
-    for (size_t i = 0; i < j->cur.n_bufs; i++) sparq_free(j->cur.bufs[i]);
-    j->cur.n_bufs = 0;
-    j->cur.bytes = 0;
-    return st;
-}
-
-static char *shard_name(int i)
-{
-    static char name[64];
-    snprintf(name, sizeof name, "model-%05d.safetensors", i + 1);
-    return name;
-}
-
-/* Add a tensor whose data (heap, nbytes) the shard takes over. */
 static sparq_status add(job *j, const char *name, sf_dtype dt, int ndim, const uint64_t *shape_, void *data,
                         uint64_t nbytes)
 {
-    if (j->cur.w && j->cur.bytes + nbytes > j->shard_cap) FORWARD_IF(shard_flush(j));
-    if (!j->cur.w) {
-        char *path = sparq_path_join(j->out, shard_name(j->n_shards));
-        RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-        sparq_status st = sf_writer_create(&j->cur.w, path);
-        sparq_free(path);
-        FORWARD_IF(st);
-        j->cur.index = j->n_shards++;
-    }
-    if (j->cur.n_bufs == j->cur.cap_bufs) {
-        size_t cap = j->cur.cap_bufs ? 2 * j->cur.cap_bufs : 256;
-        void **b = sparq_realloc(j->cur.bufs, cap * sizeof *b);
-        RETURN_IF(!b, SPARQ_E_NOMEM, "out of memory");
-        j->cur.bufs = b;
-        j->cur.cap_bufs = cap;
-    }
-    j->cur.bufs[j->cur.n_bufs++] = data;
-    j->cur.bytes += nbytes;
-    fprintf(j->map, "%s\n    \"%s\": \"%s\"", j->n_map++ ? "," : "", name, shard_name(j->cur.index));
-    return sf_writer_add_ref(j->cur.w, name, dt, ndim, shape_, data, nbytes);
+    return mw_add(j, name, dt, ndim, shape_, data, nbytes);
 }
+
+#define rnd mw_rnd
 
 static sparq_status add_exl3(job *j, const char *key, int k, int n, int K)
 {
@@ -139,24 +79,11 @@ static sparq_status add_bf16(job *j, const char *name, uint64_t rows, uint64_t c
     RETURN_IF(!b, SPARQ_E_NOMEM, "%s: out of memory", name);
     for (uint64_t i = 0; i < n; i++) {
         float v = fill;
-        if (sd > 0) { /* sum of 4 uniforms: close enough to a normal for weights */
-            const uint64_t r = rnd();
-            v = sd * (float)(((double)(r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) /
-                                 65536.0 - 2.0) * 1.732f;
-        }
+        if (sd > 0) v = mw_gauss(sd);
         b[i] = sparq_f32_to_bf16(v);
     }
     const uint64_t sh[2] = {rows, cols};
     return add(j, name, SF_BF16, cols ? 2 : 1, sh, b, n * 2);
-}
-
-static sparq_status write_text(const char *dir, const char *file, const char *text)
-{
-    char *path = sparq_path_join(dir, file);
-    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
-    sparq_status st = sparq_file_write_atomic(path, text, strlen(text));
-    sparq_free(path);
-    return st;
 }
 
 static sparq_status make(job *j, const shape *s)
@@ -195,7 +122,6 @@ static sparq_status make(job *j, const shape *s)
     sparq_progress_end(&pb);
     FORWARD_IF(add_bf16(j, "model.norm.weight", (uint64_t)d, 0, 0, 1.0f));
     FORWARD_IF(add_exl3(j, "lm_head", d, s->vocab, s->head_bits));
-    FORWARD_IF(shard_flush(j));
 
     snprintf(text, sizeof text,
              "{\n  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n  \"model_type\": \"qwen3_moe\",\n"
@@ -212,28 +138,13 @@ static sparq_status make(job *j, const shape *s)
              "    \"codebook\": \"mul1\"}\n}\n",
              d, s->layers, s->heads, s->kv_heads, s->head_dim, s->inter * s->topk, s->inter, s->experts, s->topk,
              s->vocab, s->expert_bits, s->head_bits);
-    FORWARD_IF(write_text(j->out, "config.json", text));
+    FORWARD_IF(mw_write_text(j->out, "config.json", text));
     snprintf(text, sizeof text,
              "{\"quant_method\": \"exl3\", \"version\": \"0.0.1\", \"bits\": %d, \"head_bits\": %d, "
              "\"calibration\": {\"rows\": 0, \"cols\": 0}, \"out_scales\": \"always\", \"codebook\": \"mul1\", "
              "\"note\": \"random weights (tools/bench/make_exl3_model)\"}\n",
              s->expert_bits, s->head_bits);
-    return write_text(j->out, "quantization_config.json", text);
-}
-
-static int arg_int(int argc, char **argv, int *i, int lo, int hi)
-{
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "make_exl3_model: %s needs a value\n", argv[*i]);
-        exit(2);
-    }
-    char *end;
-    long v = strtol(argv[++*i], &end, 10);
-    if (*end || v < lo || v > hi) {
-        fprintf(stderr, "make_exl3_model: %s %s: want %d..%d\n", argv[*i - 1], argv[*i], lo, hi);
-        exit(2);
-    }
-    return (int)v;
+    return mw_write_text(j->out, "quantization_config.json", text);
 }
 
 int main(int argc, char **argv)
@@ -248,7 +159,7 @@ int main(int argc, char **argv)
     const shape dsv41 = {8, 5120, 40, 8, 128, 384, 6, 2304, 129280, 3, 4, 6};
     const char *out = NULL;
     int shard_mb = 4096;
-    rng_state = 1;
+    mw_seed(1);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--preset") && i + 1 < argc) {
@@ -260,20 +171,20 @@ int main(int argc, char **argv)
                 fprintf(stderr, "make_exl3_model: unknown preset '%s'\n", p);
                 return 2;
             }
-        } else if (!strcmp(a, "--layers")) s.layers = arg_int(argc, argv, &i, 1, 4096);
-        else if (!strcmp(a, "--hidden")) s.hidden = arg_int(argc, argv, &i, 128, 65536);
-        else if (!strcmp(a, "--heads")) s.heads = arg_int(argc, argv, &i, 1, 1024);
-        else if (!strcmp(a, "--kv-heads")) s.kv_heads = arg_int(argc, argv, &i, 1, 1024);
-        else if (!strcmp(a, "--head-dim")) s.head_dim = arg_int(argc, argv, &i, 64, 1024);
-        else if (!strcmp(a, "--experts")) s.experts = arg_int(argc, argv, &i, 1, 65536);
-        else if (!strcmp(a, "--topk")) s.topk = arg_int(argc, argv, &i, 1, 64);
-        else if (!strcmp(a, "--inter")) s.inter = arg_int(argc, argv, &i, 128, 1 << 20);
-        else if (!strcmp(a, "--vocab")) s.vocab = arg_int(argc, argv, &i, 128, 1 << 24);
-        else if (!strcmp(a, "--expert-bits")) s.expert_bits = arg_int(argc, argv, &i, 1, 8);
-        else if (!strcmp(a, "--attn-bits")) s.attn_bits = arg_int(argc, argv, &i, 1, 8);
-        else if (!strcmp(a, "--head-bits")) s.head_bits = arg_int(argc, argv, &i, 1, 8);
-        else if (!strcmp(a, "--shard-mb")) shard_mb = arg_int(argc, argv, &i, 1, 1 << 20);
-        else if (!strcmp(a, "--seed")) rng_state = (uint64_t)arg_int(argc, argv, &i, 0, 1 << 30);
+        } else if (!strcmp(a, "--layers")) s.layers = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 4096);
+        else if (!strcmp(a, "--hidden")) s.hidden = mw_arg_int("make_exl3_model", argc, argv, &i, 128, 65536);
+        else if (!strcmp(a, "--heads")) s.heads = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 1024);
+        else if (!strcmp(a, "--kv-heads")) s.kv_heads = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 1024);
+        else if (!strcmp(a, "--head-dim")) s.head_dim = mw_arg_int("make_exl3_model", argc, argv, &i, 64, 1024);
+        else if (!strcmp(a, "--experts")) s.experts = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 65536);
+        else if (!strcmp(a, "--topk")) s.topk = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 64);
+        else if (!strcmp(a, "--inter")) s.inter = mw_arg_int("make_exl3_model", argc, argv, &i, 128, 1 << 20);
+        else if (!strcmp(a, "--vocab")) s.vocab = mw_arg_int("make_exl3_model", argc, argv, &i, 128, 1 << 24);
+        else if (!strcmp(a, "--expert-bits")) s.expert_bits = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 8);
+        else if (!strcmp(a, "--attn-bits")) s.attn_bits = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 8);
+        else if (!strcmp(a, "--head-bits")) s.head_bits = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 8);
+        else if (!strcmp(a, "--shard-mb")) shard_mb = mw_arg_int("make_exl3_model", argc, argv, &i, 1, 1 << 20);
+        else if (!strcmp(a, "--seed")) mw_seed((uint64_t)mw_arg_int("make_exl3_model", argc, argv, &i, 0, 1 << 30));
         else if (a[0] != '-' && !out) out = a;
         else {
             fprintf(stderr, "usage: make_exl3_model OUT [--preset qwen3-30b-a3b|qwen3-235b-a22b|dsv41-moe|tiny] [--layers N] "
@@ -288,24 +199,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "make_exl3_model: OUT missing, or a width not a multiple of 128 / inconsistent heads\n");
         return 2;
     }
-    job j = {.out = out, .shard_cap = (uint64_t)shard_mb << 20};
-    sparq_status st = sparq_mkdirs(out);
-    char *ipath = sparq_path_join(out, "model.safetensors.index.json.partial");
-    j.map = ipath ? fopen(ipath, "w") : NULL;
-    if (st == SPARQ_OK && !j.map) st = sparq_err(SPARQ_E_IO, "%s: cannot write the index", out);
-    if (st == SPARQ_OK) {
-        fprintf(j.map, "{\n  \"metadata\": {},\n  \"weight_map\": {");
-        st = make(&j, &s);
-        fprintf(j.map, "\n  }\n}\n");
-    }
-    if (j.map && fclose(j.map) && st == SPARQ_OK) st = sparq_err(SPARQ_E_IO, "%s: cannot write the index", out);
-    char *final = sparq_path_join(out, "model.safetensors.index.json");
-    if (st == SPARQ_OK && (!final || rename(ipath, final)))
-        st = sparq_err(SPARQ_E_IO, "%s: cannot rename the index", out);
-    sparq_free(ipath);
-    sparq_free(final);
-    for (size_t i = 0; i < j.cur.n_bufs; i++) sparq_free(j.cur.bufs[i]);
-    sparq_free(j.cur.bufs);
+    job j;
+    sparq_status st = mw_begin(&j, out, (uint64_t)shard_mb << 20, false);
+    if (st == SPARQ_OK) st = make(&j, &s);
+    st = mw_end(&j, st);
     if (st != SPARQ_OK) {
         fprintf(stderr, "make_exl3_model: %s\n", sparq_errmsg());
         return 1;

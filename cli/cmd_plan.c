@@ -54,7 +54,7 @@ bool plan_opt_handle(const cli_spec *s, int id, const char *v, sq_pack_options *
     return false;
 }
 
-enum { O_JSON = PLAN_OPT_COUNT, O_BITS, O_BITS_FOR, O_ATTN_BITS, O_SHARED_BITS, O_HEAD_BITS };
+enum { O_JSON = PLAN_OPT_COUNT, O_BITS, O_BITS_FOR, O_ATTN_BITS, O_SHARED_BITS, O_HEAD_BITS, O_SHIP };
 #define MAX_BITS_RULES 32
 static const cli_opt opts[] = {
     PLAN_OPTS,
@@ -68,6 +68,9 @@ static const cli_opt opts[] = {
     [O_ATTN_BITS] = {"attn-bits", 0, "K", "with --bits: attention projections (default 5)"},
     [O_SHARED_BITS] = {"shared-bits", 0, "K", "with --bits: shared experts and dense MLPs (default 4)"},
     [O_HEAD_BITS] = {"head-bits", 0, "K", "with --bits: the output head (default 6)"},
+    [O_SHIP] = {"ship-pools", 0, NULL, "what-if (no runtime runs it yet): let a pipeline node start at any layer, "
+                                       "holding copies of the earlier source layers' pools it reads (DeepSeek "
+                                       "V4.1); pack does not accept such a split"},
     {0}};
 static const cli_spec spec = {
     "plan", "MODEL [--boxes N] [budget and run options] [--json]",
@@ -170,6 +173,8 @@ int cmd_plan(int argc, char **argv)
             if (!plan_opt_handle(&spec, id, v, &o)) return 2;
         } else if (id == O_JSON) {
             json = true;
+        } else if (id == O_SHIP) {
+            o.params.ship_sources = true;
         } else if (id == O_BITS) {
             if (!cli_parse_double(&spec, "bits", v, 1.0, 8.0, &bits)) return 2;
         } else if (id == O_BITS_FOR) {
@@ -241,6 +246,7 @@ int cmd_plan(int argc, char **argv)
         json_object_set_new(root, "plan", pj ? pj : json_null());
         for (int i = 0; i < p.boxes; i++) json_array_append_new(ssd, json_integer((json_int_t)p.nodes[i].engram_ssd));
         json_object_set_new(root, "engram_ssd", ssd);
+        json_object_set_new(root, "ship_pools", json_boolean(o.params.ship_sources));
         if (bits > 0) {
             json_t *t = json_object();
             json_object_set_new(t, "bits", json_real(bits));
@@ -263,6 +269,9 @@ int cmd_plan(int argc, char **argv)
         if (m.cfg.max_position_embeddings > 0 && p.params.ctx > m.cfg.max_position_embeddings)
             printf("note: ctx %lld exceeds the model's max_position_embeddings (%lld)\n", (long long)p.params.ctx,
                    (long long)m.cfg.max_position_embeddings);
+        if (o.params.ship_sources)
+            printf("what-if --ship-pools: nodes keep copies of earlier source layers' pools (in kv); no runtime runs "
+                   "this split yet, and the entries shipped per step are not in comm\n");
         printf("\nverdict: %s: %s\n", p.fits ? "fits" : "does not fit", why);
         if (!p.fits) {
             if (min_boxes) printf("smallest box count that fits: %d\n", min_boxes);

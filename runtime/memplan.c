@@ -105,7 +105,9 @@ uint64_t sq_memplan_cuda_prefill_bytes(uint64_t max_kn, uint64_t max_k, uint64_t
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes)
 {
     if (boxes <= 1) return 0;
-    uint64_t bufs = sq_memplan_prod(5, (const uint64_t[]){2, 2, sq_memplan_pos(sq_memplan_rows(p)), sq_memplan_pos(cfg->hidden_size), 4});
+    /* a row is what the stages exchange: hidden_width floats (V4.1: 4 streams + mix + id) */
+    uint64_t bufs = sq_memplan_prod(5, (const uint64_t[]){2, 2, sq_memplan_pos(sq_memplan_rows(p)),
+                                                         sq_memplan_pos(sq_arch_hidden_width(cfg)), 4});
     return sparq_sat_add_u64(bufs, SQ_MEMPLAN_COMM_FIXED);
 }
 
@@ -269,6 +271,11 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
         sparq_free(cut);
         return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
     }
+    /* a layer's own state: shipped copies belong to a node, not to a layer */
+    const bool ship = p->ship_sources;
+    sq_memplan_params own = *p;
+    own.ship_sources = false;
+    p = &own;
     double mem_total = (double)s->embed + (double)last_extra(s, tied) + (double)s->other;
     double work_total = (double)(tied ? s->embed : s->head);
     for (int64_t l = 0; l < L; l++) {
@@ -292,7 +299,8 @@ static sparq_status split_layers(const model_sums *s, const sq_model_config *cfg
         for (int64_t j = k; j <= L - (boxes - k); j++) {
             for (int64_t i = k - 1; i < j; i++) {
                 if (DP(k - 1, i) == INFINITY) continue;
-                if (i > 0 && !sq_arch_split_ok(cfg, (int)i)) continue; /* layers past i read a source before it */
+                /* layers past i read a source before it (unless its caches are shipped) */
+                if (i > 0 && !ship && !sq_arch_split_ok(cfg, (int)i)) continue;
                 double c = cost[j] - cost[i];
                 if (k == 1) c += extra0;
                 if (k == boxes) c += extra_last;

@@ -53,6 +53,11 @@ typedef struct sq_memplan_params {
     int64_t threads;      /* runtime threads per node, for per-thread scratch (default 32,
                              at least a DGX Spark's 20 cores) */
     sq_kv_dtype kv_dtype; /* default SQ_KV_F32 */
+    bool ship_sources;    /* a what-if only `sparq plan --ship-pools` sets (default false; no runtime
+                             runs it yet): a pipeline node may start at any layer even where the
+                             architecture's split_ok forbids it, keeping its own copy of the caches
+                             of earlier source layers its layers read (kv_bytes counts them; the
+                             source's node would ship each step's new entries with the hidden row) */
 } sq_memplan_params;
 
 void sq_memplan_params_default(sq_memplan_params *p);
@@ -112,7 +117,9 @@ void sq_memplan_workspace_terms(const sq_model_config *cfg, const sq_memplan_par
 uint64_t sq_memplan_workspace_bytes(const sq_model_config *cfg, const sq_memplan_params *p, bool has_head);
 
 /* Pipeline communication buffers of one node (0 with one box):
- *     2 (send, recv) * 2 (double buffered) * rows * hidden_size * 4
+ *     2 (send, recv) * 2 (double buffered) * rows * hidden_width * 4
+ * (hidden_width: floats of a hidden row, sq_arch_hidden_width: hidden_size, or
+ * V4.1's 4 streams + the lagged mix + the compressed id, padded to 16)
  *     + SQ_MEMPLAN_COMM_FIXED (transport's own buffers: NCCL channels / MPI eager) */
 /* --- the CUDA runtime's device memory ----------------------------------
  * On a GPU the runtime holds, besides the weights (each tensor rounded up to

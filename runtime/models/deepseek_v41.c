@@ -317,6 +317,19 @@ static uint64_t v41_kv_bytes(const sq_model_config *c, int64_t first, int64_t n,
         engram |= v41_is_engram(c, (int)L, NULL);
     }
     if (engram) f = ADD(f, rows + SQ_ENGRAM_ORDERS); /* compressed-id history */
+    /* the what-if of shipped caches: a copy of the pool and indexer keys of every kv source
+     * before `first` that a layer of the range reads (the compressor's open group stays home) */
+    const sq_v41_config *v = &c->v41;
+    for (int s = 0; p->ship_sources && s < first && s < c->num_hidden_layers; s++) {
+        if (!v->kv_source[s] || !v->compress_ratio[s]) continue;
+        bool read = false;
+        for (int64_t L = first; L < first + n && L < c->num_hidden_layers && !read; L++)
+            read = v->compress_ratio[L] && latest(v->kv_source, (int)L) == s;
+        if (!read) continue;
+        const uint64_t P = pool_entries(ctx, v->compress_ratio[s]);
+        f = ADD(f, MUL(P, (uint64_t)c->head_dim));
+        if (v->index_source[s]) f = ADD(f, MUL(P, (uint64_t)v->index_head_dim));
+    }
     return sq_memplan_prod(3, (const uint64_t[]){f, sq_memplan_pos(p->users), 4});
 }
 

@@ -31,15 +31,20 @@ for i, a in enumerate(extra):
         rules.append((pat, int(k)))
 cfg = json.load(open(os.path.join(model, "config.json")))["text_config"]
 plan = json.load(open(pj))
-tensors = {}
-for fn in sorted(os.listdir(model)):
-    if fn.endswith(".safetensors"):
-        with open(os.path.join(model, fn), "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            h = json.loads(f.read(n))
-        for k, v in h.items():
-            if k != "__metadata__":
-                tensors[k] = (v["dtype"], v["shape"], v["data_offsets"][1] - v["data_offsets"][0])
+cache = os.path.join(os.path.dirname(pj), "headers.json")  # the headers, read once per test
+if os.path.exists(cache):
+    tensors = json.load(open(cache))
+else:
+    tensors = {}
+    for fn in sorted(os.listdir(model)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(model, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k != "__metadata__":
+                    tensors[k] = (v["dtype"], v["shape"], v["data_offsets"][1] - v["data_offsets"][0])
+    json.dump(tensors, open(cache, "w"))
 def expert_bits(L):
     base = math.floor(bits + 1e-9); frac = bits - base
     return base + 1 if frac > 1e-9 and math.floor((L + 1) * frac + 1e-9) > math.floor(L * frac + 1e-9) else base
@@ -79,6 +84,12 @@ def kv(first, n):
             P = ctx // r
             f += P * cfg["head_dim"] + P * cfg["index_head_dim"] + 2 * r * cfg["head_dim"]
     if any(first <= L < first + n for L in cfg["engram_layer_ids"]): f += rows + 4
+    if "--ship-pools" in extra:  # copies of the earlier sources' pools and indexer keys the range reads
+        srcs = cfg["kv_source_layer_ids"]
+        read = {max(s for s in srcs if s <= L) for L in range(first, first + n) if cfg["compress_ratios"][L]}
+        for s in sorted(x for x in read if x < first):
+            P = ctx // cfg["compress_ratios"][s]
+            f += P * cfg["head_dim"] + (P * cfg["index_head_dim"] if s in cfg["index_source_layer_ids"] else 0)
     return f * users * 4
 errs = []
 nodes = plan["plan"]["nodes"]
@@ -114,6 +125,14 @@ check 2 2.9 1048576 8 >"$T/o" && ok || bad "2 boxes, 1M x 8: per-node bytes"
 [ "$(cat "$T/o")" = "0 20 refused" ] && [ "$(cat "$T/rc")" = 1 ] && ok || bad "2 boxes at 1M x 8 refused: $(cat "$T/o")"
 check 4 2.9 1048576 8 >"$T/o" && ok || bad "4 boxes, 1M x 8: per-node bytes"
 [ "$(cat "$T/o")" = "0 8 14 20 refused" ] && ok || bad "4 boxes at 1M x 8 refused (node 3): $(cat "$T/o")"
+# the what-if of shipped pools: any cut; a node after a source holds a copy of its pool
+check 4 2.9 1048576 8 --ship-pools >"$T/o" && ok || bad "4 boxes, 1M x 8, --ship-pools: per-node bytes"
+python3 -c "import sys; w=sys.argv[1].split(); c=list(map(int,w[:-1]))+[40]; sys.exit(0 if w[-1]=='fits' and max(b-a for a,b in zip(c,c[1:]))<=11 else 1)" \
+  "$(cat "$T/o")" && ok || bad "4 boxes, --ship-pools: a balanced split (<= 11 layers a node) that fits: $(cat "$T/o")"
+check 3 3 131072 4 --ship-pools >"$T/o" && ok || bad "3 boxes, --ship-pools: per-node bytes"
+grep -q "fits" "$T/o" && ok || bad "3 boxes, --ship-pools fits: $(cat "$T/o")"
+"$SPARQ" plan "$M" --bits 2.9 --boxes 7 --ship-pools >"$T/t" 2>&1 && grep -q "what-if --ship-pools" "$T/t" && ok \
+  || bad "7 boxes with --ship-pools plan, saying it is a what-if: $(cat "$T/t")"
 "$SPARQ" plan "$M" --bits 2.9 --boxes 2 --ctx 1048576 --users 8 >"$T/t" 2>&1; [ $? -eq 1 ] && \
   grep -q "largest ctx that fits on 2 boxes" "$T/t" && grep -q "engram tables on SSD: .*node 0" "$T/t" && ok \
   || bad "the table says what would fit: $(cat "$T/t")"

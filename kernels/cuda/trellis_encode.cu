@@ -247,11 +247,14 @@ __device__ __forceinline__ void block_argmin(const float *fin, float *rv, int *r
     __syncthreads();
 }
 
+/* One block per tile slot (blockIdx.x), looping over tiles. back_ws and
+ * cost_ws are written and read back by the block: no __restrict__, so no
+ * load of them can become a non-coherent (read-only cache) load. */
 template <int K, int CB, bool GCOST>
 __global__ void __launch_bounds__(vshape<K>::THREADS)
     k_viterbi(const float *__restrict__ x, const float *__restrict__ w, size_t n_tiles, uint16_t *__restrict__ states,
-              float *__restrict__ decoded, float *__restrict__ err, uint8_t *__restrict__ back_ws,
-              float *__restrict__ cost_ws, const float *__restrict__ mul1_tab)
+              float *__restrict__ decoded, float *__restrict__ err, uint8_t *back_ws, float *cost_ws,
+              const float *__restrict__ mul1_tab)
 {
     using S = vshape<K>;
     extern __shared__ float4 smem4[];

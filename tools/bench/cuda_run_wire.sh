@@ -25,7 +25,8 @@ pack)
     b=${2:?build dir}
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
-             tests/gpu/test_trellis_cuda tests/gpu/test_dist_threads_cuda tools/bench/cuda_bench \
+             tests/gpu/test_trellis_cuda tests/gpu/test_trellis_encode_cuda tests/gpu/test_dist_threads_cuda \
+             tools/bench/cuda_bench tools/bench/trellis_encode_bench \
              tools/bench/runtime_bench tools/bench/make_exl3_model tests/datapack; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
@@ -96,7 +97,7 @@ run)
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
         ldd $bin/sparq | grep -i "not found"
         ldd $bin/sparq | grep -ci "cublas" | sed 's/^/sparq links cuBLAS directly: /'
-        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda; do
+        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda test_trellis_encode_cuda; do
             echo "== $t"
             $bin/$t
             echo "rc=$?"
@@ -151,6 +152,8 @@ PY
         $bin/cuda_bench --int > "$out/cuda-int.bench.log" 2>&1
         $bin/cuda_bench --moe > "$out/cuda-moe.bench.log" 2>&1
     fi
+    # the GPU trellis encoder vs the CPU one (docs/benchmarks-trellis.md)
+    [ -x $bin/trellis_encode_bench ] && $bin/trellis_encode_bench > "$out/trellis-encode.bench.log" 2>&1
     tail -n 60 "$out/tests.log" "$out/bench.log"
     ;;
 *)

@@ -23,17 +23,11 @@
 #include "quantize/viterbi.h"
 #include "tests/kernels/trellis_rand.h"
 #include "tools/bench/bench_bw.h"
+#include "tools/bench/bench_rand.h"
 
 void openblas_set_num_threads(int);
 
 static trellis_path bench_path; /* --path, default trellis_path_best() */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* CPU time of this thread: on a shared machine the 1-thread rates are also
  * given per CPU-second, which other processes do not distort. */
@@ -43,16 +37,6 @@ static double cpu_now(void)
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-static uint64_t rs = 0x853c49e6748fea9bull;
-static double unif(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return ((double)(rs >> 11) + 0.5) / 9007199254740992.0;
-}
-static float gauss(void) { return (float)(sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); }
 
 /* --- Lloyd-Max scalar quantizer for N(0,1), 2^bits levels ------------------- */
 
@@ -93,7 +77,7 @@ static int bench_mse(size_t n_values, int threads)
     if (sparq_pool_create(&pool, threads) != SPARQ_OK) return 1;
     float *x = malloc(n_tiles * 256 * sizeof(float));
     uint16_t *st = malloc(n_tiles * 256 * sizeof(uint16_t));
-    rs = 0x853c49e6748fea9bull;
+    bench_rs = BENCH_RS_SEED;
     for (size_t i = 0; i < n_tiles * 256; i++) x[i] = gauss();
     printf("MSE on %zu i.i.d. N(0,1) values (%zu tiles), mul1, %d threads, path %s\n", n_tiles * 256, n_tiles,
            sparq_pool_size(pool), trellis_path_name(trellis_path_best()));

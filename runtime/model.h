@@ -79,6 +79,18 @@ typedef struct sq_model_mem {
 } sq_model_mem;
 void sq_model_mem_report(const sq_model *m, sq_model_mem *out);
 
+/* Engram row reads of this process since load (zeros for a model without
+ * Engram layers here): rows looked up ((row, column) pairs), distinct rows
+ * read (after the per-step deduplication), seconds the reads took (from
+ * queueing a step's reads to its last row, summed over steps and tables) and
+ * seconds the forward blocked waiting for them (the part not hidden behind
+ * the layers before the Engram layer). */
+typedef struct sq_model_engram_stats {
+    uint64_t rows, unique;
+    double fetch_s, wait_s;
+} sq_model_engram_stats;
+void sq_model_engram_report(const sq_model *m, sq_model_engram_stats *out);
+
 /* --- whole-model forward ----------------------------------------------- */
 
 typedef enum sq_logits_mode {

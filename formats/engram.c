@@ -182,6 +182,17 @@ void sq_engram_layout_subset(const sq_engram_layout *lay, int first, int end, sq
     *out = o;
 }
 
+bool sq_engram_layout_equal(const sq_engram_layout *a, const sq_engram_layout *b, bool maps)
+{
+    sq_engram_layout x = *a, y = *b;
+    x.token_map = y.token_map = NULL;
+    x.n_tokens = y.n_tokens = 0;
+    if (memcmp(&x, &y, sizeof x)) return false;
+    if (!maps) return true;
+    return a->n_tokens == b->n_tokens &&
+           (!a->n_tokens || !memcmp(a->token_map, b->token_map, (size_t)a->n_tokens * sizeof *a->token_map));
+}
+
 /* The released multipliers (reference.md §3.1), by model layer. */
 static const struct {
     int layer;

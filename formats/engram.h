@@ -105,6 +105,10 @@ sparq_status sq_engram_layout_from_config(sq_engram_layout *lay, const sq_model_
  * (n_layers may be 0): what node of a pipeline holding those layers reads. */
 void sq_engram_layout_subset(const sq_engram_layout *lay, int first, int end, sq_engram_layout *out);
 
+/* Do a and b describe the same tables and hash (every field but the token
+ * map; with maps, the token maps too)? */
+bool sq_engram_layout_equal(const sq_engram_layout *a, const sq_engram_layout *b, bool maps);
+
 /* A parsed file header. */
 typedef struct sq_engram_header {
     sq_engram_layout layout; /* token_map points into the parsed buffer (the reader keeps a copy) */

@@ -734,10 +734,7 @@ static sparq_status open_engram_file(v41 *m, const sq_engram_layout *want)
     sq_model *c = m->c;
     FORWARD_IF(sq_engram_open(&m->erd, c->engram_path, 0));
     const sq_engram_layout *have = &sq_engram_reader_header(m->erd)->layout;
-    sq_engram_layout a = *have, b = *want;
-    a.token_map = b.token_map = NULL;
-    a.n_tokens = b.n_tokens = 0;
-    RETURN_IF(memcmp(&a, &b, sizeof a), SPARQ_E_FORMAT,
+    RETURN_IF(!sq_engram_layout_equal(have, want, false), SPARQ_E_FORMAT,
               "%s: its Engram tables (%u, of layers %d..%d) are not those config.json gives node %d's layers "
               "[%d, %d) (%u tables): the bundle does not match its config (`sparq verify %s`)", c->engram_path,
               have->n_layers, have->layer_ids[0], have->layer_ids[have->n_layers ? have->n_layers - 1 : 0],

@@ -10,13 +10,13 @@ static const cli_opt opts[] = {
     PLAN_OPTS,
     {"resume", 0, NULL, "continue an interrupted pack from OUT.partial (same options; same bytes as one run)"},
     {"block-size", 0, "SIZE", "checksum block size, a power of two >= 4096 (default 4M)"},
-    {"engram-prime-base", 0, "N", "Engram bucket counts are the primes above N (default 16000000, V4.1)"},
     {0}};
 static const cli_spec spec = {
     "pack", "MODEL OUT [--boxes N] [budget and run options] [--resume]",
     "Lay MODEL out as a bundle for N boxes: OUT/manifest.json (model config, quantization, memory plan,\n"
     "node -> layers, size + XXH3-128 of every file and of every block), OUT/node-K/model.safetensors\n"
-    "(4096-aligned, only node K's tensors) and the config/tokenizer files. Refuses, before writing\n"
+    "(4096-aligned, only node K's tensors), OUT/engram/engram-node-K.bin (the Engram tables of node\n"
+    "K's layers, when the model has them) and the config/tokenizer files. Refuses, before writing\n"
     "anything, what `sparq plan` with the same options says will not fit. Writes OUT.partial/ and\n"
     "renames it to OUT when complete.",
     opts,
@@ -36,10 +36,6 @@ int cmd_pack(int argc, char **argv)
             if (!plan_opt_handle(&spec, id, v, &o)) return 2;
         } else if (id == PLAN_OPT_COUNT) {
             o.resume = true;
-        } else if (id == PLAN_OPT_COUNT + 2) {
-            long long n;
-            if (!cli_parse_int(&spec, "engram-prime-base", v, 1, (long long)1 << 40, &n)) return 2;
-            o.engram_prime_base = (uint64_t)n;
         } else {
             if (!cli_parse_size(&spec, "block-size", v, &o.block_size)) return 2;
             if (o.block_size < 4096 || (o.block_size & (o.block_size - 1)))

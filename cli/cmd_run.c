@@ -50,7 +50,7 @@ static const cli_opt opts[] = {
     [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096, or a bundle's planned "
                                 "ctx, capped at the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
-    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes and (--device cuda) the device bytes planned and used, to stderr"},
+    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes, (--device cuda) the device bytes planned and used, and (Engram models) the Engram rows read, distinct rows, rows/s and the fraction of their read time hidden behind compute, to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
     [O_PARALLEL] = {"parallel", 0, "N", "generate N continuations of the prompt at once, seeds S..S+N-1 (default 1); "
                                         "printed one after another when all are done"},
@@ -322,6 +322,15 @@ int cmd_run(int argc, char **argv)
             sq_model_graph_counts(sq_dist_model(s.model), &g_cap, &g_rep);
             fprintf(stderr, "stats: graph_steps_captured=%llu\nstats: graph_steps_replayed=%llu\n",
                     (unsigned long long)g_cap, (unsigned long long)g_rep);
+            sq_model_engram_stats es;
+            sq_model_engram_report(sq_dist_model(s.model), &es);
+            if (es.rows)
+                fprintf(stderr,
+                        "stats: engram_rows=%llu\nstats: engram_unique_rows=%llu\nstats: engram_rows_per_s=%.0f\n"
+                        "stats: engram_fetch_s=%.6f\nstats: engram_hidden_fraction=%.3f\n",
+                        (unsigned long long)es.rows, (unsigned long long)es.unique,
+                        es.fetch_s > 0 ? (double)es.unique / es.fetch_s : 0.0, es.fetch_s,
+                        es.fetch_s > 0 ? 1.0 - (es.wait_s < es.fetch_s ? es.wait_s : es.fetch_s) / es.fetch_s : 1.0);
             sq_dist_stats ds;
             sq_dist_get_stats(s.model, &ds);
             fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",

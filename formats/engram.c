@@ -4,6 +4,8 @@
 #include "formats/engram.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,11 +18,8 @@
 #include "formats/safetensors.h"
 #include "common/file.h"
 
-#define FIXED_BYTES 88u
 #define LAYER_ENTRY 40u
 #define COLUMN_ENTRY 24u
-#define MAX_HEADER (64u << 10)
-#define NO_OFFSET UINT64_MAX
 
 
 uint32_t sq_engram_dtype_bytes(sq_engram_dtype dt)
@@ -37,12 +36,41 @@ uint32_t sq_engram_dtype_bytes(sq_engram_dtype dt)
 
 /* ---- layout ---- */
 
+/* The compressed ids of a token map must be numbered in order of first
+ * appearance (sq_engram_vocab_build's rule), n_compressed of them, so a
+ * damaged map is refused rather than hashed. Entries are read with get(i). */
+static sparq_status token_map_check(const sq_engram_layout *lay, const uint8_t *le, const uint32_t *map,
+                                    const char *name)
+{
+    uint64_t next = 0; /* the id a new key would get */
+    for (uint32_t i = 0; i < lay->n_tokens; i++) {
+        const uint32_t v = le ? sparq_get_le32(le + 4 * (size_t)i) : map[i];
+        RETURN_IF(v > next || v >= lay->n_compressed, SPARQ_E_FORMAT,
+                  "%s: token map entry %u is %u, but only ids 0..%llu may appear there (compressed ids are numbered "
+                  "in order of first appearance, %u of them)", name, i, v,
+                  (unsigned long long)(next < lay->n_compressed ? next : lay->n_compressed - 1), lay->n_compressed);
+        if (v == next) next++;
+    }
+    RETURN_IF(lay->n_tokens && next != lay->n_compressed, SPARQ_E_FORMAT,
+              "%s: the token map has %llu distinct compressed ids, the header says %u", name,
+              (unsigned long long)next, lay->n_compressed);
+    return SPARQ_OK;
+}
+
 static sparq_status layout_check(const sq_engram_layout *lay, const char *name)
 {
     RETURN_IF(lay->n_layers < 1 || lay->n_layers > SQ_ENGRAM_MAX_LAYERS, SPARQ_E_FORMAT,
               "%s: %u Engram tables (1..%d allowed)", name, lay->n_layers, SQ_ENGRAM_MAX_LAYERS);
     RETURN_IF(lay->n_columns < 1 || lay->n_columns > SQ_ENGRAM_MAX_COLUMNS, SPARQ_E_FORMAT,
               "%s: %u hash columns (1..%d allowed)", name, lay->n_columns, SQ_ENGRAM_MAX_COLUMNS);
+    RETURN_IF(lay->max_ngram < 2 || lay->max_ngram > SQ_ENGRAM_ORDERS || lay->n_heads < 1 ||
+                  (uint64_t)(lay->max_ngram - 1) * lay->n_heads != lay->n_columns,
+              SPARQ_E_FORMAT, "%s: %u columns, but n-gram orders 2..%u x %u heads give %llu", name, lay->n_columns,
+              lay->max_ngram, lay->n_heads, (unsigned long long)(lay->max_ngram - 1) * lay->n_heads);
+    RETURN_IF(lay->n_compressed < 1 || lay->pad_id >= lay->n_compressed, SPARQ_E_FORMAT,
+              "%s: pad id %u with %u compressed ids", name, lay->pad_id, lay->n_compressed);
+    RETURN_IF(lay->n_tokens > SQ_ENGRAM_MAX_TOKENS, SPARQ_E_FORMAT,
+              "%s: token map of %u entries (at most %u)", name, lay->n_tokens, SQ_ENGRAM_MAX_TOKENS);
     uint32_t vb = sq_engram_dtype_bytes((sq_engram_dtype)lay->value_dtype);
     RETURN_IF(!vb || lay->value_dtype == SQ_ENGRAM_UE8M0, SPARQ_E_FORMAT, "%s: unknown value dtype %u", name,
               lay->value_dtype);
@@ -62,8 +90,23 @@ static sparq_status layout_check(const sq_engram_layout *lay, const char *name)
     }
     RETURN_IF(rb != lay->row_bytes, SPARQ_E_FORMAT, "%s: row_bytes %u but the dtypes and counts give %llu", name,
               lay->row_bytes, (unsigned long long)rb);
+    /* the hash multiplies compressed ids by the multipliers in int64 (the
+     * vendor's numpy): the products must not overflow, or unsigned and signed
+     * arithmetic would give different buckets */
+    const uint64_t mmax = (uint64_t)INT64_MAX / (lay->n_compressed > 1 ? lay->n_compressed - 1 : 1);
     uint64_t total_bytes = 0; /* all tables: bounded so that no file offset can overflow */
     for (uint32_t l = 0; l < lay->n_layers; l++) {
+        RETURN_IF(l && lay->layer_ids[l] <= lay->layer_ids[l - 1], SPARQ_E_FORMAT,
+                  "%s: table %u is model layer %d, after layer %d (tables go in increasing layer order)", name, l,
+                  lay->layer_ids[l], lay->layer_ids[l - 1]);
+        RETURN_IF(lay->layer_ids[l] < 0, SPARQ_E_FORMAT, "%s: table %u has model layer %d", name, l,
+                  lay->layer_ids[l]);
+        for (uint32_t k = 0; k < SQ_ENGRAM_ORDERS; k++) {
+            const uint64_t m = lay->multipliers[l][k];
+            RETURN_IF(k < lay->max_ngram ? (!(m & 1) || m > mmax) : m != 0, SPARQ_E_FORMAT,
+                      "%s: table %u multiplier %u is %llu (used ones odd and at most %llu, unused ones 0)", name, l,
+                      k, (unsigned long long)m, (unsigned long long)mmax);
+        }
         uint64_t off = 0;
         for (uint32_t c = 0; c < lay->n_columns; c++) {
             RETURN_IF(lay->primes[l][c] < 1 || lay->primes[l][c] > ((uint64_t)1 << 40), SPARQ_E_FORMAT,
@@ -79,7 +122,7 @@ static sparq_status layout_check(const sq_engram_layout *lay, const char *name)
             off += lay->primes[l][c];
         }
     }
-    return SPARQ_OK;
+    return lay->token_map ? token_map_check(lay, NULL, lay->token_map, name) : SPARQ_OK;
 }
 
 /* A layout the caller built is an argument error, not a format error. */
@@ -113,30 +156,123 @@ uint64_t sq_engram_layer_rows(const sq_engram_layout *lay, uint32_t layer)
     return s;
 }
 
-/* ---- header ---- */
-
-static uint32_t header_size_for(const sq_engram_layout *lay)
+int sq_engram_table_of(const sq_engram_layout *lay, int L)
 {
-    uint32_t n = FIXED_BYTES + lay->n_layers * LAYER_ENTRY + lay->n_layers * lay->n_columns * COLUMN_ENTRY + 8;
-    return (n + 4095u) & ~4095u;
+    for (uint32_t i = 0; i < lay->n_layers; i++)
+        if (lay->layer_ids[i] == L) return (int)i;
+    return -1;
 }
 
-/* Fill the shard-dependent part of h (sizes, offsets) from h->layout. */
-static void header_place(sq_engram_header *h, uint32_t shard, uint32_t shards, uint32_t block_bytes)
+void sq_engram_layout_subset(const sq_engram_layout *lay, int first, int end, sq_engram_layout *out)
+{
+    sq_engram_layout o = *lay;
+    o.n_layers = 0;
+    memset(o.layer_ids, 0, sizeof o.layer_ids);
+    memset(o.multipliers, 0, sizeof o.multipliers);
+    memset(o.primes, 0, sizeof o.primes);
+    memset(o.row_offset, 0, sizeof o.row_offset);
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        if (lay->layer_ids[l] < first || lay->layer_ids[l] >= end) continue;
+        const uint32_t k = o.n_layers++;
+        o.layer_ids[k] = lay->layer_ids[l];
+        memcpy(o.multipliers[k], lay->multipliers[l], sizeof o.multipliers[k]);
+        memcpy(o.primes[k], lay->primes[l], sizeof o.primes[k]);
+        memcpy(o.row_offset[k], lay->row_offset[l], sizeof o.row_offset[k]);
+    }
+    *out = o;
+}
+
+bool sq_engram_layout_equal(const sq_engram_layout *a, const sq_engram_layout *b, bool maps)
+{
+    sq_engram_layout x = *a, y = *b;
+    x.token_map = y.token_map = NULL;
+    x.n_tokens = y.n_tokens = 0;
+    if (memcmp(&x, &y, sizeof x)) return false;
+    if (!maps) return true;
+    return a->n_tokens == b->n_tokens &&
+           (!a->n_tokens || !memcmp(a->token_map, b->token_map, (size_t)a->n_tokens * sizeof *a->token_map));
+}
+
+/* The released multipliers (reference.md §3.1), by model layer. */
+static const struct {
+    int layer;
+    uint64_t m[4];
+} v41_mult[] = {{1, {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull}},
+                {14, {67716810739261ull, 51510806800915ull, 30921347202721ull, 82619226485591ull}}};
+
+sparq_status sq_engram_layout_from_config(sq_engram_layout *lay, const sq_model_config *c, const char *name)
+{
+    const sq_v41_config *v = &c->v41;
+    memset(lay, 0, sizeof *lay);
+    if (c->arch != SQ_ARCH_DEEPSEEK_V41 || !v->n_engram) return SPARQ_OK;
+    RETURN_IF(v->n_engram != 2 || v->engram_layer[0] != 1 || v->engram_layer[1] != 14 ||
+                  v->engram_max_ngram != 4 || v->engram_n_heads != SQ_ENGRAM_V41_HEADS ||
+                  (v->engram_compressed_vocab && v->engram_compressed_vocab != 99092),
+              SPARQ_E_UNSUPPORTED,
+              "%s: Engram on layers %d%s of n-gram order %d x %d heads (compressed vocabulary %lld): sparq knows the "
+              "hash multipliers of the released layout only (layers 1 and 14, orders 2..4, 8 heads, 99092 "
+              "compressed ids)", name, v->engram_layer[0], v->n_engram > 1 ? " and more" : "", v->engram_max_ngram,
+              v->engram_n_heads, (long long)v->engram_compressed_vocab);
+    RETURN_IF(v->engram_head_dim < 32 || v->engram_head_dim % 32 || v->engram_vocab_size < 2 ||
+                  v->engram_pad_id < 0 || v->engram_pad_id >= 99092,
+              SPARQ_E_FORMAT, "%s: Engram head_dim %d (a multiple of 32), vocab_size %lld, pad id %lld", name,
+              v->engram_head_dim, (long long)v->engram_vocab_size, (long long)v->engram_pad_id);
+    lay->value_dtype = SQ_ENGRAM_F8_E4M3;
+    lay->values_per_row = (uint32_t)v->engram_head_dim;
+    lay->scale_dtype = SQ_ENGRAM_UE8M0;
+    lay->scales_per_row = lay->values_per_row / 32;
+    lay->row_bytes = lay->values_per_row + lay->scales_per_row;
+    lay->max_ngram = (uint32_t)v->engram_max_ngram;
+    lay->n_heads = (uint32_t)v->engram_n_heads;
+    lay->n_columns = (lay->max_ngram - 1) * lay->n_heads;
+    lay->pad_id = (uint32_t)v->engram_pad_id;
+    lay->n_compressed = 99092;
+    lay->n_layers = (uint32_t)v->n_engram;
+    /* the consecutive primes >= engram_vocab_size, in (table, order, head) order */
+    uint64_t p = (uint64_t)v->engram_vocab_size - 1;
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        lay->layer_ids[l] = v->engram_layer[l];
+        for (size_t k = 0; k < sizeof v41_mult / sizeof v41_mult[0]; k++)
+            if (v41_mult[k].layer == v->engram_layer[l]) memcpy(lay->multipliers[l], v41_mult[k].m, sizeof v41_mult[k].m);
+        for (uint32_t col = 0; col < lay->n_columns; col++) lay->primes[l][col] = p = sq_engram_next_prime(p);
+    }
+    FORWARD_IF(sq_engram_layout_finish(lay));
+    for (uint32_t l = 0; l < lay->n_layers; l++)
+        RETURN_IF(v->engram_rows[l] && v->engram_rows[l] != sq_engram_layer_rows(lay, l), SPARQ_E_FORMAT,
+                  "%s: engram_num_embeddings[%u] is %llu, but the %u consecutive primes from engram_vocab_size %lld "
+                  "on sum to %llu", name, l, (unsigned long long)v->engram_rows[l], lay->n_columns,
+                  (long long)v->engram_vocab_size, (unsigned long long)sq_engram_layer_rows(lay, l));
+    return SPARQ_OK;
+}
+
+/* ---- header ---- */
+
+static uint64_t header_size_for(const sq_engram_layout *lay)
+{
+    uint64_t n = SQ_ENGRAM_FIXED_BYTES + (uint64_t)lay->n_layers * LAYER_ENTRY +
+                 (uint64_t)lay->n_layers * lay->n_columns * COLUMN_ENTRY + 4ull * lay->n_tokens + 8;
+    return (n + 4095u) & ~(uint64_t)4095u;
+}
+
+/* Byte offset of the token map in the header. */
+static size_t token_map_at(const sq_engram_layout *lay)
+{
+    return SQ_ENGRAM_FIXED_BYTES + (size_t)lay->n_layers * LAYER_ENTRY +
+           (size_t)lay->n_layers * lay->n_columns * COLUMN_ENTRY;
+}
+
+/* Fill the node-dependent part of h (sizes, offsets) from h->layout. */
+static void header_place(sq_engram_header *h, uint32_t node, uint32_t nodes, uint32_t block_bytes)
 {
     const sq_engram_layout *lay = &h->layout;
-    h->header_bytes = header_size_for(lay);
-    h->shard_index = shard;
-    h->shard_count = shards;
+    h->header_bytes = (uint32_t)header_size_for(lay);
+    h->node_index = node;
+    h->node_count = nodes;
     h->block_bytes = block_bytes;
     h->data_offset = h->header_bytes;
     uint64_t off = h->data_offset;
     for (uint32_t l = 0; l < lay->n_layers; l++)
         for (uint32_t c = 0; c < lay->n_columns; c++) {
-            if (sq_engram_column_shard(c, shards) != shard) {
-                h->file_offset[l][c] = NO_OFFSET;
-                continue;
-            }
             h->file_offset[l][c] = off;
             off += lay->primes[l][c] * lay->row_bytes;
         }
@@ -152,13 +288,15 @@ static void header_serialise(const sq_engram_header *h, uint8_t *buf)
     memcpy(buf, SQ_ENGRAM_MAGIC, 8);
     const uint32_t f32[] = {SQ_ENGRAM_VERSION, h->header_bytes, lay->row_bytes,     lay->value_dtype,
                             lay->values_per_row, lay->scale_dtype, lay->scales_per_row, lay->n_layers,
-                            lay->n_columns,     h->shard_index,   h->shard_count,     h->block_bytes};
+                            lay->n_columns,     h->node_index,    h->node_count,      h->block_bytes};
     for (int i = 0; i < 12; i++) sparq_put_le32(buf + 8 + 4 * i, f32[i]);
     sparq_put_le64(buf + 56, h->data_offset);
     sparq_put_le64(buf + 64, h->data_bytes);
     sparq_put_le64(buf + 72, h->checksum_offset);
     sparq_put_le64(buf + 80, h->n_blocks);
-    uint8_t *p = buf + FIXED_BYTES;
+    const uint32_t hash32[] = {lay->max_ngram, lay->n_heads, lay->pad_id, lay->n_tokens, lay->n_compressed, 0};
+    for (int i = 0; i < 6; i++) sparq_put_le32(buf + 88 + 4 * i, hash32[i]);
+    uint8_t *p = buf + SQ_ENGRAM_FIXED_BYTES;
     for (uint32_t l = 0; l < lay->n_layers; l++, p += LAYER_ENTRY) {
         sparq_put_le32(p, (uint32_t)lay->layer_ids[l]);
         for (int k = 0; k < SQ_ENGRAM_ORDERS; k++) sparq_put_le64(p + 8 + 8 * k, lay->multipliers[l][k]);
@@ -169,6 +307,7 @@ static void header_serialise(const sq_engram_header *h, uint8_t *buf)
             sparq_put_le64(p + 8, lay->row_offset[l][c]);
             sparq_put_le64(p + 16, h->file_offset[l][c]);
         }
+    for (uint32_t i = 0; i < lay->n_tokens; i++, p += 4) sparq_put_le32(p, lay->token_map[i]);
     sparq_put_le64(buf + h->header_bytes - 8, XXH3_64bits(buf, h->header_bytes - 8));
 }
 
@@ -177,11 +316,13 @@ sparq_status sq_engram_header_parse(sq_engram_header *h, const uint8_t *buf, siz
 {
     memset(h, 0, sizeof *h);
     sq_engram_layout *lay = &h->layout;
-    RETURN_IF(len < FIXED_BYTES, SPARQ_E_FORMAT, "%s: %zu bytes is too short for an Engram header", name, len);
+    RETURN_IF(len < SQ_ENGRAM_FIXED_BYTES, SPARQ_E_FORMAT, "%s: %zu bytes is too short for an Engram header", name,
+              len);
     RETURN_IF(memcmp(buf, SQ_ENGRAM_MAGIC, 8), SPARQ_E_FORMAT, "%s: not an Engram table file (bad magic)", name);
     uint32_t version = sparq_get_le32(buf + 8);
-    RETURN_IF(version != SQ_ENGRAM_VERSION, SPARQ_E_UNSUPPORTED, "%s: Engram file version %u; this sparq reads %d",
-              name, version, SQ_ENGRAM_VERSION);
+    RETURN_IF(version != SQ_ENGRAM_VERSION, SPARQ_E_UNSUPPORTED,
+              "%s: Engram file version %u; this sparq reads %d (pack the model again)", name, version,
+              SQ_ENGRAM_VERSION);
     h->header_bytes = sparq_get_le32(buf + 12);
     lay->row_bytes = sparq_get_le32(buf + 16);
     lay->value_dtype = sparq_get_le32(buf + 20);
@@ -190,28 +331,37 @@ sparq_status sq_engram_header_parse(sq_engram_header *h, const uint8_t *buf, siz
     lay->scales_per_row = sparq_get_le32(buf + 32);
     lay->n_layers = sparq_get_le32(buf + 36);
     lay->n_columns = sparq_get_le32(buf + 40);
-    h->shard_index = sparq_get_le32(buf + 44);
-    h->shard_count = sparq_get_le32(buf + 48);
+    h->node_index = sparq_get_le32(buf + 44);
+    h->node_count = sparq_get_le32(buf + 48);
     h->block_bytes = sparq_get_le32(buf + 52);
     h->data_offset = sparq_get_le64(buf + 56);
     h->data_bytes = sparq_get_le64(buf + 64);
     h->checksum_offset = sparq_get_le64(buf + 72);
     h->n_blocks = sparq_get_le64(buf + 80);
+    lay->max_ngram = sparq_get_le32(buf + 88);
+    lay->n_heads = sparq_get_le32(buf + 92);
+    lay->pad_id = sparq_get_le32(buf + 96);
+    lay->n_tokens = sparq_get_le32(buf + 100);
+    lay->n_compressed = sparq_get_le32(buf + 104);
+    RETURN_IF(sparq_get_le32(buf + 108) != 0, SPARQ_E_FORMAT, "%s: reserved header field is not 0", name);
     RETURN_IF(lay->n_layers < 1 || lay->n_layers > SQ_ENGRAM_MAX_LAYERS || lay->n_columns < 1 ||
                   lay->n_columns > SQ_ENGRAM_MAX_COLUMNS,
               SPARQ_E_FORMAT, "%s: %u tables x %u columns (at most %d x %d)", name, lay->n_layers, lay->n_columns,
               SQ_ENGRAM_MAX_LAYERS, SQ_ENGRAM_MAX_COLUMNS);
+    RETURN_IF(lay->n_tokens < 1 || lay->n_tokens > SQ_ENGRAM_MAX_TOKENS, SPARQ_E_FORMAT,
+              "%s: token map of %u entries (1..%u)", name, lay->n_tokens, SQ_ENGRAM_MAX_TOKENS);
     RETURN_IF(h->header_bytes != header_size_for(lay), SPARQ_E_FORMAT,
-              "%s: header_bytes %u, expected %u for %u tables x %u columns", name, h->header_bytes,
-              header_size_for(lay), lay->n_layers, lay->n_columns);
+              "%s: header_bytes %u, expected %llu for %u tables x %u columns and %u tokens", name, h->header_bytes,
+              (unsigned long long)header_size_for(lay), lay->n_layers, lay->n_columns, lay->n_tokens);
     RETURN_IF(len < h->header_bytes || file_size < h->header_bytes, SPARQ_E_FORMAT,
               "%s: header of %u bytes but only %llu available (truncated file?)", name, h->header_bytes,
               (unsigned long long)(len < file_size ? len : file_size));
     RETURN_IF(sparq_get_le64(buf + h->header_bytes - 8) != XXH3_64bits(buf, h->header_bytes - 8), SPARQ_E_CHECKSUM,
               "%s: Engram header checksum mismatch (damaged header)", name);
-    const uint8_t *p = buf + FIXED_BYTES;
+    const uint8_t *p = buf + SQ_ENGRAM_FIXED_BYTES;
     for (uint32_t l = 0; l < lay->n_layers; l++, p += LAYER_ENTRY) {
         lay->layer_ids[l] = (int32_t)sparq_get_le32(p);
+        RETURN_IF(sparq_get_le32(p + 4) != 0, SPARQ_E_FORMAT, "%s: table %u: reserved field is not 0", name, l);
         for (int k = 0; k < SQ_ENGRAM_ORDERS; k++) lay->multipliers[l][k] = sparq_get_le64(p + 8 + 8 * k);
     }
     for (uint32_t l = 0; l < lay->n_layers; l++)
@@ -220,16 +370,19 @@ sparq_status sq_engram_header_parse(sq_engram_header *h, const uint8_t *buf, siz
             lay->row_offset[l][c] = sparq_get_le64(p + 8);
             h->file_offset[l][c] = sparq_get_le64(p + 16);
         }
-    FORWARD_IF(layout_check(lay, name));
-    RETURN_IF(h->shard_count < 1 || h->shard_index >= h->shard_count || h->shard_count > SQ_ENGRAM_MAX_COLUMNS,
-              SPARQ_E_FORMAT, "%s: shard %u of %u", name, h->shard_index, h->shard_count);
+    FORWARD_IF(layout_check(lay, name)); /* token_map is NULL: checked from the bytes below */
+    FORWARD_IF(token_map_check(lay, buf + token_map_at(lay), NULL, name));
+    for (size_t i = token_map_at(lay) + 4ull * lay->n_tokens; i < h->header_bytes - 8; i++)
+        RETURN_IF(buf[i], SPARQ_E_FORMAT, "%s: header padding byte %zu is not 0", name, i);
+    RETURN_IF(h->node_count < 1 || h->node_index >= h->node_count || h->node_count > 1024, SPARQ_E_FORMAT,
+              "%s: node %u of %u", name, h->node_index, h->node_count);
     RETURN_IF(h->block_bytes < 4096 || (h->block_bytes & (h->block_bytes - 1)), SPARQ_E_FORMAT,
               "%s: block_bytes %u is not a power of two >= 4096", name, h->block_bytes);
     /* every derived offset must be exactly what the writer computes */
     sq_engram_header want;
     memset(&want, 0, sizeof want);
     want.layout = *lay;
-    header_place(&want, h->shard_index, h->shard_count, h->block_bytes);
+    header_place(&want, h->node_index, h->node_count, h->block_bytes);
     RETURN_IF(h->data_offset != want.data_offset || h->data_bytes != want.data_bytes ||
                   h->checksum_offset != want.checksum_offset || h->n_blocks != want.n_blocks,
               SPARQ_E_FORMAT, "%s: data/checksum offsets do not match the layout", name);
@@ -278,11 +431,12 @@ static sparq_status put_data(wstate *w, const uint8_t *p, uint64_t n)
     return SPARQ_OK;
 }
 
-sparq_status sq_engram_write(const char *path, const sq_engram_layout *lay, uint32_t shard, uint32_t shards,
+sparq_status sq_engram_write(const char *path, const sq_engram_layout *lay, uint32_t node, uint32_t nodes,
                              uint32_t block_bytes, sq_engram_row_fn fn, void *ctx)
 {
-    RETURN_IF(shards < 1 || shard >= shards || shards > SQ_ENGRAM_MAX_COLUMNS, SPARQ_E_ARG,
-              "%s: shard %u of %u", path, shard, shards);
+    RETURN_IF(nodes < 1 || node >= nodes || nodes > 1024, SPARQ_E_ARG, "%s: node %u of %u", path, node, nodes);
+    RETURN_IF(lay->n_tokens < 1 || !lay->token_map, SPARQ_E_ARG,
+              "%s: an Engram file needs the token -> compressed id map (none given)", path);
     RETURN_IF(block_bytes < 4096 || (block_bytes & (block_bytes - 1)), SPARQ_E_ARG,
               "%s: block size %u is not a power of two >= 4096", path, block_bytes);
     sparq_status st = as_arg_error(layout_check(lay, path));
@@ -290,7 +444,7 @@ sparq_status sq_engram_write(const char *path, const sq_engram_layout *lay, uint
     sq_engram_header *h = sparq_calloc(1, sizeof *h);
     RETURN_IF(!h, SPARQ_E_NOMEM, "%s: out of memory", path);
     h->layout = *lay;
-    header_place(h, shard, shards, block_bytes);
+    header_place(h, node, nodes, block_bytes);
     wstate w;
     memset(&w, 0, sizeof w);
     w.h = h;
@@ -311,7 +465,6 @@ sparq_status sq_engram_write(const char *path, const sq_engram_layout *lay, uint
     st = sparq_atomic_write(&w.f, hdr, h->header_bytes);
     for (uint32_t l = 0; l < lay->n_layers && st == SPARQ_OK; l++)
         for (uint32_t c = 0; c < lay->n_columns && st == SPARQ_OK; c++) {
-            if (h->file_offset[l][c] == NO_OFFSET) continue;
             for (uint64_t b = 0; b < lay->primes[l][c] && st == SPARQ_OK; b += chunk_rows) {
                 uint64_t n = lay->primes[l][c] - b < chunk_rows ? lay->primes[l][c] - b : chunk_rows;
                 st = fn(ctx, l, c, b, n, rows);
@@ -354,6 +507,7 @@ struct sq_engram_reader {
     int64_t *table;        /* tsize, slot index or -1 */
     uint64_t tmask;
     uint64_t hits, misses;
+    uint32_t *token_map;   /* the header's map, h.layout.token_map points here */
     /* sq_engram_open_mapped: the checkpoint's tables, values and scales apart */
     const uint8_t *mvals[SQ_ENGRAM_MAX_LAYERS], *mscales[SQ_ENGRAM_MAX_LAYERS];
     bool mapped;
@@ -427,6 +581,7 @@ void sq_engram_close(sq_engram_reader *r)
     sparq_free(r->prev);
     sparq_free(r->next);
     sparq_free(r->table);
+    sparq_free(r->token_map);
     sparq_free(r);
 }
 
@@ -447,8 +602,18 @@ sparq_status sq_engram_open(sq_engram_reader **out, const char *path, uint64_t c
     uint64_t fsize = 0;
     st = sparq_open_regular(path, &r->fd, &fsize);
     if (st != SPARQ_OK) goto fail;
-    size_t hl = fsize < MAX_HEADER ? (size_t)fsize : MAX_HEADER;
-    hdr = sparq_malloc(hl ? hl : 1);
+    /* the fixed part says how long the header is; then the whole header */
+    uint8_t fixed[SQ_ENGRAM_FIXED_BYTES];
+    if (fsize < SQ_ENGRAM_FIXED_BYTES) {
+        st = sparq_err(SPARQ_E_FORMAT, "%s: %llu bytes is too short for an Engram table file (truncated?)", path,
+                       (unsigned long long)fsize);
+        goto fail;
+    }
+    st = sparq_pread_full(r->fd, fixed, sizeof fixed, 0, path);
+    if (st != SPARQ_OK) goto fail;
+    size_t hl = sparq_get_le32(fixed + 12);
+    if (hl < SQ_ENGRAM_FIXED_BYTES || hl > fsize || hl > ((size_t)32 << 20)) hl = SQ_ENGRAM_FIXED_BYTES;
+    hdr = sparq_malloc(hl);
     if (!hdr) {
         st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
         goto fail;
@@ -456,6 +621,14 @@ sparq_status sq_engram_open(sq_engram_reader **out, const char *path, uint64_t c
     st = sparq_pread_full(r->fd, hdr, hl, 0, path);
     if (st == SPARQ_OK) st = sq_engram_header_parse(&r->h, hdr, hl, fsize, path);
     if (st != SPARQ_OK) goto fail;
+    r->token_map = sparq_malloc((size_t)r->h.layout.n_tokens * sizeof *r->token_map);
+    if (!r->token_map) {
+        st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < r->h.layout.n_tokens; i++)
+        r->token_map[i] = sparq_get_le32(hdr + token_map_at(&r->h.layout) + 4 * (size_t)i);
+    r->h.layout.token_map = r->token_map;
     if (cache_rows) {
         r->cap = cache_rows;
         uint64_t ts = 2;
@@ -512,7 +685,7 @@ sparq_status sq_engram_open_mapped(sq_engram_reader **out, const sq_engram_layou
         return sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
     }
     r->h.layout = *lay;
-    r->h.shard_count = 1;
+    r->h.node_count = 1;
     r->mapped = true;
     for (uint32_t l = 0; l < lay->n_layers; l++) {
         r->mvals[l] = values[l];
@@ -530,30 +703,38 @@ void sq_engram_row_to_f32(const sq_engram_layout *lay, const uint8_t *row, float
         out[i] = sf_e4m3_to_f32(row[i]) * (ns ? sf_e8m0_to_f32(row[nv + i / g]) : 1.0f);
 }
 
-sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out)
+/* One row, no cache: pread from the file or a copy from the mapping. */
+static sparq_status read_row(const sq_engram_reader *r, const sq_engram_key *k, uint8_t *dst)
 {
     const sq_engram_layout *lay = &r->h.layout;
+    RETURN_IF(k->layer >= lay->n_layers || k->column >= lay->n_columns ||
+                  k->bucket >= lay->primes[k->layer][k->column],
+              SPARQ_E_RANGE, "%s: row (table %u, column %u, bucket %llu) is outside the layout", r->path, k->layer,
+              k->column, (unsigned long long)k->bucket);
+    if (r->mapped) { /* the global row: values, then its scales, from the mapping */
+        const uint64_t row = lay->row_offset[k->layer][k->column] + k->bucket;
+        memcpy(dst, r->mvals[k->layer] + row * lay->values_per_row, lay->values_per_row);
+        memcpy(dst + lay->values_per_row, r->mscales[k->layer] + row * lay->scales_per_row, lay->scales_per_row);
+        return SPARQ_OK;
+    }
     const uint32_t rb = lay->row_bytes;
+    return sparq_pread_full(r->fd, dst, rb, r->h.file_offset[k->layer][k->column] + k->bucket * rb, r->path);
+}
+
+sparq_status sq_engram_read(const sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) FORWARD_IF(read_row(r, &keys[i], out + i * (size_t)r->h.layout.row_bytes));
+    return SPARQ_OK;
+}
+
+sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out)
+{
+    const uint32_t rb = r->h.layout.row_bytes;
     for (size_t i = 0; i < n; i++) {
         const sq_engram_key *k = &keys[i];
         uint8_t *dst = out + i * (size_t)rb;
-        RETURN_IF(k->layer >= lay->n_layers || k->column >= lay->n_columns ||
-                      k->bucket >= lay->primes[k->layer][k->column],
-                  SPARQ_E_RANGE, "%s: row (table %u, column %u, bucket %llu) is outside the layout", r->path,
-                  k->layer, k->column, (unsigned long long)k->bucket);
-        if (r->mapped) { /* the global row: values, then its scales, from the mapping */
-            const uint64_t row = lay->row_offset[k->layer][k->column] + k->bucket;
-            memcpy(dst, r->mvals[k->layer] + row * lay->values_per_row, lay->values_per_row);
-            memcpy(dst + lay->values_per_row, r->mscales[k->layer] + row * lay->scales_per_row, lay->scales_per_row);
-            r->misses++;
-            continue;
-        }
-        uint64_t base = r->h.file_offset[k->layer][k->column];
-        RETURN_IF(base == NO_OFFSET, SPARQ_E_NOTFOUND, "%s: column %u is in shard %u, this file is shard %u of %u",
-                  r->path, k->column, sq_engram_column_shard(k->column, r->h.shard_count), r->h.shard_index,
-                  r->h.shard_count);
         uint64_t key = key_of(k), pos = 0;
-        int64_t s = r->cap ? table_find(r, key, &pos) : -1;
+        int64_t s = r->cap && !r->mapped ? table_find(r, key, &pos) : -1;
         if (s >= 0) {
             r->hits++;
             memcpy(dst, r->rows + (size_t)s * rb, rb);
@@ -561,9 +742,9 @@ sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key 
             lru_push_front(r, s);
             continue;
         }
+        FORWARD_IF(read_row(r, k, dst));
         r->misses++;
-        FORWARD_IF(sparq_pread_full(r->fd, dst, rb, base + k->bucket * rb, r->path));
-        if (!r->cap) continue;
+        if (!r->cap || r->mapped) continue;
         if (r->used < r->cap) {
             s = (int64_t)r->used++;
         } else {
@@ -579,6 +760,166 @@ sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key 
         lru_push_front(r, s);
     }
     return SPARQ_OK;
+}
+
+/* ---- the asynchronous fetcher ---- */
+
+/* Batches live in a ring of SQ_ENGRAM_FETCH_QUEUE slots; a worker takes the
+ * next unread row of the oldest unfinished batch under the lock, reads it
+ * without the lock, and counts it done. */
+typedef struct fetch_batch {
+    const sq_engram_key *keys;
+    uint8_t *out;
+    size_t n, next, done;
+    int ticket;            /* -1: slot free */
+    sparq_status st;
+    char msg[256];         /* the first error's message (sparq_errmsg is per thread) */
+    double t_submit, t_done;
+} fetch_batch;
+
+struct sq_engram_fetcher {
+    const sq_engram_reader *r;
+    pthread_t *th;
+    int n_threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work, finished;
+    fetch_batch q[SQ_ENGRAM_FETCH_QUEUE];
+    int next_ticket;
+    bool stop;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The batch with work left that was submitted first, or NULL. */
+static fetch_batch *oldest_with_work(sq_engram_fetcher *f)
+{
+    fetch_batch *best = NULL;
+    for (int i = 0; i < SQ_ENGRAM_FETCH_QUEUE; i++) {
+        fetch_batch *b = &f->q[i];
+        if (b->ticket >= 0 && b->next < b->n && (!best || b->ticket < best->ticket)) best = b;
+    }
+    return best;
+}
+
+static void *fetch_worker(void *arg)
+{
+    sq_engram_fetcher *f = arg;
+    const uint32_t rb = f->r->h.layout.row_bytes;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        fetch_batch *b;
+        while (!(b = oldest_with_work(f)) && !f->stop) pthread_cond_wait(&f->work, &f->mu);
+        if (!b) break;
+        const size_t i = b->next++;
+        const sq_engram_key k = b->keys[i];
+        uint8_t *dst = b->out + i * (size_t)rb;
+        pthread_mutex_unlock(&f->mu);
+        const sparq_status st = read_row(f->r, &k, dst);
+        char msg[256] = "";
+        if (st != SPARQ_OK) snprintf(msg, sizeof msg, "%s", sparq_errmsg());
+        pthread_mutex_lock(&f->mu);
+        if (st != SPARQ_OK && b->st == SPARQ_OK) {
+            b->st = st;
+            memcpy(b->msg, msg, sizeof msg);
+        }
+        if (++b->done == b->n) {
+            b->t_done = now_s();
+            pthread_cond_broadcast(&f->finished);
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+sparq_status sq_engram_fetcher_create(sq_engram_fetcher **out, const sq_engram_reader *r, int n_threads)
+{
+    *out = NULL;
+    RETURN_IF(n_threads < 1 || n_threads > 64, SPARQ_E_ARG, "Engram fetcher: %d threads (1..64)", n_threads);
+    sq_engram_fetcher *f = sparq_calloc(1, sizeof *f);
+    RETURN_IF(!f, SPARQ_E_NOMEM, "out of memory");
+    f->th = sparq_calloc((size_t)n_threads, sizeof *f->th);
+    if (!f->th) {
+        sparq_free(f);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
+    f->r = r;
+    for (int i = 0; i < SQ_ENGRAM_FETCH_QUEUE; i++) f->q[i].ticket = -1;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->work, NULL);
+    pthread_cond_init(&f->finished, NULL);
+    for (int i = 0; i < n_threads; i++) {
+        if (pthread_create(&f->th[i], NULL, fetch_worker, f) != 0) {
+            sq_engram_fetcher_free(f);
+            return sparq_err(SPARQ_E_STATE, "Engram fetcher: cannot start thread %d of %d", i + 1, n_threads);
+        }
+        f->n_threads++;
+    }
+    *out = f;
+    return SPARQ_OK;
+}
+
+void sq_engram_fetcher_free(sq_engram_fetcher *f)
+{
+    if (!f) return;
+    pthread_mutex_lock(&f->mu);
+    for (int i = 0; i < SQ_ENGRAM_FETCH_QUEUE; i++) /* finish what is in flight: its buffers are the caller's */
+        while (f->q[i].ticket >= 0 && f->q[i].done < f->q[i].n) pthread_cond_wait(&f->finished, &f->mu);
+    f->stop = true;
+    pthread_cond_broadcast(&f->work);
+    pthread_mutex_unlock(&f->mu);
+    for (int i = 0; i < f->n_threads; i++) pthread_join(f->th[i], NULL);
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->work);
+    pthread_cond_destroy(&f->finished);
+    sparq_free(f->th);
+    sparq_free(f);
+}
+
+sparq_status sq_engram_fetcher_submit(sq_engram_fetcher *f, size_t n, const sq_engram_key *keys, uint8_t *out,
+                                      int *ticket)
+{
+    pthread_mutex_lock(&f->mu);
+    fetch_batch *b = NULL;
+    for (int i = 0; i < SQ_ENGRAM_FETCH_QUEUE && !b; i++)
+        if (f->q[i].ticket < 0) b = &f->q[i];
+    if (!b) {
+        pthread_mutex_unlock(&f->mu);
+        return sparq_err(SPARQ_E_STATE, "Engram fetcher: %d batches already in flight", SQ_ENGRAM_FETCH_QUEUE);
+    }
+    *b = (fetch_batch){.keys = keys, .out = out, .n = n, .ticket = f->next_ticket++, .st = SPARQ_OK,
+                       .t_submit = now_s()};
+    if (!n) b->t_done = b->t_submit;
+    *ticket = b->ticket;
+    pthread_cond_broadcast(&f->work);
+    pthread_mutex_unlock(&f->mu);
+    return SPARQ_OK;
+}
+
+sparq_status sq_engram_fetcher_wait(sq_engram_fetcher *f, int ticket, double *fetch_s, double *wait_s)
+{
+    const double t0 = now_s();
+    pthread_mutex_lock(&f->mu);
+    fetch_batch *b = NULL;
+    for (int i = 0; i < SQ_ENGRAM_FETCH_QUEUE && !b; i++)
+        if (f->q[i].ticket == ticket && ticket >= 0) b = &f->q[i];
+    if (!b) {
+        pthread_mutex_unlock(&f->mu);
+        return sparq_err(SPARQ_E_STATE, "Engram fetcher: no batch %d in flight", ticket);
+    }
+    while (b->done < b->n) pthread_cond_wait(&f->finished, &f->mu);
+    const sparq_status st = b->st;
+    char msg[256];
+    memcpy(msg, b->msg, sizeof msg);
+    if (fetch_s) *fetch_s = b->t_done - b->t_submit;
+    b->ticket = -1;
+    pthread_mutex_unlock(&f->mu);
+    if (wait_s) *wait_s = now_s() - t0;
+    return st == SPARQ_OK ? SPARQ_OK : sparq_err(st, "%s", msg);
 }
 
 sparq_status sq_engram_verify(sq_engram_reader *r)
@@ -601,7 +942,7 @@ sparq_status sq_engram_verify(sq_engram_reader *r)
             uint32_t tl = 0, tc = 0;
             for (uint32_t l = 0; l < h->layout.n_layers; l++)
                 for (uint32_t c2 = 0; c2 < h->layout.n_columns; c2++)
-                    if (h->file_offset[l][c2] != NO_OFFSET && h->file_offset[l][c2] <= at) {
+                    if (h->file_offset[l][c2] <= at) {
                         tl = l;
                         tc = c2;
                     }
@@ -668,9 +1009,6 @@ uint64_t sq_engram_next_prime(uint64_t n)
 
 void sq_engram_v41_layout(sq_engram_layout *lay, uint64_t prime_base)
 {
-    static const uint64_t mult[2][4] = {
-        {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull},
-        {67716810739261ull, 51510806800915ull, 30921347202721ull, 82619226485591ull}};
     memset(lay, 0, sizeof *lay);
     lay->value_dtype = SQ_ENGRAM_F8_E4M3;
     lay->values_per_row = 256;
@@ -678,12 +1016,15 @@ void sq_engram_v41_layout(sq_engram_layout *lay, uint64_t prime_base)
     lay->scales_per_row = 8;
     lay->row_bytes = 264;
     lay->n_layers = 2;
+    lay->max_ngram = SQ_ENGRAM_ORDERS;
+    lay->n_heads = SQ_ENGRAM_V41_HEADS;
     lay->n_columns = SQ_ENGRAM_V41_COLUMNS;
-    lay->layer_ids[0] = 1;
-    lay->layer_ids[1] = 14;
+    lay->pad_id = SQ_ENGRAM_V41_PAD;
+    lay->n_compressed = 99092;
     uint64_t p = prime_base;
     for (int l = 0; l < 2; l++) {
-        memcpy(lay->multipliers[l], mult[l], sizeof mult[l]);
+        lay->layer_ids[l] = v41_mult[l].layer;
+        memcpy(lay->multipliers[l], v41_mult[l].m, sizeof v41_mult[l].m);
         uint64_t off = 0;
         for (int c = 0; c < SQ_ENGRAM_V41_COLUMNS; c++) {
             p = sq_engram_next_prime(p);
@@ -694,18 +1035,17 @@ void sq_engram_v41_layout(sq_engram_layout *lay, uint64_t prime_base)
     }
 }
 
-void sq_engram_v41_buckets(const sq_engram_layout *lay, uint32_t layer, const uint32_t *cids, size_t n, size_t t,
-                           uint64_t bucket[SQ_ENGRAM_V41_COLUMNS])
+void sq_engram_buckets(const sq_engram_layout *lay, uint32_t layer, const uint32_t *cids, size_t n, size_t t,
+                       uint64_t bucket[SQ_ENGRAM_MAX_COLUMNS])
 {
     uint64_t tok[SQ_ENGRAM_ORDERS];
-    for (size_t k = 0; k < SQ_ENGRAM_ORDERS; k++)
-        tok[k] = (t >= k && t - k < n) ? cids[t - k] : SQ_ENGRAM_V41_PAD;
+    for (size_t k = 0; k < lay->max_ngram; k++) tok[k] = (t >= k && t - k < n) ? cids[t - k] : lay->pad_id;
     const uint64_t *m = lay->multipliers[layer];
-    uint64_t h = tok[0] * m[0]; /* products stay below 2^63 for ids < 2^17 and m < 2^47 */
-    for (int i = 1; i < SQ_ENGRAM_ORDERS; i++) {
+    uint64_t h = tok[0] * m[0]; /* products below 2^63: layout_check bounds the multipliers */
+    for (uint32_t i = 1; i < lay->max_ngram; i++) {
         h ^= tok[i] * m[i];
-        for (int j = 0; j < SQ_ENGRAM_V41_HEADS; j++) {
-            int c = (i - 1) * SQ_ENGRAM_V41_HEADS + j;
+        for (uint32_t j = 0; j < lay->n_heads; j++) {
+            const uint32_t c = (i - 1) * lay->n_heads + j;
             bucket[c] = h % lay->primes[layer][c];
         }
     }

@@ -270,3 +270,38 @@ sparq_status sq_engram_vocab_build(const sq_tokenizer *tok, uint32_t **map_out, 
     *n_compressed_out = t.n;
     return SPARQ_OK;
 }
+
+sparq_status sq_engram_token_map(const sq_tokenizer *tok, const sq_model_config *c, const char *name,
+                                 uint32_t **map_out, sq_engram_layout *lay)
+{
+    *map_out = NULL;
+    uint32_t *map = NULL, nc = 0;
+    FORWARD_IF(sq_engram_vocab_build(tok, &map, &nc));
+    const size_t nt = (size_t)sq_tokenizer_vocab_size(tok);
+    const int64_t want = c->v41.engram_compressed_vocab;
+    sparq_status st = SPARQ_OK;
+    if ((want && (int64_t)nc != want) || nc != lay->n_compressed)
+        st = sparq_err(SPARQ_E_FORMAT, "%s: the tokenizer gives %u compressed ids for the Engram hash, config.json "
+                       "says engram_compressed_vocab_size %lld (the hash's multipliers are for %u)", name, nc,
+                       (long long)want, lay->n_compressed);
+    else if (c->vocab_size > (int64_t)SQ_ENGRAM_MAX_TOKENS)
+        st = sparq_err(SPARQ_E_RANGE, "%s: vocab_size %lld is more ids than an Engram token map holds (%u)", name,
+                       (long long)c->vocab_size, SQ_ENGRAM_MAX_TOKENS);
+    if (st == SPARQ_OK && (int64_t)nt < c->vocab_size) {
+        /* ids past the tokenizer's vocabulary (padding rows of the embedding) hash as pad */
+        uint32_t *nm = sparq_realloc(map, (size_t)c->vocab_size * sizeof *nm);
+        if (!nm) {
+            st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        } else {
+            map = nm;
+            for (size_t i = nt; i < (size_t)c->vocab_size; i++) map[i] = lay->pad_id;
+        }
+    }
+    if (st != SPARQ_OK) {
+        sparq_free(map);
+        return st;
+    }
+    lay->token_map = *map_out = map;
+    lay->n_tokens = (uint32_t)((int64_t)nt > c->vocab_size ? (int64_t)nt : c->vocab_size);
+    return SPARQ_OK;
+}

@@ -21,6 +21,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "formats/engram.h"
+#include "formats/hfconfig.h"
 #include "formats/tokenizer.h"
 
 #define SQ_ENGRAM_V41_COMPRESSED 99092u /* compressed ids of the DeepSeek V4 tokenizer */
@@ -44,5 +46,14 @@ sparq_status sq_engram_normalize(const char *text, size_t len, char **out, size_
  * ids on one core, measured on a shared 2-core machine
  * (tests/formats/test_engram_vocab.c prints the time). */
 sparq_status sq_engram_vocab_build(const sq_tokenizer *tok, uint32_t **map_out, uint32_t *n_compressed_out);
+
+/* The token map a model's Engram hash reads: sq_engram_vocab_build over
+ * tok, its count checked against config.json's engram_compressed_vocab_size
+ * and lay->n_compressed (the count the multipliers were drawn for), then
+ * extended to the config's vocab_size (ids past the tokenizer's, padding
+ * rows of the embedding, map to lay->pad_id). Sets lay->token_map =
+ * *map_out (sparq_free it) and lay->n_tokens. `name` for messages. */
+sparq_status sq_engram_token_map(const sq_tokenizer *tok, const sq_model_config *c, const char *name,
+                                 uint32_t **map_out, sq_engram_layout *lay);
 
 #endif

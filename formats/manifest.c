@@ -140,6 +140,13 @@ static sparq_status parse_plan(sq_manifest *m, const json_t *plan, const char *n
                   "%s: plan node %d: 'has_embed' and 'has_head' must be booleans", name, k);
         nd->has_embed = json_is_true(e);
         nd->has_head = json_is_true(h);
+        const json_t *ef = json_object_get(n, "engram_file");
+        if (ef) {
+            RETURN_IF(!json_is_string(ef) || !path_ok(json_string_value(ef)) ||
+                          strlen(json_string_value(ef)) >= sizeof nd->engram_file,
+                      SPARQ_E_FORMAT, "%s: plan node %d: 'engram_file' must be a relative path without '..'", name, k);
+            strcpy(nd->engram_file, json_string_value(ef));
+        }
     }
     return SPARQ_OK;
 }
@@ -208,6 +215,13 @@ static sparq_status parse_root(sq_manifest *m, const json_t *root, const char *n
         for (size_t j = 0; j < i; j++)
             RETURN_IF(!strcmp(m->files[j].path, m->files[i].path), SPARQ_E_FORMAT, "%s: file '%s' listed twice",
                       name, m->files[i].path);
+    }
+    for (int k = 0; k < m->boxes; k++) { /* a node's Engram file is one of its files */
+        const char *ef = m->nodes[k].engram_file;
+        if (!*ef) continue;
+        const sq_manifest_file *f = sq_manifest_find(m, ef);
+        RETURN_IF(!f || f->node != k, SPARQ_E_FORMAT, "%s: plan node %d reads Engram file '%s', which 'files' %s",
+                  name, k, ef, f ? "gives another node" : "does not list");
     }
     return SPARQ_OK;
 }

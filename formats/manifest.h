@@ -59,6 +59,7 @@ typedef struct sq_manifest_node {
     int64_t first_layer, n_layers;
     bool has_embed, has_head;
     uint64_t total_bytes;  /* the plan's per-node need */
+    char engram_file[128]; /* the Engram table file this node reads ("engram_file"), "" if none */
 } sq_manifest_node;
 
 typedef struct sq_manifest {

@@ -26,6 +26,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/progress.h"
+#include "formats/engram_vocab.h"
 #include "formats/json.h"
 #include "formats/tokenizer.h"
 #include "runtime/arch.h"
@@ -167,7 +168,6 @@ void sq_pack_options_default(sq_pack_options *o)
     sq_memplan_params_default(&o->params);
     sq_memplan_budget_default(&o->budget);
     o->block_size = SQ_BLOCK_SIZE_DEFAULT;
-    o->engram_prime_base = SQ_ENGRAM_V41_PRIME_BASE;
 }
 
 /* Test hook: SPARQ_PACK_TEST_SLEEP_MS=N sleeps N ms after each file written,
@@ -232,7 +232,6 @@ static char *state_text(pack_ctx *c)
     int e = !s || !src;
     e |= !s || json_object_set_new(s, "tool", json_string("sparq " SPARQ_VERSION));
     e |= !s || json_object_set_new(s, "block_size", json_integer((json_int_t)c->o->block_size));
-    e |= !s || json_object_set_new(s, "engram_prime_base", json_integer((json_int_t)c->o->engram_prime_base));
     e |= !s || json_object_set(s, "plan", c->plan_json);
     for (int i = 0; i < sf_file_count(c->model.sf) && !e; i++) {
         struct stat st;
@@ -348,71 +347,100 @@ done:
 
 /* ---- Engram tables ---- */
 
+/* The model's tables (the layout its config implies, with the token map of
+ * its tokenizer) and where their rows are in the checkpoint. */
 struct engram_src {
     sq_engram_layout lay;
+    uint32_t *token_map;
     const sf_tensor *w[SQ_ENGRAM_MAX_LAYERS], *s[SQ_ENGRAM_MAX_LAYERS];
 };
 typedef struct engram_src engram_src;
 
+/* One node's file: its tables (a subset of e->lay), table k being e's full[k]. */
+typedef struct engram_node_src {
+    const engram_src *e;
+    sq_engram_layout lay;
+    int full[SQ_ENGRAM_MAX_LAYERS];
+} engram_node_src;
+
 static sparq_status engram_rows(void *ctx, uint32_t l, uint32_t c, uint64_t first, uint64_t n, uint8_t *rows)
 {
-    const engram_src *e = ctx;
-    const uint64_t r0 = e->lay.row_offset[l][c] + first;
+    const engram_node_src *ns = ctx;
+    const engram_src *e = ns->e;
+    const int t = ns->full[l];
+    const uint32_t nv = e->lay.values_per_row, nsc = e->lay.scales_per_row, rb = e->lay.row_bytes;
+    const uint64_t r0 = e->lay.row_offset[t][c] + first;
     for (uint64_t i = 0; i < n; i++) {
-        memcpy(rows + i * 264, (const uint8_t *)e->w[l]->data + (r0 + i) * 256, 256);
-        memcpy(rows + i * 264 + 256, (const uint8_t *)e->s[l]->data + (r0 + i) * 8, 8);
+        memcpy(rows + i * rb, (const uint8_t *)e->w[t]->data + (r0 + i) * nv, nv);
+        memcpy(rows + i * rb + nv, (const uint8_t *)e->s[t]->data + (r0 + i) * nsc, nsc);
     }
     return SPARQ_OK;
 }
 
-/* Find the tables and check them against the V4.1 layout. */
+/* The tables' layout from config.json (formats/engram.h), their tensors
+ * checked against it, and the token map from the tokenizer. */
 static sparq_status engram_prepare(pack_ctx *c, engram_src *e)
 {
     memset(e, 0, sizeof *e);
-    sq_engram_v41_layout(&e->lay, c->o->engram_prime_base);
-    uint32_t n = 0;
+    FORWARD_IF(sq_engram_layout_from_config(&e->lay, &c->model.cfg, c->model_dir));
     for (size_t i = 0; i < sf_count(c->model.sf); i++) {
         const sf_tensor *t = sf_at(c->model.sf, i);
         int64_t layer;
         bool ex;
         if (sq_memplan_classify(t->name, &layer, &ex) != SQ_TENSOR_ENGRAM_TABLE) continue;
+        const int k = sq_engram_table_of(&e->lay, (int)layer);
+        RETURN_IF(k < 0, SPARQ_E_FORMAT, "%s: %s: config.json gives layer %lld no Engram table", c->model_dir,
+                  t->name, (long long)layer);
         const char *suffix = strstr(t->name, "engram.embed.") + 13;
         if (strcmp(suffix, "weight")) continue;
-        RETURN_IF(n >= 2, SPARQ_E_UNSUPPORTED, "%s: more than two Engram tables (the V4.1 hash has two)", t->name);
         char sname[512];
         snprintf(sname, sizeof sname, "%.*sscale", (int)(suffix - t->name), t->name);
         const sf_tensor *sc = sf_find(c->model.sf, sname);
         RETURN_IF(!sc, SPARQ_E_NOTFOUND, "%s: Engram table without its scales '%s'", t->name, sname);
-        uint64_t rows = sq_engram_layer_rows(&e->lay, n);
-        RETURN_IF(t->dtype != SF_F8_E4M3 || t->ndim != 2 || t->shape[1] != 256, SPARQ_E_SHAPE,
-                  "%s: Engram values must be F8_E4M3 [rows, 256]", t->name);
-        RETURN_IF(sc->dtype != SF_F8_E8M0 || sc->ndim != 2 || sc->shape[1] != 8 || sc->shape[0] != t->shape[0],
-                  SPARQ_E_SHAPE, "%s: Engram scales must be F8_E8M0 [%llu, 8]", sname,
-                  (unsigned long long)t->shape[0]);
+        const uint64_t rows = sq_engram_layer_rows(&e->lay, (uint32_t)k);
+        RETURN_IF(t->dtype != SF_F8_E4M3 || t->ndim != 2 || t->shape[1] != e->lay.values_per_row, SPARQ_E_SHAPE,
+                  "%s: Engram values must be F8_E4M3 [rows, %u] (engram_head_dim)", t->name, e->lay.values_per_row);
+        RETURN_IF(sc->dtype != SF_F8_E8M0 || sc->ndim != 2 || sc->shape[1] != e->lay.scales_per_row ||
+                      sc->shape[0] != t->shape[0],
+                  SPARQ_E_SHAPE, "%s: Engram scales must be F8_E8M0 [%llu, %u]", sname,
+                  (unsigned long long)t->shape[0], e->lay.scales_per_row);
         RETURN_IF(t->shape[0] != rows, SPARQ_E_SHAPE,
-                  "%s: %llu rows, but the V4.1 hash layout (24 primes above %llu for table %u) has %llu", t->name,
-                  (unsigned long long)t->shape[0], (unsigned long long)c->o->engram_prime_base, n,
-                  (unsigned long long)rows);
-        e->w[n] = t;
-        e->s[n] = sc;
-        e->lay.layer_ids[n] = (int32_t)layer;
-        n++;
+                  "%s: %llu rows, but the hash layout of config.json (%u primes from engram_vocab_size %lld) has "
+                  "%llu", t->name, (unsigned long long)t->shape[0], e->lay.n_columns,
+                  (long long)c->model.cfg.v41.engram_vocab_size, (unsigned long long)rows);
+        e->w[k] = t;
+        e->s[k] = sc;
     }
-    RETURN_IF(n == 0, SPARQ_E_NOTFOUND, "Engram tables announced but no '*.engram.embed.weight' found");
-    e->lay.n_layers = n;
-    return sq_engram_layout_finish(&e->lay);
+    for (uint32_t k = 0; k < e->lay.n_layers; k++)
+        RETURN_IF(!e->w[k], SPARQ_E_NOTFOUND, "%s: config.json gives layer %d an Engram table, but there is no "
+                  "'layers.%d.engram.embed.weight'", c->model_dir, e->lay.layer_ids[k], e->lay.layer_ids[k]);
+    sq_tokenizer *tok = NULL;
+    FORWARD_IF(sq_tokenizer_load(&tok, c->model_dir));
+    sparq_status st = sq_engram_token_map(tok, &c->model.cfg, c->model_dir, &e->token_map, &e->lay);
+    sq_tokenizer_free(tok);
+    return st;
 }
 
-static sparq_status write_engram(pack_ctx *c, const engram_src *e, int k)
+static void engram_rel(int k, char *rel, size_t cap) { snprintf(rel, cap, "engram/engram-node-%d.bin", k); }
+
+/* Node k's Engram file (the tables of the layers it holds), if it holds any;
+ * *written tells. */
+static sparq_status write_engram(pack_ctx *c, const engram_src *e, int k, bool *written)
 {
+    const sq_memplan_node *nd = &c->plan.nodes[k];
+    engram_node_src ns = {.e = e};
+    sq_engram_layout_subset(&e->lay, (int)nd->first_layer, (int)(nd->first_layer + nd->n_layers), &ns.lay);
+    *written = ns.lay.n_layers > 0;
+    if (!*written) return SPARQ_OK;
+    for (uint32_t l = 0; l < ns.lay.n_layers; l++) ns.full[l] = sq_engram_table_of(&e->lay, ns.lay.layer_ids[l]);
     char rel[64];
-    snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
+    engram_rel(k, rel, sizeof rel);
     char *dir = sparq_path_join(c->partial, "engram"), *path = sparq_path_join(c->partial, rel);
     sparq_status st = (dir && path) ? sparq_mkdirs(dir) : sparq_err(SPARQ_E_NOMEM, "out of memory");
     if (st == SPARQ_OK) remove_stale_tmp(dir);
     if (st == SPARQ_OK && !sparq_path_exists(path)) {
         uint32_t bb = c->o->block_size > ((uint64_t)1 << 30) ? 1u << 30 : (uint32_t)c->o->block_size;
-        st = sq_engram_write(path, &e->lay, (uint32_t)k, (uint32_t)c->plan.boxes, bb, engram_rows, (void *)e);
+        st = sq_engram_write(path, &ns.lay, (uint32_t)k, (uint32_t)c->plan.boxes, bb, engram_rows, &ns);
         if (st == SPARQ_OK) test_pause();
     }
     sparq_free(dir);
@@ -505,10 +533,11 @@ static sparq_status pack_files(pack_ctx *c)
     }
     sparq_progress_end(&pr);
     for (int k = 0; c->engram && k < boxes && st == SPARQ_OK; k++) {
-        st = write_engram(c, c->engram, k);
+        bool written = false;
+        st = write_engram(c, c->engram, k, &written);
         char rel[64];
-        snprintf(rel, sizeof rel, "engram/engram-node-%d.bin", k);
-        if (st == SPARQ_OK) st = list_file(files, &nf, sparq_strdup(rel), k);
+        engram_rel(k, rel, sizeof rel);
+        if (st == SPARQ_OK && written) st = list_file(files, &nf, sparq_strdup(rel), k);
     }
     /* the model's config and tokenizer files (formats/bundle.h), those it has */
     for (const char *const *s = sq_bundle_shared_files; *s && st == SPARQ_OK; s++) {
@@ -564,6 +593,23 @@ static sparq_status check_tokenizer(const char *model_dir, const sq_model_config
     return SPARQ_OK;
 }
 
+/* Name, in each plan node of the manifest, the Engram file that node reads
+ * ("engram_file", absent for a node without Engram layers); -1 on OOM. */
+static int engram_name_files(pack_ctx *c)
+{
+    json_t *nodes = json_object_get(c->plan_json, "nodes");
+    for (int k = 0; k < c->plan.boxes; k++) {
+        const sq_memplan_node *nd = &c->plan.nodes[k];
+        sq_engram_layout sub;
+        sq_engram_layout_subset(&c->engram->lay, (int)nd->first_layer, (int)(nd->first_layer + nd->n_layers), &sub);
+        if (!sub.n_layers) continue;
+        char rel[64];
+        engram_rel(k, rel, sizeof rel);
+        if (json_object_set_new(json_array_get(nodes, (size_t)k), "engram_file", json_string(rel))) return -1;
+    }
+    return 0;
+}
+
 sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq_pack_options *o)
 {
     pack_ctx c;
@@ -590,6 +636,11 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
         st = c.engram ? engram_prepare(&c, c.engram) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st != SPARQ_OK) goto done;
     }
+    c.plan_json = sq_pack_plan_json(&c.plan);
+    if (!c.plan_json || (c.engram && engram_name_files(&c) != 0)) {
+        st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+        goto done;
+    }
     if (sparq_path_exists(out_dir)) {
         st = sparq_err(SPARQ_E_ARG, "%s already exists; choose another OUT or remove it", out_dir);
         goto done;
@@ -597,8 +648,7 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     size_t n = strlen(out_dir);
     while (n > 1 && out_dir[n - 1] == '/') n--;
     c.partial = sparq_malloc(n + 16);
-    c.plan_json = sq_pack_plan_json(&c.plan);
-    if (!c.partial || !c.plan_json) {
+    if (!c.partial) {
         st = sparq_err(SPARQ_E_NOMEM, "out of memory");
         goto done;
     }
@@ -631,6 +681,7 @@ sparq_status sq_pack_bundle(const char *model_dir, const char *out_dir, const sq
     sparq_free(state_path);
 done:
     free(c.state); /* json_dumps' buffer: jansson's malloc (formats/json.c) */
+    if (c.engram) sparq_free(c.engram->token_map);
     sparq_free(c.engram);
     json_decref(c.plan_json);
     sparq_free(c.partial);

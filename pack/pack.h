@@ -11,10 +11,13 @@
  * finished; `resume` picks an interrupted OUT.partial up again and produces
  * the very same bytes (the manifest holds no timestamps).
  *
- * Engram tables (`layers.L.engram.embed.weight` F8_E4M3 [rows, 256] and
- * `.embed.scale` F8_E8M0 [rows, 8], at most two tables, V4.1 hash layout) go
- * to engram/engram-node-K.bin, shard K of N by hash column
- * (formats/engram.h), instead of the node shards. */
+ * Engram tables (`layers.L.engram.embed.weight` F8_E4M3 [rows, head_dim]
+ * and `.embed.scale` F8_E8M0 [rows, head_dim / 32], in the hash layout
+ * config.json implies: sq_engram_layout_from_config) go to
+ * engram/engram-node-K.bin instead of the node shards: node K's file holds
+ * the tables of the Engram layers node K runs, with the hash constants and
+ * the tokenizer's compressed-id map (formats/engram.h); the manifest's plan
+ * node K names it ("engram_file"). */
 #ifndef SPARQ_PACK_PACK_H
 #define SPARQ_PACK_PACK_H
 
@@ -57,8 +60,6 @@ typedef struct sq_pack_options {
     sq_memplan_budget budget;
     uint64_t block_size;  /* checksum block, power of two >= 4096 (default 4 MiB) */
     bool resume;          /* continue OUT.partial */
-    uint64_t engram_prime_base; /* Engram tables: bucket counts are the primes above this
-                                   (default SQ_ENGRAM_V41_PRIME_BASE, DeepSeek V4.1) */
 } sq_pack_options;
 
 void sq_pack_options_default(sq_pack_options *o);

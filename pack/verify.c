@@ -12,7 +12,9 @@
  * threads (an edited ctx shows here), its terms must add up to its total; and
  * each shard must hold exactly its node's tensors (sq_memplan_tensor_node,
  * the rule pack wrote them by), every layer the plan gives it, and the bytes
- * the plan counts as the node's weights. */
+ * the plan counts as the node's weights; a node with Engram layers must name
+ * its Engram file, whose tables, hash constants and token map must be those
+ * config.json and the tokenizer give (the blocks are checked with the rest). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/progress.h"
+#include "formats/engram_vocab.h"
 #include "formats/json.h"
 #include "pack/pack.h"
 
@@ -148,6 +151,51 @@ static sparq_status check_node_shard(const char *dir, const sq_manifest *m, cons
     return SPARQ_OK;
 }
 
+/* Node k's Engram file (what checksums cannot see): named exactly when the
+ * node holds Engram layers, holding the tables and hash constants config.json
+ * gives those layers, and the token map the bundle's tokenizer gives. */
+static sparq_status check_node_engram(const char *dir, const sq_manifest *m, const sq_model_config *cfg, int k,
+                                      sq_bundle_report *r)
+{
+    const sq_manifest_node *nd = &m->nodes[k];
+    sq_engram_layout all, want;
+    if (sq_engram_layout_from_config(&all, cfg, "config.json") != SPARQ_OK) {
+        sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s", sparq_errmsg());
+        return SPARQ_OK;
+    }
+    sq_engram_layout_subset(&all, (int)nd->first_layer, (int)(nd->first_layer + nd->n_layers), &want);
+    if (!want.n_layers || !nd->engram_file[0]) {
+        if (want.n_layers || nd->engram_file[0])
+            sq_bundle_report_add(r, SPARQ_E_FORMAT, "%s: plan node %d %s, but it holds %u Engram layers",
+                                 SQ_MANIFEST_NAME, k, nd->engram_file[0] ? "names an Engram file" : "names no Engram file",
+                                 want.n_layers);
+        return SPARQ_OK;
+    }
+    char *path = sparq_path_join(dir, nd->engram_file);
+    RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
+    sq_engram_reader *rd = NULL;
+    sq_tokenizer *tok = NULL;
+    uint32_t *map = NULL;
+    sparq_status st = sq_engram_open(&rd, path, 0);
+    if (st == SPARQ_OK) st = sq_tokenizer_load(&tok, dir);
+    if (st == SPARQ_OK) st = sq_engram_token_map(tok, cfg, dir, &map, &want);
+    if (st == SPARQ_E_NOMEM) goto done;
+    if (st != SPARQ_OK) {
+        sq_bundle_report_add(r, st, "%s", sparq_errmsg());
+        st = SPARQ_OK;
+    } else if (!sq_engram_layout_equal(&sq_engram_reader_header(rd)->layout, &want, true)) {
+        sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                             "%s: its tables, hash constants or token map are not those config.json and the tokenizer "
+                             "give node %d's Engram layers", nd->engram_file, k);
+    }
+done:
+    sparq_free(map);
+    sq_tokenizer_free(tok);
+    sq_engram_close(rd);
+    sparq_free(path);
+    return st;
+}
+
 /* The manifest against config.json and the shards (every file matched). */
 static sparq_status check_manifest(const char *dir, const sq_manifest *m, int node, sq_bundle_report *r)
 {
@@ -206,6 +254,7 @@ static sparq_status check_manifest(const char *dir, const sq_manifest *m, int no
         const json_t *n = json_array_get(nodes, (size_t)k);
         check_node_terms(m, &cfg, n, k, r);
         st = check_node_shard(dir, m, &pl, n, k, r);
+        if (st == SPARQ_OK) st = check_node_engram(dir, m, &cfg, k, r);
     }
 done:
     sparq_free(pn);

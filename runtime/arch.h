@@ -170,10 +170,12 @@ int64_t sq_dim_size(const sq_model_config *cfg, sq_dim dim);
 /* --- does a checkpoint hold what its config describes? ----------------------- */
 
 /* What one process reads of a checkpoint: layers [first, end), the tensors
- * placed with the embeddings and those placed with the head. */
+ * placed with the embeddings and those placed with the head; no_engram: a
+ * bundle node, whose Engram tables are in its engram/ file, not its shard. */
 typedef struct sq_arch_scope {
     int first, end;
     bool embed, head;
+    bool no_engram;
 } sq_arch_scope;
 
 /* Every problem found, one line each ("model.safetensors: tensor '...': shape

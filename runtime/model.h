@@ -83,6 +83,18 @@ void sq_model_mem_report(const sq_model *m, sq_model_mem *out);
  * step_begin; docs/cuda.md); 0 and 0 on the CPU. */
 void sq_model_graph_counts(const sq_model *m, uint64_t *captured, uint64_t *replayed);
 
+/* Engram row reads of this process since load (zeros for a model without
+ * Engram layers here): rows looked up ((row, column) pairs), distinct rows
+ * read (after the per-step deduplication), seconds the reads took (from
+ * queueing a step's reads to its last row, summed over steps and tables) and
+ * seconds the forward blocked waiting for them (the part not hidden behind
+ * the layers before the Engram layer). */
+typedef struct sq_model_engram_stats {
+    uint64_t rows, unique;
+    double fetch_s, wait_s;
+} sq_model_engram_stats;
+void sq_model_engram_report(const sq_model *m, sq_model_engram_stats *out);
+
 /* --- whole-model forward ----------------------------------------------- */
 
 typedef enum sq_logits_mode {

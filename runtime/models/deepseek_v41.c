@@ -55,18 +55,22 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/half.h"
 #include "formats/engram.h"
-#include "formats/tokenizer.h"
 #include "formats/engram_vocab.h"
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/models/blocks.h"
 #include "runtime/models/model_impl.h"
+
+/* Engram rows in flight at once: the fetcher's pread workers (an NVMe drive
+ * reaches its random-read rate at a queue depth of tens; idle workers sleep). */
+#define V41_FETCH_THREADS 16
 
 #define MUL sparq_sat_mul_u64
 #define ADD sparq_sat_add_u64
@@ -114,29 +118,12 @@ static int64_t v41_hidden_width(const sq_model_config *c)
 
 static int engram_cols(const sq_model_config *c) { return (c->v41.engram_max_ngram - 1) * c->v41.engram_n_heads; }
 
-/* The released multipliers are for layers 1 and 14 with 99,092 compressed ids
- * (formats/engram.h); the vendor's generator (numpy PCG64) for other layouts
- * is not built in. */
+/* The Engram layout config.json implies (formats/engram.h: the one function
+ * pack and the load use too) must exist and match engram_num_embeddings. */
 static sparq_status check_engram(const sq_model_config *c, const char *dir)
 {
-    const sq_v41_config *v = &c->v41;
-    if (!v->n_engram) return SPARQ_OK;
-    RETURN_IF(v->n_engram != 2 || v->engram_layer[0] != 1 || v->engram_layer[1] != 14 || v->engram_max_ngram != 4 ||
-                  v->engram_n_heads != SQ_ENGRAM_V41_HEADS ||
-                  (v->engram_compressed_vocab && v->engram_compressed_vocab != 99092),
-              SPARQ_E_UNSUPPORTED,
-              "%s: Engram on layers %d%s of n-gram order %d x %d heads (compressed vocabulary %lld): sparq knows the "
-              "hash multipliers of the released layout only (layers 1 and 14, orders 2..4, 8 heads, 99092 "
-              "compressed ids)", dir, v->engram_layer[0], v->n_engram > 1 ? " and more" : "", v->engram_max_ngram,
-              v->engram_n_heads, (long long)v->engram_compressed_vocab);
     sq_engram_layout lay;
-    sq_engram_v41_layout(&lay, (uint64_t)v->engram_vocab_size - 1);
-    for (int i = 0; i < v->n_engram; i++)
-        RETURN_IF(v->engram_rows[i] && v->engram_rows[i] != sq_engram_layer_rows(&lay, (uint32_t)i), SPARQ_E_FORMAT,
-                  "%s: engram_num_embeddings[%d] is %llu, but the primes from engram_vocab_size %lld sum to %llu", dir,
-                  i, (unsigned long long)v->engram_rows[i], (long long)v->engram_vocab_size,
-                  (unsigned long long)sq_engram_layer_rows(&lay, (uint32_t)i));
-    return SPARQ_OK;
+    return sq_engram_layout_from_config(&lay, c, dir);
 }
 
 static sparq_status v41_check(const sq_model_config *c, const char *dir)
@@ -246,8 +233,9 @@ static uint64_t engram_table_rows(const sq_model_config *c, int table)
 {
     if (c->v41.engram_rows[table]) return c->v41.engram_rows[table];
     sq_engram_layout lay;
-    sq_engram_v41_layout(&lay, (uint64_t)c->v41.engram_vocab_size - 1);
-    return sq_engram_layer_rows(&lay, (uint32_t)table);
+    return sq_engram_layout_from_config(&lay, c, "config.json") == SPARQ_OK && (uint32_t)table < lay.n_layers
+               ? sq_engram_layer_rows(&lay, (uint32_t)table)
+               : 0;
 }
 
 static int v41_layer_tensors(const sq_model_config *c, int L, sq_tensor_shape *t)
@@ -336,6 +324,7 @@ static uint64_t v41_kv_bytes(const sq_model_config *c, int64_t first, int64_t n,
 /* The sizes a step's workspace depends on (from the config alone). */
 typedef struct v41_dims {
     int d, hc, W, nh, hd, rd, qr, G, olora, E, k, I, Is, mix, inh, ihd, itopk, ctb, window, ecols, ehd, vocab;
+    int ntables;        /* Engram tables of the model */
     int max_ratio_pool; /* most pool entries any layer's indexer scores (ctx / smallest ratio) */
 } v41_dims;
 
@@ -364,12 +353,28 @@ static void v41_dims_of(const sq_model_config *c, int ctx, v41_dims *g)
     g->window = v->window;
     g->ecols = v->n_engram ? engram_cols(c) : 0;
     g->ehd = v->engram_head_dim;
+    g->ntables = v->n_engram;
     g->vocab = (int)c->vocab_size;
     int rmin = 0;
     for (int L = 0; L < c->num_hidden_layers; L++)
         if (v->compress_ratio[L] && (rmin == 0 || v->compress_ratio[L] < rmin)) rmin = v->compress_ratio[L];
     g->max_ratio_pool = rmin ? ctx / rmin : 0;
 }
+
+/* The Engram reads of one step for one table: every (row, column) key, the
+ * distinct ones (read once each, by the fetcher's workers), and which
+ * distinct row each (row, column) takes. */
+typedef struct v41_key_at {
+    uint64_t key; /* column << 48 | bucket */
+    int32_t at;   /* row * ecols + column */
+} v41_key_at;
+
+typedef struct v41_fetch_buf {
+    v41_key_at *sorted;   /* [R, ecols] */
+    sq_engram_key *uniq;  /* [R, ecols] the distinct keys, first nuniq */
+    int32_t *uidx;        /* [R, ecols] index into uniq */
+    uint8_t *urows;       /* [R, ecols, row_bytes] the rows read */
+} v41_fetch_buf;
 
 /* Buffers of one step of R rows (fp32 unless said). */
 typedef struct v41_bufs {
@@ -397,8 +402,7 @@ typedef struct v41_bufs {
     float *xg, *g, *u, *dn; /* [R, d], [R, Is], [R, Is], [R, d] */
     float *erows, *ekv;   /* [R, ecols·ehd], [R, (hc + 1)·d] Engram */
     int64_t *erow_id;     /* [R, ecols] the global table rows gathered */
-    uint8_t *erowb;       /* [R, ecols, row_bytes] the fetched rows */
-    sq_engram_key *ekeys; /* [ecols] */
+    v41_fetch_buf pf[SQ_V41_MAX_ENGRAM]; /* per Engram table: the step's row reads */
     float *x;             /* [R, W] the model's own hidden rows (hidden_buffer) */
 } v41_bufs;
 
@@ -461,8 +465,12 @@ static size_t v41_carve(const v41_dims *g, int R, v41_bufs *b, char *base)
     TAKE(erows, float, r * (size_t)g->ecols * g->ehd);
     TAKE(ekv, float, r * (size_t)(g->hc + 1) * g->d);
     TAKE(erow_id, int64_t, r * (size_t)g->ecols);
-    TAKE(erowb, uint8_t, r * (size_t)g->ecols * (g->ehd + g->ehd / 32));
-    TAKE(ekeys, sq_engram_key, (size_t)g->ecols);
+    for (int t = 0; t < g->ntables; t++) {
+        TAKE(pf[t].sorted, v41_key_at, r * (size_t)g->ecols);
+        TAKE(pf[t].uniq, sq_engram_key, r * (size_t)g->ecols);
+        TAKE(pf[t].uidx, int32_t, r * (size_t)g->ecols);
+        TAKE(pf[t].urows, uint8_t, r * (size_t)g->ecols * (g->ehd + g->ehd / 32));
+    }
 #undef TAKE
     return o;
 }
@@ -514,7 +522,7 @@ typedef struct v41_layer_w {
     int ratio;
     bool kv_src, idx_src, cand_src, cand_filter;
     int kv_of, ix_of;  /* the layer whose pool / index selection this layer reads (-1: none) */
-    int table;         /* Engram table index, -1 */
+    int table;         /* index in the node's Engram layout (m->lay), -1 */
     sq_linear *wq_a, *wkv, *wq_b, *wo_a, *wo_b, *cwkv, *cwg, *iwqb, *iwp, *iwk, *router, *w1, *w3, *w2, *sw1, *sw3,
         *sw2, *ewkv;
     sq_linear *wo_a_g; /* [G] row views of wo_a */
@@ -544,11 +552,12 @@ typedef struct v41 {
     float *state;         /* the state block */
     float *hist;          /* [n_seq][max_rows + 4] compressed ids by position mod that */
     int hist_len;
-    uint32_t *cmap;       /* token id -> compressed id (Engram) */
-    uint32_t n_cmap;
-    sq_engram_layout lay;
-    sq_engram_reader *erd; /* the tables this node's Engram layers read (formats/engram.h) */
-    const uint8_t *etab[SQ_ENGRAM_MAX_LAYERS], *escale[SQ_ENGRAM_MAX_LAYERS]; /* their mapped values / scales */
+    uint32_t *cmap;       /* token id -> compressed id (Engram), [vocab] */
+    sq_engram_layout lay; /* the tables this node reads: all (checkpoint) or its node file's (bundle) */
+    sq_engram_reader *erd; /* over the node file, or the checkpoint's mapped tables (formats/engram.h) */
+    sq_engram_fetcher *fetch; /* pread workers reading a step's rows ahead of the layers */
+    const uint8_t *etab[SQ_ENGRAM_MAX_LAYERS], *escale[SQ_ENGRAM_MAX_LAYERS]; /* the mapped values / scales */
+    int pf_ticket[SQ_ENGRAM_MAX_LAYERS]; /* the step's fetch of table t in flight, -1 none */
     void *ws;
     v41_bufs b;
     int *pos, *seqs;      /* [max_rows] */
@@ -593,8 +602,10 @@ static sparq_status load_layer(v41 *m, int L)
     w->cand_filter = w->idx_src && v->candidate_source >= 0 && v->candidate_source < L;
     w->kv_of = w->ratio ? latest(v->kv_source, L) : -1;
     w->ix_of = w->ratio ? latest(v->index_source, L) : -1;
-    w->table = -1;
-    v41_is_engram(cfg, L, &w->table);
+    w->table = v41_is_engram(cfg, L, NULL) ? sq_engram_table_of(&m->lay, L) : -1;
+    RETURN_IF(v41_is_engram(cfg, L, NULL) && w->table < 0, SPARQ_E_FORMAT,
+              "%s: layer %d has an Engram table, but %s holds no table of layer %d", c->dir, L,
+              c->engram_path ? c->engram_path : "the checkpoint", L);
     /* what this layer reads from earlier layers must be on this node */
     const int need[3] = {w->kv_of, w->ix_of, w->cand_filter ? v->candidate_source : -1};
     static const char *const what[3] = {"kv source (its compressed pool)", "index source (its selection)",
@@ -664,6 +675,7 @@ static sparq_status load_layer(v41 *m, int L)
         w->eqk = qw;
         c->small_bytes += n * sizeof(float);
         c->weights_bytes += tq->nbytes + tk->nbytes;
+        if (c->engram_path) goto engram_done; /* a bundle node reads its rows from its Engram file */
         FORWARD_IF(sq_mdl_find_tensor(c, KEY("layers.%d.engram.embed.weight", L), &tv));
         FORWARD_IF(sq_mdl_find_tensor(c, KEY("layers.%d.engram.embed.scale", L), &ts));
         const uint64_t rows = sq_engram_layer_rows(&m->lay, (uint32_t)w->table);
@@ -675,6 +687,7 @@ static sparq_status load_layer(v41 *m, int L)
         m->etab[w->table] = tv->data;
         m->escale[w->table] = ts->data;
     }
+engram_done:
 #undef KEY
     return SPARQ_OK;
 }
@@ -704,31 +717,43 @@ static void rope_freqs(float *f, int dim, double base, const sq_model_config *c,
 
 static void v41_free(sq_model *c);
 
+/* The token map the embedding writes into each hidden row: the node file's
+ * when it has one (a bundle), else built from the tokenizer as pack builds it. */
 static sparq_status build_cmap(v41 *m)
 {
     const sq_model *c = m->c;
+    if (m->lay.token_map) {
+        RETURN_IF(m->lay.n_tokens < (uint64_t)c->cfg.vocab_size, SPARQ_E_FORMAT,
+                  "%s: token map of %u ids, but vocab_size is %lld", c->engram_path, m->lay.n_tokens,
+                  (long long)c->cfg.vocab_size);
+        m->cmap = sparq_malloc((size_t)m->lay.n_tokens * sizeof *m->cmap);
+        RETURN_IF(!m->cmap, SPARQ_E_NOMEM, "out of memory");
+        memcpy(m->cmap, m->lay.token_map, (size_t)m->lay.n_tokens * sizeof *m->cmap);
+        return SPARQ_OK;
+    }
     sq_tokenizer *tok = NULL;
     FORWARD_IF(sq_tokenizer_load(&tok, c->dir));
-    sparq_status st = sq_engram_vocab_build(tok, &m->cmap, &m->n_cmap);
-    if (st == SPARQ_OK) {
-        const int64_t want = c->cfg.v41.engram_compressed_vocab;
-        if (want && (int64_t)m->n_cmap != want)
-            st = sparq_err(SPARQ_E_FORMAT, "%s: the tokenizer gives %u compressed ids for the Engram hash, "
-                           "config.json says engram_compressed_vocab_size %lld", c->dir, m->n_cmap, (long long)want);
-        if (st == SPARQ_OK && (int64_t)sq_tokenizer_vocab_size(tok) < c->cfg.vocab_size) {
-            /* ids past the tokenizer's vocabulary (padding rows) hash as pad */
-            uint32_t *nm = sparq_realloc(m->cmap, (size_t)c->cfg.vocab_size * sizeof *nm);
-            if (!nm) {
-                st = sparq_err(SPARQ_E_NOMEM, "out of memory");
-            } else {
-                for (int64_t i = (int64_t)sq_tokenizer_vocab_size(tok); i < c->cfg.vocab_size; i++)
-                    nm[i] = (uint32_t)c->cfg.v41.engram_pad_id;
-                m->cmap = nm;
-            }
-        }
-    }
+    sq_engram_layout lay = m->lay;
+    sparq_status st = sq_engram_token_map(tok, &c->cfg, c->dir, &m->cmap, &lay);
     sq_tokenizer_free(tok);
     return st;
+}
+
+/* A bundle node's Engram file: it must hold exactly the tables of this
+ * node's Engram layers, with the layout config.json implies (the token map
+ * aside, which the file carries and config.json cannot). */
+static sparq_status open_engram_file(v41 *m, const sq_engram_layout *want)
+{
+    sq_model *c = m->c;
+    FORWARD_IF(sq_engram_open(&m->erd, c->engram_path, 0));
+    const sq_engram_layout *have = &sq_engram_reader_header(m->erd)->layout;
+    RETURN_IF(!sq_engram_layout_equal(have, want, false), SPARQ_E_FORMAT,
+              "%s: its Engram tables (%u, of layers %d..%d) are not those config.json gives node %d's layers "
+              "[%d, %d) (%u tables): the bundle does not match its config (`sparq verify %s`)", c->engram_path,
+              have->n_layers, have->layer_ids[0], have->layer_ids[have->n_layers ? have->n_layers - 1 : 0],
+              c->opts.node, c->first, c->end, want->n_layers, c->dir);
+    m->lay = *have;
+    return SPARQ_OK;
 }
 
 static sparq_status v41_load(sq_model *c, int plan_threads)
@@ -744,11 +769,16 @@ static sparq_status v41_load(sq_model *c, int plan_threads)
     m->eps = (float)cfg->rms_norm_eps;
     m->hc_eps = (float)v->hc_eps;
     m->ring = g->window + c->opts.max_rows;
+    for (int t = 0; t < SQ_ENGRAM_MAX_LAYERS; t++) m->pf_ticket[t] = -1;
     if (v->n_engram) {
-        sq_engram_v41_layout(&m->lay, (uint64_t)v->engram_vocab_size - 1);
-        m->lay.values_per_row = (uint32_t)g->ehd;
-        m->lay.scales_per_row = (uint32_t)g->ehd / 32;
-        m->lay.row_bytes = m->lay.values_per_row + m->lay.scales_per_row;
+        FORWARD_IF(sq_engram_layout_from_config(&m->lay, cfg, c->dir));
+        sq_engram_layout mine;
+        sq_engram_layout_subset(&m->lay, c->first, c->end, &mine);
+        if (c->engram_path) FORWARD_IF(open_engram_file(m, &mine));
+        else
+            RETURN_IF(c->bundle && mine.n_layers, SPARQ_E_FORMAT,
+                      "%s: node %d holds Engram layer %d, but the manifest names no Engram file for it (packed by an "
+                      "older sparq? pack the model again)", c->dir, c->opts.node, mine.layer_ids[0]);
     }
     if (c->has_embed) {
         FORWARD_IF(sq_mdl_find_tensor(c, "embed.weight", &m->embed));
@@ -769,6 +799,7 @@ static sparq_status v41_load(sq_model *c, int plan_threads)
     bool tables = false;
     for (int i = 0; i < v->n_engram; i++) tables |= m->etab[i] != NULL;
     if (tables) FORWARD_IF(sq_engram_open_mapped(&m->erd, &m->lay, m->etab, m->escale, c->dir));
+    if (m->erd) FORWARD_IF(sq_engram_fetcher_create(&m->fetch, m->erd, V41_FETCH_THREADS));
     m->inv_win = sparq_malloc((size_t)(g->rd / 2 + 1) * sizeof(float));
     m->inv_cmp = sparq_malloc((size_t)(g->rd / 2 + 1) * sizeof(float));
     RETURN_IF(!m->inv_win || !m->inv_cmp, SPARQ_E_NOMEM, "out of memory");
@@ -877,6 +908,7 @@ static void v41_free(sq_model *c)
     sparq_free(m->state);
     sparq_free(m->st);
     sparq_free(m->cmap);
+    sq_engram_fetcher_free(m->fetch); /* waits for reads in flight into the workspace */
     sq_engram_close(m->erd);
     sparq_free(m->ws);
     sparq_free(m->pos);
@@ -999,6 +1031,73 @@ static float *pre_mix_of(const v41 *m, float *h, int r) { return h + (size_t)r *
 
 static void probe(const sq_observer *obs, int L, const char *name, char kind, const void *data, int rows, int width);
 
+static int key_at_cmp(const void *a, const void *b)
+{
+    const v41_key_at *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key ? 1 : x->at - y->at;
+}
+
+/* Start reading the Engram rows every local Engram layer in [lo, hi) needs
+ * for this step's rows: their compressed ids (carried in the hidden rows)
+ * go into the per-sequence history, each (row, column)'s bucket is hashed
+ * (sq_engram_buckets), the keys are deduplicated, and the distinct rows are
+ * queued on the fetcher; engram() waits for them when its layer comes. Runs
+ * before the first layer, so the reads overlap the layers before the Engram
+ * layer (and, for a later table, the Engram layers before it). */
+static void engram_prefetch(v41 *m, const float *h, int rows, const int *seqs, const int *pos, int lo, int hi)
+{
+    const v41_dims *g = &m->g;
+    const int cols = g->ecols;
+    const uint32_t pad = m->lay.pad_id;
+    bool any = false;
+    for (int L = lo; L < hi; L++) any |= m->layers[L].table >= 0;
+    if (!any || !rows) return;
+    for (int r = 0; r < rows; r++)
+        m->hist[(size_t)seqs[r] * m->hist_len + (size_t)(pos[r] % m->hist_len)] =
+            h[(size_t)r * g->W + (size_t)g->hc * g->d + (size_t)g->hc];
+    for (int L = lo; L < hi; L++) {
+        const int t = m->layers[L].table;
+        if (t < 0 || m->pf_ticket[t] >= 0) continue;
+        v41_fetch_buf *f = &m->b.pf[t];
+        for (int r = 0; r < rows; r++) {
+            uint32_t cid[SQ_ENGRAM_ORDERS];
+            for (int k = 0; k < SQ_ENGRAM_ORDERS; k++) { /* cid[3 - k] = token at pos - k */
+                const int p = pos[r] - k;
+                cid[SQ_ENGRAM_ORDERS - 1 - k] =
+                    p < 0 ? pad : (uint32_t)m->hist[(size_t)seqs[r] * m->hist_len + (size_t)(p % m->hist_len)];
+            }
+            uint64_t bucket[SQ_ENGRAM_MAX_COLUMNS];
+            sq_engram_buckets(&m->lay, (uint32_t)t, cid, SQ_ENGRAM_ORDERS, SQ_ENGRAM_ORDERS - 1, bucket);
+            for (int col = 0; col < cols; col++)
+                f->sorted[r * cols + col] = (v41_key_at){(uint64_t)col << 48 | bucket[col], r * cols + col};
+        }
+        const size_t n = (size_t)rows * cols;
+        qsort(f->sorted, n, sizeof *f->sorted, key_at_cmp);
+        size_t u = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!i || f->sorted[i].key != f->sorted[i - 1].key)
+                f->uniq[u++] = (sq_engram_key){(uint32_t)t, (uint32_t)(f->sorted[i].key >> 48),
+                                               f->sorted[i].key & (((uint64_t)1 << 48) - 1)};
+            f->uidx[f->sorted[i].at] = (int32_t)(u - 1);
+        }
+        m->c->engram.rows += n;
+        m->c->engram.unique += u;
+        const sparq_status st = sq_engram_fetcher_submit(m->fetch, u, f->uniq, f->urows, &m->pf_ticket[t]);
+        if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st; /* reported by the step */
+    }
+}
+
+/* Wait for every fetch still in flight (a step that ends early must not
+ * leave reads into its workspace behind). */
+static void engram_drain(v41 *m)
+{
+    for (int t = 0; t < SQ_ENGRAM_MAX_LAYERS; t++)
+        if (m->pf_ticket[t] >= 0) {
+            (void)sq_engram_fetcher_wait(m->fetch, m->pf_ticket[t], NULL, NULL);
+            m->pf_ticket[t] = -1;
+        }
+}
+
 static void engram(v41 *m, int L, float *h, int rows, const int *seqs, const int *pos, const sq_observer *obs)
 {
     const v41_layer_w *w = &m->layers[L];
@@ -1006,29 +1105,26 @@ static void engram(v41 *m, int L, float *h, int rows, const int *seqs, const int
     v41_bufs *b = &m->b;
     const int hc = g->hc, d = g->d, cols = g->ecols, ehd = g->ehd;
     const size_t rbytes = m->lay.row_bytes;
-    const uint32_t pad = (uint32_t)m->c->cfg.v41.engram_pad_id;
-    /* the compressed ids of the rows, by position (idempotent for every Engram layer) */
+    const int t = w->table;
+    engram_prefetch(m, h, rows, seqs, pos, L, L + 1); /* a no-op when the step's prefetch queued it */
+    v41_fetch_buf *f = &b->pf[t];
+    double fetch_s = 0, wait_s = 0;
+    sparq_status st = m->pf_ticket[t] >= 0 ? sq_engram_fetcher_wait(m->fetch, m->pf_ticket[t], &fetch_s, &wait_s)
+                                           : SPARQ_OK;
+    m->pf_ticket[t] = -1;
+    m->c->engram.fetch_s += fetch_s;
+    m->c->engram.wait_s += wait_s;
+    if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st; /* reported by the step */
     for (int r = 0; r < rows; r++)
-        m->hist[(size_t)seqs[r] * m->hist_len + (size_t)(pos[r] % m->hist_len)] = pre_mix_of(m, h, r)[hc];
-    for (int r = 0; r < rows; r++) {
-        uint32_t cid[SQ_ENGRAM_ORDERS];
-        for (int k = 0; k < SQ_ENGRAM_ORDERS; k++) { /* cid[3 - k] = token at pos - k */
-            const int p = pos[r] - k;
-            cid[SQ_ENGRAM_ORDERS - 1 - k] =
-                p < 0 ? pad : (uint32_t)m->hist[(size_t)seqs[r] * m->hist_len + (size_t)(p % m->hist_len)];
-        }
-        uint64_t bucket[SQ_ENGRAM_MAX_COLUMNS];
-        sq_engram_v41_buckets(&m->lay, (uint32_t)w->table, cid, SQ_ENGRAM_ORDERS, SQ_ENGRAM_ORDERS - 1, bucket);
         for (int col = 0; col < cols; col++) {
-            b->ekeys[col] = (sq_engram_key){(uint32_t)w->table, (uint32_t)col, bucket[col]};
-            b->erow_id[(size_t)r * cols + col] = (int64_t)(m->lay.row_offset[w->table][col] + bucket[col]);
+            const size_t i = (size_t)r * cols + col;
+            const sq_engram_key *k = &f->uniq[f->uidx[i]];
+            b->erow_id[i] = (int64_t)(m->lay.row_offset[t][col] + k->bucket);
+            if (st == SPARQ_OK)
+                sq_engram_row_to_f32(&m->lay, f->urows + (size_t)f->uidx[i] * rbytes, b->erows + i * ehd);
+            else
+                memset(b->erows + i * ehd, 0, (size_t)ehd * sizeof(float));
         }
-        uint8_t *rb = b->erowb + (size_t)r * cols * rbytes;
-        const sparq_status st = sq_engram_fetch(m->erd, (size_t)cols, b->ekeys, rb);
-        if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st; /* reported by the step */
-        for (int col = 0; col < cols; col++)
-            sq_engram_row_to_f32(&m->lay, rb + (size_t)col * rbytes, b->erows + ((size_t)r * cols + col) * ehd);
-    }
     probe(obs, L, "engram.rows", 'l', b->erow_id, rows, cols);
     sq_linear_forward(m->c->ex, w->ewkv, b->erows, rows, b->ekv);
     for (int r = 0; r < rows; r++) {
@@ -1428,6 +1524,7 @@ static sparq_status v41_forward_layer(sq_model *mc, int L, float *hidden, int ro
     for (int r = 0; r < rows; r++) m->seqs[r] = seq;
     FORWARD_IF(sq_mdl_check_rows(mc, rows, m->seqs, pos));
     if (rows) layer_rows(m, L, hidden, rows, m->seqs, pos, obs);
+    engram_drain(m);
     return step_status(m);
 }
 
@@ -1435,7 +1532,9 @@ static sparq_status v41_forward_rows(sq_model *mc, float *hidden, int rows, cons
 {
     v41 *m = mc->impl;
     FORWARD_IF(sq_mdl_check_rows(mc, rows, seqs, pos));
+    engram_prefetch(m, hidden, rows, seqs, pos, mc->first, mc->end); /* read ahead of the layers */
     for (int L = mc->first; L < mc->end && rows; L++) layer_rows(m, L, hidden, rows, seqs, pos, NULL);
+    engram_drain(m);
     FORWARD_IF(step_status(m));
     for (int r = 0; r < rows; r++) mc->seq_len[seqs[r]]++;
     return SPARQ_OK;

@@ -321,7 +321,10 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
         char sub[32];
         snprintf(sub, sizeof sub, "node-%d", o->node);
         *weights_dir = sparq_path_join(dir, sub);
-        if (!*weights_dir) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
+        m->bundle = true;
+        if (nd->engram_file[0]) m->engram_path = sparq_path_join(dir, nd->engram_file);
+        if (!*weights_dir || (nd->engram_file[0] && !m->engram_path))
+            st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
     }
     sq_manifest_free(&man);
     return st;
@@ -395,7 +398,8 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
     TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
-    TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head}, dir, NULL));
+    TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head, m->bundle},
+                              dir, NULL));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);
     m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
     if (!m->layers || !m->seq_len) FAIL(SPARQ_E_NOMEM, "out of memory");
@@ -444,12 +448,15 @@ void sq_model_free(sq_model *m)
     if (m->sf) sf_close(m->sf);
     sq_config_free(&m->cfg);
     sparq_free(m->dir);
+    sparq_free(m->engram_path);
     sparq_free(m);
 }
 
 const sq_model_config *sq_model_cfg(const sq_model *m) { return &m->cfg; }
 const sq_model_opts *sq_model_options(const sq_model *m) { return &m->opts; }
 sq_exec *sq_model_exec(sq_model *m) { return m->ex; }
+
+void sq_model_engram_report(const sq_model *m, sq_model_engram_stats *out) { *out = m->engram; }
 
 void sq_model_mem_report(const sq_model *m, sq_model_mem *out)
 {

@@ -45,6 +45,8 @@ struct sq_model {
     sq_model_config cfg;
     sq_model_opts opts;
     char *dir;                 /* the model directory or bundle it was loaded from (config, tokenizer) */
+    bool bundle;               /* loaded from one node of a bundle */
+    char *engram_path;         /* a bundle node's Engram table file (the manifest's engram_file), or NULL */
     const sq_arch_info *arch;
     sf_model *sf;
     sq_exec *ex;
@@ -59,6 +61,7 @@ struct sq_model {
     uint64_t weights_bytes, small_bytes, ws_bytes, kv_bytes, scratch_bytes;
     uint64_t plan_kv, plan_ws;
     uint64_t dev_plan, dev_free0, dev_used; /* device exec: planned bytes, free before the upload, used by the load */
+    sq_model_engram_stats engram; /* the architecture counts its Engram reads here */
     void *impl;                /* the architecture's own state */
 };
 

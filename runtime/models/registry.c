@@ -156,6 +156,7 @@ typedef struct tcheck {
     sq_arch_problems *p;
     sparq_status first;   /* status of the first problem */
     bool nomem;
+    bool no_engram;       /* the Engram tables are not expected (a bundle node) */
 } tcheck;
 
 static void problem(tcheck *c, sparq_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -337,6 +338,7 @@ static void check_layer(tcheck *c, int L)
     sq_tensor_shape ts[SQ_LAYER_MAX_TENSORS];
     const int n = c->a->layer_tensors(c->cfg, L, ts);
     for (int i = 0; i < n; i++) {
+        if (c->no_engram && sq_memplan_classify(ts[i].key, NULL, NULL) == SQ_TENSOR_ENGRAM_TABLE) continue;
         const sf_tensor *t = use(c, ts[i].key);
         char want[64];
         shape_text(want, sizeof want, ts[i].ndim, ts[i].shape);
@@ -368,7 +370,7 @@ sparq_status sq_arch_check_tensors(const sq_model_config *cfg, const sf_model *s
     RETURN_IF(sc->first < 0 || sc->end > n_layers || sc->first > sc->end, SPARQ_E_RANGE,
               "%s: layers [%d, %d) outside the model's %d", where, sc->first, sc->end, n_layers);
     const size_t n = sf_count(sf);
-    tcheck c = {.cfg = cfg, .a = a, .sf = sf, .p = p, .first = SPARQ_OK};
+    tcheck c = {.cfg = cfg, .a = a, .sf = sf, .p = p, .first = SPARQ_OK, .no_engram = sc->no_engram};
     c.used = sparq_calloc(n ? n : 1, sizeof *c.used);
     int *count = sparq_calloc((size_t)(sc->end - sc->first) + 1, sizeof *count); /* tensors per layer in scope */
     if (!c.used || !count) {

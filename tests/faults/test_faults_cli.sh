@@ -7,7 +7,8 @@
 # exit 0 where a fallback absorbed the fault. Swept: every allocation and
 # file operation of `sparq verify` on a bundle of tiny-synth, and every file
 # operation of `sparq pack`, each failed pack followed by `pack --resume`
-# and a verify of what it finished. test_faults.c sweeps the library calls
+# and a verify of what it finished, and every nf/30-th file operation of
+# packing tiny-dsv41 (with its Engram files). test_faults.c sweeps the library calls
 # themselves, with more checks.
 SPARQ="$1"
 MODEL="${SPARQ_TEST_DATA:-build/tests/data}/quantize/tiny-synth"
@@ -71,5 +72,34 @@ while [ $i -le "$nf" ]; do
 done
 echo "pack: $nf file operations swept"
 
+
+# pack of the DeepSeek V4.1 fixture (it writes the Engram node files): a file
+# operation every nf/30, each failure resumed or rerun to the same bundle
+V="${SPARQ_TEST_DATA:-build/tests/data}/tiny-dsv41"
+if [ -d "$V" ]; then
+    "$SPARQ" pack "$V" "$T/vb" $PACK 2> "$T/err" && ok || bad "pack tiny-dsv41: $(cat "$T/err")"
+    SPARQ_FAULT_COUNT=1 "$SPARQ" pack "$V" "$T/vc" $PACK 2> "$T/err" && ok || bad "pack tiny-dsv41: $(cat "$T/err")"
+    set -- $(counts "$T/err")
+    nf=${2:-0}
+    rm -rf "$T/vc"
+    step=$((nf / 30 + 1)) i=1 swept=0
+    while [ $i -le "$nf" ]; do
+        SPARQ_FAULT_IO=$i "$SPARQ" pack "$V" "$T/vc" $PACK 2> "$T/err"
+        rc=$?
+        judge $rc "$T/err" "file operation $i"
+        [ $rc -eq 0 ] || [ ! -e "$T/vc" ] || bad "tiny-dsv41 file operation $i: pack failed but $T/vc exists"
+        if [ -d "$T/vc.partial" ]; then
+            "$SPARQ" pack "$V" "$T/vc" $PACK --resume 2> "$T/err2" && ok || bad "tiny-dsv41 file operation $i: --resume: $(cat "$T/err2")"
+        elif [ ! -d "$T/vc" ]; then
+            "$SPARQ" pack "$V" "$T/vc" $PACK 2> "$T/err2" && ok || bad "tiny-dsv41 file operation $i: rerun: $(cat "$T/err2")"
+        fi
+        "$SPARQ" verify "$T/vc" > /dev/null 2> "$T/err2" && ok || bad "tiny-dsv41 file operation $i: verify: $(cat "$T/err2")"
+        cmp -s "$T/vb/engram/engram-node-1.bin" "$T/vc/engram/engram-node-1.bin" && ok ||
+            bad "tiny-dsv41 file operation $i: another Engram file"
+        rm -rf "$T/vc" "$T/vc.partial"
+        i=$((i + step)) swept=$((swept + 1))
+    done
+    echo "pack tiny-dsv41: $swept of $nf file operations swept"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

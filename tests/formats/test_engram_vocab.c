@@ -355,8 +355,8 @@ static void test_rows_golden(void)
         size_t bad = 0;
         for (size_t t = 0; t < T; t++) {
             for (uint32_t l = 0; l < 2; l++) {
-                uint64_t bucket[SQ_ENGRAM_V41_COLUMNS];
-                sq_engram_v41_buckets(&lay, l, cids, T, t, bucket);
+                uint64_t bucket[SQ_ENGRAM_MAX_COLUMNS];
+                sq_engram_buckets(&lay, l, cids, T, t, bucket);
                 for (int c = 0; c < SQ_ENGRAM_V41_COLUMNS; c++) {
                     uint64_t row = lay.row_offset[l][c] + bucket[c];
                     int64_t w = want[(t * 2 + l) * SQ_ENGRAM_V41_COLUMNS + (size_t)c];

@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz_engram_header.c — libFuzzer target for the Engram table
  * header parser (sq_engram_header_parse). Input: 8 bytes little-endian file
- * size, then the header bytes. An accepted header must place every column of
- * its shard inside the data region, without overlap, in order. */
+ * size, then the header bytes. An accepted header must place every column
+ * inside the data region, without overlap, in order, and its token map must
+ * only hold compressed ids below n_compressed. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,11 +44,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t at = h.data_offset;
         for (uint32_t l = 0; l < h.layout.n_layers; l++)
             for (uint32_t c = 0; c < h.layout.n_columns; c++) {
-                if (h.file_offset[l][c] == UINT64_MAX) continue;
                 if (h.file_offset[l][c] != at) __builtin_trap();
                 at += h.layout.primes[l][c] * h.layout.row_bytes;
             }
         if (at != h.data_offset + h.data_bytes || at > file_size) __builtin_trap();
+        const size_t map_at = SQ_ENGRAM_FIXED_BYTES + 40u * h.layout.n_layers + 24u * h.layout.n_layers * h.layout.n_columns;
+        if (map_at + 4ull * h.layout.n_tokens + 8 > h.header_bytes) __builtin_trap();
+        for (uint32_t i = 0; i < h.layout.n_tokens; i++) {
+            const uint8_t *q = data + 8 + map_at + 4 * (size_t)i;
+            const uint32_t v = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+            if (v >= h.layout.n_compressed) __builtin_trap();
+        }
     }
     return 0;
 }

@@ -11,7 +11,9 @@
 #  - stopping a rank (SIGSTOP) ends every rank after --timeout, rank 0 naming it;
 #  - stopping rank 0 (SIGSTOP) ends every rank after --timeout too, a worker naming
 #    rank 0 (its heartbeat stopped);
-#  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT.
+#  - `sparq serve` on 2 ranks answers with the same greedy text and stops cleanly on SIGINT;
+#  - the DeepSeek V4.1 fixture on 2 ranks (Engram rows from each rank's node file)
+#    gives the model folder's greedy text.
 # Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
 . "$(dirname "$0")/../lib.sh"
@@ -180,5 +182,16 @@ wait_for $mp 20; rc=$RC
 [ "$rc" = 0 ] && ok || bad "serve on 2 ranks: SIGINT to rank 0: mpirun exit '$rc': $(cat "$T/sv.err")"
 grep -q "stopped after 1 requests" "$T/sv.err" && ok || bad "serve on 2 ranks: no stop line: $(cat "$T/sv.err")"
 pkill -9 -f "sparq serve $T/b2" 2>/dev/null
+
+# DeepSeek V4.1 on 2 ranks: each rank reads its Engram layer's rows from its own
+# node file (layer 1 on rank 0, layer 14 on rank 1); the greedy text is the
+# model folder's in one process
+V="$D/tiny-dsv41"
+"$SPARQ" pack "$V" "$T/v2" --boxes 2 --ctx 512 --users 2 --chunk 64 >/dev/null 2>&1 && ok || bad "pack tiny-dsv41 --boxes 2"
+"$SPARQ" run "$V" -p "$P" -n 16 --temp 0 -t 1 >"$T/vo1" 2>"$T/ve1" && ok || bad "tiny-dsv41, 1 process: $(cat "$T/ve1")"
+$MPIRUN -np 2 "$SPARQ" run "$T/v2" -p "$P" -n 16 --temp 0 -t 1 --stats >"$T/vo2" 2>"$T/ve2" && ok ||
+  bad "tiny-dsv41, 2 ranks: $(cat "$T/ve2")"
+[ -s "$T/vo1" ] && cmp -s "$T/vo1" "$T/vo2" && ok || bad "tiny-dsv41, 2 ranks: '$(cat "$T/vo2")' vs '$(cat "$T/vo1")'"
+grep -q "^stats: engram_rows=456$" "$T/ve2" && ok || bad "tiny-dsv41, rank 0 reads layer 1's rows only: $(grep engram "$T/ve2")"
 
 finish

@@ -4,7 +4,8 @@
  * truncation is reported by verify and by the runtime's quick check, a budget
  * one byte too small is refused with nothing written, the manifest's plan
  * equals the memplan functions the runtime calls, and malformed manifests are
- * rejected with a message. */
+ * rejected with a message; the DeepSeek V4.1 fixture's Engram tables packed
+ * per node by layer. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "formats/json.h"
+#include "formats/engram.h"
 #include "formats/manifest.h"
 #include "pack/pack.h"
 #include "t.h"
@@ -38,18 +40,13 @@ static void add(sf_writer *w, const char *name, uint64_t rows, uint64_t cols)
     free(d);
 }
 
-/* Engram tables in the V4.1 layout with the primes above ENGRAM_BASE, at
- * model layers 1 and 3; rows_bad != 0 gives table 0 that many rows instead. */
-#define ENGRAM_BASE 100
-static void add_engram(sf_writer *w, uint64_t rows_bad)
+/* Engram-shaped tables at model layers 1 and 3 of a model whose config has
+ * no Engram layers (Qwen3-MoE): pack must refuse them, not guess a layout. */
+static void add_engram(sf_writer *w)
 {
-    sq_engram_layout lay;
-    sq_engram_v41_layout(&lay, ENGRAM_BASE);
     for (int t = 0; t < 2; t++) {
-        uint64_t rows = t == 0 && rows_bad ? rows_bad : sq_engram_layer_rows(&lay, (uint32_t)t);
-        uint8_t *v = malloc(rows * 256), *sc = malloc(rows * 8);
-        for (uint64_t i = 0; i < rows * 256; i++) v[i] = (uint8_t)((i * 7 + (uint64_t)t) & 0x77);
-        for (uint64_t i = 0; i < rows * 8; i++) sc[i] = (uint8_t)(120 + (i + (uint64_t)t) % 15);
+        const uint64_t rows = 1000;
+        uint8_t *v = calloc(rows, 256), *sc = calloc(rows, 8);
         char name[128];
         uint64_t sv[2] = {rows, 256}, ss[2] = {rows, 8};
         snprintf(name, sizeof name, "model.layers.%d.engram.embed.weight", t ? 3 : 1);
@@ -61,11 +58,11 @@ static void add_engram(sf_writer *w, uint64_t rows_bad)
     }
 }
 
-static void write_model_to(const char *sub, int engram, uint64_t rows_bad);
+static void write_model_to(const char *sub, int engram);
 
-static void write_model(void) { write_model_to("model", 0, 0); }
+static void write_model(void) { write_model_to("model", 0); }
 
-static void write_model_to(const char *sub, int engram, uint64_t rows_bad)
+static void write_model_to(const char *sub, int engram)
 {
     snprintf(model_dir, sizeof model_dir, "%s/%s", t_tmpdir(), sub);
     CHECK_EQ_INT(sparq_mkdirs(model_dir), SPARQ_OK);
@@ -114,7 +111,7 @@ static void write_model_to(const char *sub, int engram, uint64_t rows_bad)
             add(w, name, HID, MOE_I);
         }
     }
-    if (engram) add_engram(w, rows_bad);
+    if (engram) add_engram(w);
     CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
 }
 
@@ -531,74 +528,128 @@ static void test_pack_alloc_faults(void)
     sparq_free(want);
 }
 
+static void flip_at(const char *p, uint64_t off)
+{
+    int fd = open(p, O_RDWR);
+    unsigned char c;
+    if (pread(fd, &c, 1, (off_t)off) == 1) {
+        c ^= 0x5A;
+        CHECK(pwrite(fd, &c, 1, (off_t)off) == 1);
+    }
+    close(fd);
+}
+
+/* The DeepSeek V4.1 fixture packed for 2 boxes: node K's Engram file holds
+ * the tables of node K's Engram layers (layer 1 on node 0, 14 on node 1),
+ * named by the manifest; the rows the hash addresses come back as in the
+ * checkpoint; a flipped byte and a truncation are named by verify. */
 static void test_engram_tables(void)
 {
     char plain[600];
     snprintf(plain, sizeof plain, "%s", model_dir);
-    write_model_to("model-engram", 1, 0);
+    /* Engram tables in a model whose config has no Engram layers */
+    write_model_to("model-engram", 1);
     sq_pack_options o = small_options(2);
-    o.engram_prime_base = ENGRAM_BASE;
-    const char *out = tmp("eng");
-    CHECK_EQ_INT(sq_pack_bundle(model_dir, out, &o), SPARQ_OK);
-    sq_manifest m;
-    CHECK_EQ_INT(sq_manifest_load(&m, out), SPARQ_OK);
-    const sq_manifest_file *f0 = sq_manifest_find(&m, "engram/engram-node-0.bin");
-    const sq_manifest_file *f1 = sq_manifest_find(&m, "engram/engram-node-1.bin");
-    CHECK(f0 && f1 && f0->node == 0 && f1->node == 1);
-    sq_manifest_free(&m);
-    sq_verify_options vo = {-1, false, 2};
-    sq_verify_report r;
-    CHECK_EQ_INT(sq_verify_bundle(out, &vo, &r), SPARQ_OK);
-    sq_verify_report_free(&r);
-    /* the tables are not in the node shards */
-    char p[800];
-    sf_model *n0 = NULL, *src = NULL;
-    snprintf(p, sizeof p, "%s/node-0/model.safetensors", out);
-    CHECK_EQ_INT(sf_open(&n0, p), SPARQ_OK);
-    CHECK(n0 && !sf_find(n0, "model.layers.1.engram.embed.weight"));
-    sf_close(n0);
-    /* rows looked up with the V4.1 hash come back as in the checkpoint */
-    CHECK_EQ_INT(sf_open(&src, model_dir), SPARQ_OK);
-    sq_engram_reader *rd[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {
-        snprintf(p, sizeof p, "%s/engram/engram-node-%d.bin", out, k);
-        CHECK_EQ_INT(sq_engram_open(&rd[k], p, 16), SPARQ_OK);
-    }
-    if (src && rd[0] && rd[1]) {
-        const sq_engram_layout *lay = &sq_engram_reader_header(rd[0])->layout;
-        CHECK_EQ_INT(lay->layer_ids[0], 1);
-        CHECK_EQ_INT(lay->layer_ids[1], 3);
-        const uint32_t ids[] = {5, 99, 1234, 77, 40000, 2};
-        int bad = 0;
-        for (uint32_t t = 0; t < 2; t++) {
-            const sf_tensor *w = sf_find(src, t ? "model.layers.3.engram.embed.weight" : "model.layers.1.engram.embed.weight");
-            const sf_tensor *sc = sf_find(src, t ? "model.layers.3.engram.embed.scale" : "model.layers.1.engram.embed.scale");
-            for (size_t pos = 0; pos < 6; pos++) {
-                uint64_t b[24];
-                sq_engram_v41_buckets(lay, t, ids, 6, pos, b);
-                for (uint32_t c = 0; c < 24; c++) {
-                    sq_engram_key k = {t, c, b[c]};
-                    uint8_t row[264];
-                    CHECK_EQ_INT(sq_engram_fetch(rd[c % 2], 1, &k, row), SPARQ_OK);
-                    uint64_t g = lay->row_offset[t][c] + b[c];
-                    if (memcmp(row, (const uint8_t *)w->data + g * 256, 256) ||
-                        memcmp(row + 256, (const uint8_t *)sc->data + g * 8, 8))
-                        bad++;
+    CHECK_EQ_INT(sq_pack_bundle(model_dir, tmp("engbad"), &o), SPARQ_E_FORMAT);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "config.json gives layer 1 no Engram table");
+    CHECK(!sparq_path_exists(tmp("engbad")) && !sparq_path_exists(tmp("engbad.partial")));
+    snprintf(model_dir, sizeof model_dir, "%s", plain);
+
+    const char *fx = t_data_path("tiny-dsv41");
+    for (int boxes = 1; boxes <= 2; boxes++) {
+        o = small_options(boxes);
+        char name[32];
+        snprintf(name, sizeof name, "dsv41-b%d", boxes);
+        const char *out = tmp(name);
+        CHECK_EQ_INT(sq_pack_bundle(fx, out, &o), SPARQ_OK);
+        sq_manifest m;
+        CHECK_EQ_INT(sq_manifest_load(&m, out), SPARQ_OK);
+        if (m.boxes != boxes) {
+            sq_manifest_free(&m);
+            return;
+        }
+        for (int k = 0; k < boxes; k++) {
+            char want[64];
+            snprintf(want, sizeof want, "engram/engram-node-%d.bin", k);
+            CHECK_MSG(!strcmp(m.nodes[k].engram_file, want), "node %d engram_file '%s'", k, m.nodes[k].engram_file);
+            const sq_manifest_file *f = sq_manifest_find(&m, want);
+            CHECK(f && f->node == k);
+        }
+        sq_manifest_free(&m);
+        sq_verify_options vo = {-1, false, 2};
+        sq_verify_report r;
+        CHECK_EQ_INT(sq_verify_bundle(out, &vo, &r), SPARQ_OK);
+        sq_verify_report_free(&r);
+        /* the tables are not in the node shards; the rows are in the node files */
+        char p[800];
+        sf_model *n0 = NULL, *src = NULL;
+        snprintf(p, sizeof p, "%s/node-0/model.safetensors", out);
+        CHECK_EQ_INT(sf_open(&n0, p), SPARQ_OK);
+        CHECK(n0 && !sf_find(n0, "layers.1.engram.embed.weight") && !sf_find(n0, "layers.14.engram.embed.weight"));
+        sf_close(n0);
+        CHECK_EQ_INT(sf_open(&src, fx), SPARQ_OK);
+        const int layers[2] = {1, 14};
+        int bad = 0, checked = 0;
+        for (int t = 0; t < 2 && src; t++) {
+            const int k = boxes == 1 ? 0 : t; /* the 2-box plan cuts at layer 10 */
+            snprintf(p, sizeof p, "%s/engram/engram-node-%d.bin", out, k);
+            sq_engram_reader *rd = NULL;
+            CHECK_EQ_INT(sq_engram_open(&rd, p, 16), SPARQ_OK);
+            if (!rd) continue;
+            const sq_engram_layout *lay = &sq_engram_reader_header(rd)->layout;
+            const int ft = sq_engram_table_of(lay, layers[t]);
+            CHECK(ft >= 0);
+            CHECK_EQ_INT(lay->n_layers, boxes == 1 ? 2 : 1);
+            CHECK_EQ_INT(lay->row_bytes, 33);
+            CHECK(lay->n_tokens >= 129280 && lay->token_map[2] == 2);
+            char wn[64], sn[64];
+            snprintf(wn, sizeof wn, "layers.%d.engram.embed.weight", layers[t]);
+            snprintf(sn, sizeof sn, "layers.%d.engram.embed.scale", layers[t]);
+            const sf_tensor *w = sf_find(src, wn), *sc = sf_find(src, sn);
+            const uint32_t ids[] = {0, 791, 17, 40000, 129279, 2};
+            uint32_t cids[6];
+            for (int i = 0; i < 6; i++) cids[i] = lay->token_map[ids[i]];
+            for (size_t pos = 0; pos < 6 && w && sc && ft >= 0; pos++) {
+                uint64_t b[SQ_ENGRAM_MAX_COLUMNS];
+                sq_engram_buckets(lay, (uint32_t)ft, cids, 6, pos, b);
+                for (uint32_t c = 0; c < lay->n_columns; c++) {
+                    sq_engram_key key = {(uint32_t)ft, c, b[c]};
+                    uint8_t row[33];
+                    CHECK_EQ_INT(sq_engram_fetch(rd, 1, &key, row), SPARQ_OK);
+                    const uint64_t g = lay->row_offset[ft][c] + b[c];
+                    bad += memcmp(row, (const uint8_t *)w->data + g * 32, 32) ||
+                           row[32] != ((const uint8_t *)sc->data)[g];
+                    checked++;
                 }
             }
+            sq_engram_close(rd);
         }
+        CHECK_EQ_INT(checked, 2 * 6 * 24);
         CHECK_EQ_INT(bad, 0);
+        sf_close(src);
+        if (boxes != 2) continue;
+        /* a flipped byte in node 1's Engram file: verify names the file and the block */
+        snprintf(p, sizeof p, "%s/engram/engram-node-1.bin", out);
+        flip_at(p, 300000);
+        CHECK_EQ_INT(sq_verify_bundle(out, &vo, &r), SPARQ_E_CHECKSUM);
+        CHECK_STR_CONTAINS(sparq_errmsg(), "engram/engram-node-1.bin");
+        CHECK_STR_CONTAINS(sparq_errmsg(), "block 4");
+        sq_verify_report_free(&r);
+        flip_at(p, 300000);
+        CHECK_EQ_INT(sq_verify_bundle(out, &vo, &r), SPARQ_OK);
+        sq_verify_report_free(&r);
+        /* truncated: verify and the file's own reader name it */
+        struct stat sb;
+        CHECK(stat(p, &sb) == 0);
+        CHECK(truncate(p, sb.st_size - 1000) == 0);
+        CHECK(sq_verify_bundle(out, &vo, &r) != SPARQ_OK);
+        CHECK_STR_CONTAINS(sparq_errmsg(), "engram/engram-node-1.bin");
+        sq_verify_report_free(&r);
+        sq_engram_reader *rd = NULL;
+        CHECK_EQ_INT(sq_engram_open(&rd, p, 0), SPARQ_E_FORMAT);
+        CHECK_STR_CONTAINS(sparq_errmsg(), "engram-node-1.bin: file is");
+        CHECK_STR_CONTAINS(sparq_errmsg(), "truncated");
     }
-    sq_engram_close(rd[0]);
-    sq_engram_close(rd[1]);
-    sf_close(src);
-    /* a table whose row count does not match the hash layout: refused, nothing written */
-    write_model_to("model-engram-bad", 1, 1000);
-    CHECK_EQ_INT(sq_pack_bundle(model_dir, tmp("engbad"), &o), SPARQ_E_SHAPE);
-    CHECK_STR_CONTAINS(sparq_errmsg(), "model.layers.1.engram.embed.weight: 1000 rows");
-    CHECK(!sparq_path_exists(tmp("engbad")));
-    CHECK(!sparq_path_exists(tmp("engbad.partial")));
-    snprintf(model_dir, sizeof model_dir, "%s", plain);
 }
 
 int main(void)

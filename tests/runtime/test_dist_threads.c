@@ -1,6 +1,8 @@
 /* tests/runtime/test_dist_threads.c — the multi-rank pipeline (runtime/dist/dist.h)
- * with ranks as threads of one process (sq_transport_threads): the fixture
- * packed for 1, 2 and 3 boxes gives logits bit for bit equal to one rank,
+ * with ranks as threads of one process (sq_transport_threads): the Qwen3-MoE
+ * fixture packed for 1, 2 and 3 boxes and the DeepSeek V4.1 fixture (Engram
+ * rows from the node files) for 1 and 2 give logits bit for bit equal to one
+ * rank and to the model folder run directly,
  * for a prefill of several chunks, batched decode steps of several
  * sequences in flight, a truncate and a reset travelling down the pipe.
  *
@@ -84,6 +86,9 @@ static void *rank_main(void *v)
     sq_model_opts_default(&mo);
     mo.n_threads = 1;
     mo.device = device;
+    mo.ctx = CTX; /* what a bundle was packed for; a model folder needs them given */
+    mo.n_seq = USERS;
+    mo.max_rows = CHUNK;
     sq_dist_opts dop;
     sq_dist_opts_default(&dop);
     dop.timeout_s = 300;
@@ -123,18 +128,17 @@ static float *run(const char *bundle, int ranks, size_t *n)
     return a[0].logits;
 }
 
-int main(int argc, char **argv)
+/* The fixture packed for 1..max_boxes boxes: every rank count gives the
+ * logits of one rank, bit for bit, and one rank the logits of the model
+ * folder itself (for V4.1: Engram rows read from the node files equal those
+ * read from the checkpoint's mapped tables). */
+static void check_fixture(const char *name, int max_boxes)
 {
-    if (argc > 1 && !strcmp(argv[1], "cuda")) {
-        device = SQ_DEVICE_CUDA;
-        const char *why;
-        if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
-    }
-    const char *fixture = t_data_path("tiny-qwen3moe");
+    const char *fixture = t_data_path(name);
     char dir[] = "/tmp/sparq-dist-threads-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char bundle[4][600];
-    for (int b = 1; b <= 3; b++) {
+    for (int b = 1; b <= max_boxes; b++) {
         snprintf(bundle[b], sizeof bundle[b], "%s/b%d", dir, b);
         sq_pack_options o;
         sq_pack_options_default(&o);
@@ -143,21 +147,38 @@ int main(int argc, char **argv)
         o.params.users = USERS;
         o.params.chunk = CHUNK;
         const sparq_status st = sq_pack_bundle(fixture, bundle[b], &o);
-        CHECK_MSG(st == SPARQ_OK, "pack %d boxes: %s", b, sparq_errmsg());
+        CHECK_MSG(st == SPARQ_OK, "%s: pack %d boxes: %s", name, b, sparq_errmsg());
     }
-    size_t n1 = 0;
+    size_t n1 = 0, nd = 0;
     float *l1 = run(bundle[1], 1, &n1);
     CHECK(l1 && n1 == (size_t)vocab * (3 * N_PROMPT + 3 * N_STEPS + 1 + 17));
-    for (int b = 2; b <= 3; b++) {
+    for (int b = 2; b <= max_boxes; b++) {
         size_t nb = 0;
         float *lb = run(bundle[b], b, &nb);
         CHECK_MSG(lb && nb == n1 && l1 && memcmp(l1, lb, n1 * sizeof(float)) == 0,
-                  "%s: %d ranks: logits differ from one rank", device == SQ_DEVICE_CUDA ? "cuda" : "cpu", b);
+                  "%s: %s: %d ranks: logits differ from one rank", name, device == SQ_DEVICE_CUDA ? "cuda" : "cpu", b);
         sparq_free(lb);
+    }
+    if (device == SQ_DEVICE_CPU) {
+        float *ld = run(fixture, 1, &nd);
+        CHECK_MSG(ld && nd == n1 && l1 && memcmp(l1, ld, n1 * sizeof(float)) == 0,
+                  "%s: the 1-box bundle's logits differ from the model folder's", name);
+        sparq_free(ld);
     }
     sparq_free(l1);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "cuda")) {
+        device = SQ_DEVICE_CUDA;
+        const char *why;
+        if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
+    }
+    check_fixture("tiny-qwen3moe", 3);
+    if (device == SQ_DEVICE_CPU) check_fixture("tiny-dsv41", 2); /* V4.1 runs on the CPU only */
     return t_summary();
 }

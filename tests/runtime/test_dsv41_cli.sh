@@ -2,8 +2,10 @@
 # tests/runtime/test_dsv41_cli.sh — the commands on the DeepSeek V4.1 fixture
 # (tests/data/tiny-dsv41): `inspect --check` says what it skips, `run` greedy
 # is the same text twice and equals serve's completion, `--parallel` batches
-# sequences, `eval` scores and `eval --ref` against itself gives KL 0, a model
-# with a contradicting config is refused naming the field.
+# sequences, `eval` scores and `eval --ref` against itself gives KL 0, the
+# fixture packed for 1 and 2 boxes runs from its Engram files with the same
+# greedy text (damaged and truncated Engram files are named), a model with a
+# contradicting config is refused naming the field.
 . "$(dirname "$0")/../lib.sh"
 M="$D/tiny-dsv41"
 TXT="$D/text/eval.txt"
@@ -45,6 +47,41 @@ got = "The SQLite library" + body["choices"][0]["text"]
 sys.exit(0 if r.status == 200 and want.rstrip("\n") == got.rstrip("\n") else (print(repr(want), repr(got)) or 1))
 PY
 fi
+
+# bundles: the Engram rows come from the node files (docs/engram-format.md); the
+# greedy text is the model folder's; --stats reports the reads; damage is named
+for b in 1 2; do
+  "$SPARQ" pack "$M" "$T/b$b" --boxes $b --ctx 512 --users 2 --chunk 64 >/dev/null 2>"$T/pe" && ok || bad "pack --boxes $b: $(cat "$T/pe")"
+  "$SPARQ" verify "$T/b$b" >/dev/null 2>&1 && ok || bad "verify the $b-box bundle"
+done
+[ -f "$T/b2/engram/engram-node-0.bin" ] && [ -f "$T/b2/engram/engram-node-1.bin" ] && ok || bad "2 boxes: an Engram file per node"
+"$SPARQ" run "$T/b1" -p "The SQLite library" -n 16 --temp 0 --stats >"$T/rb" 2>"$T/sb" && ok || bad "run the bundle: $(cat "$T/sb")"
+cmp -s "$T/r1" "$T/rb" && ok || bad "bundle greedy text differs: '$(cat "$T/rb")' vs '$(cat "$T/r1")'"
+rows=$(sed -n 's/^stats: engram_rows=//p' "$T/sb")
+[ "$rows" = 912 ] && ok || bad "--stats engram_rows=$rows, expected 912 (19 positions x 2 layers x 24)"
+grep -q "^stats: engram_unique_rows=[0-9]" "$T/sb" && grep -q "^stats: engram_rows_per_s=[0-9]" "$T/sb" &&
+  grep -q "^stats: engram_hidden_fraction=[0-9.]" "$T/sb" && ok || bad "--stats Engram lines: $(grep engram "$T/sb")"
+cp -r "$T/b1" "$T/flip"
+python3 -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(20000); c=f.read(1); f.seek(20000); f.write(bytes([c[0]^0x5A]))" \
+  "$T/flip/engram/engram-node-0.bin"
+"$SPARQ" verify "$T/flip" >/dev/null 2>"$T/fe"; [ $? -ne 0 ] && grep -q "engram/engram-node-0.bin: block 0" "$T/fe" && ok \
+  || bad "verify names the flipped Engram block: $(cat "$T/fe")"
+"$SPARQ" run "$T/flip" -p x -n 1 >/dev/null 2>"$T/fr"; [ $? -ne 0 ] && grep -q "engram-node-0.bin" "$T/fr" && ok \
+  || bad "run refuses the flipped Engram file, naming it: $(cat "$T/fr")"
+cp -r "$T/b1" "$T/trunc"
+python3 -c "import os,sys; os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) - 33)" "$T/trunc/engram/engram-node-0.bin"
+"$SPARQ" run "$T/trunc" -p x -n 1 --no-verify >/dev/null 2>"$T/tr"; [ $? -ne 0 ] && grep -q "engram-node-0.bin" "$T/tr" && ok \
+  || bad "run --no-verify refuses the truncated Engram file, naming it: $(cat "$T/tr")"
+cp -r "$T/b1" "$T/noef"
+python3 - "$T/noef/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); del m["plan"]["nodes"][0]["engram_file"]
+open(sys.argv[1], "w").write(json.dumps(m, indent=1) + "\n")
+PY
+"$SPARQ" verify "$T/noef" >/dev/null 2>"$T/ne"; [ $? -ne 0 ] && grep -q "plan node 0 names no Engram file" "$T/ne" && ok \
+  || bad "verify: a node with Engram layers must name its file: $(cat "$T/ne")"
+"$SPARQ" run "$T/noef" -p x -n 1 >/dev/null 2>"$T/nr"; [ $? -ne 0 ] && grep -q "names no Engram file" "$T/nr" && ok \
+  || bad "run refuses a node without its Engram file: $(cat "$T/nr")"
 
 # a config that contradicts the tensors is refused, naming the field
 cp -r "$M" "$T/bad"

@@ -128,6 +128,14 @@ typedef struct sq_arch_info {
      * layer at or after L reads the cache of one before it (DeepSeek V4.1's
      * compressed pools and indexer selections); NULL: every cut is allowed. */
     bool (*split_ok)(const sq_model_config *cfg, int layer);
+    /* forward_layer needs a sequence (seq >= 0): later layers read caches earlier layers wrote for
+     * the same rows (V4.1's pools and selections), so calibration runs every calibration row in a
+     * cache slot of its own, one set for the reference path and one for the quantized path. */
+    bool calib_per_seq;
+    /* The quantizer's default bits by tensor key, "GLOB=K" lines (NULL-terminated; NULL: none),
+     * applied after its role rule (experts --bits, attention +2, dense and shared MLP +1) and
+     * before the user's --recipe and --bits-for, last match winning. */
+    const char *const *default_bits;
     /* The memory its graph allocates (runtime/memplan.h documents the terms). */
     /* KV cache of the layers [first, first + n_layers) */
     uint64_t (*kv_bytes)(const sq_model_config *cfg, int64_t first, int64_t n_layers, const sq_memplan_params *p);

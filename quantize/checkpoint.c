@@ -164,7 +164,7 @@ sparq_status qz_restore_layer_stats(qjob *j, int layer)
 sparq_status qz_check_job(qjob *j, bool resume)
 {
     const qz_opts *o = j->o;
-    char sig[4096];
+    char sig[32768]; /* a recipe of a few hundred rules fits */
     int n = snprintf(sig, sizeof sig,
                      "model=%s\nmethod=%s\nbits=%.6f\nhead_bits=%d\ncodebook=%s\nrows=%d\nlen=%d\nrandom=%.6f\n"
                      "seed=%llu\nrtn_group=%d\nscale_search=%d\n",
@@ -173,6 +173,9 @@ sparq_status qz_check_job(qjob *j, bool resume)
                      (int)o->scale_search);
     for (int i = 0; i < o->n_calib && n < (int)sizeof sig; i++)
         n += snprintf(sig + n, sizeof sig - (size_t)n, "calib=%s\n", o->calib[i]);
+    for (int i = 0; i < j->recipe.n && n < (int)sizeof sig; i++)
+        n += snprintf(sig + n, sizeof sig - (size_t)n, "recipe=%s=%d\n", j->recipe.rules[i].pattern,
+                      j->recipe.rules[i].K);
     for (int i = 0; i < o->n_rules && n < (int)sizeof sig; i++)
         n += snprintf(sig + n, sizeof sig - (size_t)n, "rule=%s=%d\n", o->rules[i].pattern, o->rules[i].K);
     char *path = sparq_path_join(j->work, "job.txt");

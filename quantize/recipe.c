@@ -46,7 +46,11 @@ sparq_status qz_recipe_parse(const char *name, const char *data, size_t n, qz_re
         while (p < e && isspace((unsigned char)*p)) p++;
         while (e > p && isspace((unsigned char)e[-1])) *--e = '\0';
         if (p < e) {
-            RETURN_IF(memchr(p, '\0', (size_t)(e - p)), SPARQ_E_FORMAT, "%s:%d: a NUL byte in the line", name, line);
+            if (memchr(p, '\0', (size_t)(e - p))) {
+                sparq_status st = sparq_err(SPARQ_E_FORMAT, "%s:%d: a NUL byte in the line", name, line);
+                qz_recipe_free(out);
+                return st;
+            }
             char *eq = strrchr(p, '=');
             char *k = eq ? eq + 1 : NULL;
             while (k && isspace((unsigned char)*k)) k++;

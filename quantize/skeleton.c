@@ -26,6 +26,15 @@ static bool is_embedding(const sq_model_config *cfg, const char *key)
     return a && strcmp(key, a->embed_key) == 0;
 }
 
+/* Forms the runtime binds in place (docs/runtime.md "Linear layers"): E4M3 with UE8M0 block
+ * scales, MXFP4 with `.scale` UE8M0 (not DeepSeek V3's float weight_scale_inv, not gpt-oss naming). */
+static bool runs_in_place(const sf_weight *w)
+{
+    if (!w->scale || w->scale->dtype != SF_F8_E8M0) return false;
+    if (w->kind == SF_WEIGHT_FP8) return w->w->dtype == SF_F8_E4M3;
+    return w->kind == SF_WEIGHT_MXFP4 && w->w->dtype == SF_I8;
+}
+
 static bool ends_with(const char *s, const char *sfx, size_t *stem)
 {
     size_t n = strlen(s), m = strlen(sfx);
@@ -158,7 +167,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
                     ent[ne].t = t;
                     ent[ne++].owned = true;
                 }
-            } else if (pass == 1 && !is_embedding(&cfg, key)) {
+            } else if (pass == 1 && !is_embedding(&cfg, key) && runs_in_place(&w)) {
                 /* an FP8/MXFP4 tensor kept as it is (a router, V4.1's indexer): the runtime runs it in
                  * place, and the output copies it byte-exact with its scales */
                 ent[ne++].t = x;

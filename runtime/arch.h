@@ -38,10 +38,11 @@ typedef enum sq_lin_role {
     SQ_ROLE_EXPERT,   /* routed expert: one instance per expert */
     SQ_ROLE_SHARED,   /* shared expert of a MoE layer */
     SQ_ROLE_MLP,      /* dense MLP of a layer without experts */
+    SQ_ROLE_ENGRAM,   /* an Engram fusion projection (DeepSeek V4.1's engram.wkv) */
     SQ_ROLE_COUNT_
 } sq_lin_role;
 
-/* "attn", "router", "expert", "shared", "mlp". */
+/* "attn", "router", "expert", "shared", "mlp", "engram". */
 const char *sq_lin_role_name(sq_lin_role r);
 
 typedef struct sq_lin_desc {
@@ -162,6 +163,8 @@ sparq_status sq_lin_key(const sq_lin_desc *lin, int layer, int inst, char *buf, 
  * converts? Walks the layers' descriptions; *layer gets its layer (or -1).
  * The head is not a layer linear: false for it. */
 bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *layer);
+/* The same, and *role (may be NULL) gets its slot's role. */
+bool sq_arch_quant_linear_role(const sq_model_config *cfg, const char *key, int *layer, sq_lin_role *role);
 
 /* The prefix of arch's skipped_prefixes that `name` starts with, or NULL. */
 const char *sq_arch_skipped(const sq_model_config *cfg, const char *name);

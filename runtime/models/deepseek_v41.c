@@ -218,7 +218,7 @@ static sparq_status v41_layer(const sq_model_config *c, int L, sq_layer_desc *ou
         SLOT(N_SW2, "layers.{L}.ffn.shared_experts.w2", SQ_ROLE_SHARED, Is, d, 1, n, false, true);
     }
     if (v41_is_engram(c, L, NULL))
-        SLOT(N_EWKV, "layers.{L}.engram.wkv", SQ_ROLE_ATTN, engram_cols(c) * v->engram_head_dim,
+        SLOT(N_EWKV, "layers.{L}.engram.wkv", SQ_ROLE_ENGRAM, engram_cols(c) * v->engram_head_dim,
              (v->hc_mult + 1) * d, 1, n, false, true);
 #undef SLOT
     out->n_slots = n;

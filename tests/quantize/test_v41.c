@@ -139,6 +139,21 @@ static void test_quantize(void)
         CHECK_STR_CONTAINS(txt, "\"mul1_multiplier\"");
     }
     sparq_free(txt);
+    /* sparq inspect: bits per weight by group */
+    const char *bin = getenv("SPARQ_BIN");
+    if (!bin) return;
+    static char line[1 << 16];
+    char cmd[1500];
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json", bin, g_out);
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(line, 1, sizeof line - 1, p) : 0;
+    line[got] = 0;
+    if (p) pclose(p);
+    const char *bg = strstr(line, "\"bpw_by_group\"");
+    CHECK_MSG(bg != NULL, "no bpw_by_group in: %.200s", line);
+    static const char *const grp[] = {"\"attention\": 5.", "\"experts\": 2.", "\"shared\": 4.", "\"head\": 6.",
+                                      "\"native\": "};
+    for (size_t i = 0; bg && i < sizeof grp / sizeof *grp; i++) CHECK_STR_CONTAINS(bg, grp[i]);
 }
 
 /* Mean KL(native || model) per position over one sequence of n byte tokens. */

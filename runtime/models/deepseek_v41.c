@@ -1371,41 +1371,31 @@ static void moe(v41 *m, int L, int rows, const sq_observer *obs)
     for (int i = 0; i < rows * K; i++) b->rows_of[b->off[b->ridx[i]]++] = i;
     memset(b->out, 0, (size_t)rows * d * sizeof(float));
     const int s1 = sq_layer_find(desc, N_W1), s3 = sq_layer_find(desc, N_W3), s2 = sq_layer_find(desc, N_W2);
+    /* calibration (all_experts): every expert on every row, its inputs observed; the output still
+     * sums the routed rows only */
     const bool all = obs && obs->all_experts;
     for (int e = 0; e < E; e++) {
         const int n0 = b->cnt[e], n = b->cnt[e + 1] - n0;
-        if (all) {
-            /* calibration: this expert on every row (its inputs observed); the routed rows' outputs kept */
-            sq_observe(obs, L, s1, e, b->yn, rows, d);
-            sq_observe(obs, L, s3, e, b->yn, rows, d);
-            sq_linear_forward(ex, &w->w1[e], b->yn, rows, b->g);
-            sq_linear_forward(ex, &w->w3[e], b->yn, rows, b->u);
-            swiglu_clamped(b->g, b->u, (size_t)rows * I, limit);
-            sq_observe(obs, L, s2, e, b->g, rows, I);
-            sq_linear_forward(ex, &w->w2[e], b->g, rows, b->dn);
-            for (int j = 0; j < n; j++) {
-                const int slot = b->rows_of[n0 + j];
-                const float wt = b->rw[slot], *x = b->dn + (size_t)(slot / K) * d;
-                float *o = b->out + (size_t)(slot / K) * d;
-                for (int k = 0; k < d; k++) o[k] += wt * x[k];
-            }
-            continue;
+        if (!n && !all) continue;
+        const float *xin = b->yn;
+        int nr = rows;
+        if (!all) {
+            for (int j = 0; j < n; j++)
+                memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
+            xin = b->xg, nr = n;
         }
-        if (!n) continue;
-        for (int j = 0; j < n; j++)
-            memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
-        sq_observe(obs, L, s1, e, b->xg, n, d);
-        sq_observe(obs, L, s3, e, b->xg, n, d);
-        sq_linear_forward(ex, &w->w1[e], b->xg, n, b->g);
-        sq_linear_forward(ex, &w->w3[e], b->xg, n, b->u);
-        swiglu_clamped(b->g, b->u, (size_t)n * I, limit);
-        sq_observe(obs, L, s2, e, b->g, n, I);
-        sq_linear_forward(ex, &w->w2[e], b->g, n, b->dn);
+        sq_observe(obs, L, s1, e, xin, nr, d);
+        sq_observe(obs, L, s3, e, xin, nr, d);
+        sq_linear_forward(ex, &w->w1[e], xin, nr, b->g);
+        sq_linear_forward(ex, &w->w3[e], xin, nr, b->u);
+        swiglu_clamped(b->g, b->u, (size_t)nr * I, limit);
+        sq_observe(obs, L, s2, e, b->g, nr, I);
+        sq_linear_forward(ex, &w->w2[e], b->g, nr, b->dn);
         for (int j = 0; j < n; j++) {
             const int slot = b->rows_of[n0 + j];
             const float wt = b->rw[slot];
             float *o = b->out + (size_t)(slot / K) * d;
-            const float *x = b->dn + (size_t)j * d;
+            const float *x = b->dn + (size_t)(all ? slot / K : j) * d;
             for (int k = 0; k < d; k++) o[k] += wt * x[k];
         }
     }

@@ -122,11 +122,17 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
             sf_weight w;
             st = sf_weight_find_block(src, key, cfg.quant.weight_block_size[0], cfg.quant.weight_block_size[1], &w);
             if (st != SPARQ_OK && !is_quant_linear(&cfg, key) && !is_embedding(&cfg, key)) {
-                /* not a linear of block-scaled weights (V4.1's Engram tables: one scale per 32 values of a
-                 * row): kept as it is, its scale tensor with it (is_weight_companion does not claim it) */
+                /* not a linear of the config's scale blocks (V4.1's Engram tables: one scale per 32 values
+                 * of a row): kept as it is, with the scale tensor is_weight_companion claims for it */
                 sparq_err_clear();
                 st = SPARQ_OK;
-                if (pass == 1) ent[ne++].t = x;
+                if (pass == 1) {
+                    ent[ne++].t = x;
+                    if (sf_weight_find(src, key, &w) == SPARQ_OK && w.scale && w.scale != x &&
+                        is_weight_companion(src, w.scale))
+                        ent[ne++].t = w.scale;
+                    sparq_err_clear();
+                }
                 continue;
             }
             if (st != SPARQ_OK) break;

@@ -72,7 +72,29 @@ typedef struct inspect_info {
     uint64_t dtype_bytes[SF_DTYPE_COUNT];
     uint64_t dtype_count[SF_DTYPE_COUNT];
     uint64_t exl3_linears, exl3_bits_num, exl3_weights; /* weighted mean bpw */
+    /* stored bits and weights by group (bits per weight by group; scales count as bits, not weights) */
+    uint64_t grp_bits[6], grp_weights[6];
 } inspect_info;
+
+enum { GRP_ATTN, GRP_EXPERTS, GRP_SHARED, GRP_HEAD, GRP_ENGRAM, GRP_NATIVE, GRP_COUNT_ };
+static const char *const grp_name[GRP_COUNT_] = {"attention", "experts", "shared", "head", "engram", "native"};
+
+/* The group of a stored row: an EXL3 linear by its slot's role (runtime/arch.h), anything else native. */
+static int row_group(const inspect_info *in, const inspect_row *r)
+{
+    if (!r->exl3) return GRP_NATIVE;
+    const sq_arch_info *a = in->have_cfg ? sq_arch_of(&in->cfg) : NULL;
+    if (a && !strcmp(r->name, a->head_key)) return GRP_HEAD;
+    sq_lin_role role;
+    if (!in->have_cfg || !sq_arch_quant_linear_role(&in->cfg, r->name, NULL, &role)) return GRP_ATTN;
+    switch (role) {
+    case SQ_ROLE_EXPERT: return GRP_EXPERTS;
+    case SQ_ROLE_SHARED:
+    case SQ_ROLE_MLP: return GRP_SHARED;
+    case SQ_ROLE_ENGRAM: return GRP_ENGRAM;
+    default: return GRP_ATTN;
+    }
+}
 
 static bool ends_with(const char *s, const char *suf)
 {
@@ -172,6 +194,9 @@ static int collect(inspect_info *in, const sf_model *m)
         memcpy(r->name, t->name, namelen);
         r->name[namelen] = 0;
         in->nrows++;
+        const int grp = row_group(in, r);
+        in->grp_bits[grp] += 8 * r->bytes;
+        in->grp_weights[grp] += r->params;
         /* A tied lm_head is the embedding matrix: transformers counts it once. */
         if (tied && !r->exl3 && !strcmp(r->name, "lm_head.weight") && sf_find(m, "model.embed_tokens.weight"))
             continue;
@@ -378,6 +403,17 @@ static void print_table(const inspect_info *in, const sf_model *m, const char *p
     if (in->exl3_linears)
         printf("%-14s %llu linears, %.3f bits per weight on average (K plus suh/svh)\n", "EXL3",
                (unsigned long long)in->exl3_linears, mean_bpw(in));
+    if (in->exl3_linears) { /* stored bits / weights: EXL3 with suh/svh, native tensors with their scales */
+        printf("%-14s", "bpw by group");
+        const char *sep = " ";
+        for (int g = 0; g < GRP_COUNT_; g++)
+            if (in->grp_weights[g]) {
+                printf("%s%s %.3f (%llu weights)", sep, grp_name[g], (double)in->grp_bits[g] / (double)in->grp_weights[g],
+                       (unsigned long long)in->grp_weights[g]);
+                sep = ", ";
+            }
+        printf("\n");
+    }
     human(a, sizeof a, (double)in->stored_bytes, "B");
     printf("%-14s %llu (%s)\n", "bytes", (unsigned long long)in->stored_bytes, a);
     for (int d = 0; d < SF_DTYPE_COUNT; d++) {
@@ -461,6 +497,11 @@ static int print_json(const inspect_info *in, const sf_model *m, const char *pat
     json_object_set_new(o, "skipped_bytes", json_integer((json_int_t)in->skipped_bytes));
     json_object_set_new(o, "bytes", json_integer((json_int_t)in->stored_bytes));
     if (in->exl3_linears) {
+        json_t *bg = json_object();
+        for (int g = 0; g < GRP_COUNT_; g++)
+            if (in->grp_weights[g])
+                json_object_set_new(bg, grp_name[g], json_real((double)in->grp_bits[g] / (double)in->grp_weights[g]));
+        json_object_set_new(o, "bpw_by_group", bg);
         json_object_set_new(o, "exl3_linears", json_integer((json_int_t)in->exl3_linears));
         json_object_set_new(o, "exl3_mean_bits_per_weight", json_real(mean_bpw(in)));
     }

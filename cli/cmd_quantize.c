@@ -12,7 +12,7 @@
 #include "sparq_version.h"
 
 enum {
-    O_BITS, O_BITS_FOR, O_HEAD_BITS, O_CALIB, O_CALIB_ROWS, O_CALIB_LEN, O_RANDOM, O_CODEBOOK, O_METHOD,
+    O_BITS, O_BITS_FOR, O_RECIPE, O_HEAD_BITS, O_CALIB, O_CALIB_ROWS, O_CALIB_LEN, O_RANDOM, O_CODEBOOK, O_METHOD,
     O_RTN_GROUP, O_SCALE, O_WORK, O_RESUME, O_REPORT, O_PLOT, O_MAX_MEM, O_SHARD, O_SEED, O_THREADS, O_STOP, O_QUIET
 };
 
@@ -20,7 +20,11 @@ static const cli_opt opts[] = {
     [O_BITS] = {"bits", 'b', "K", "routed-expert bits per weight, 1..8; fractional (3.25) upgrades a share of "
                                   "the layers by one bit (default 3)"},
     [O_BITS_FOR] = {"bits-for", 0, "PATTERN=K", "bits for tensors whose key matches the fnmatch PATTERN "
-                                                "(repeatable, last match wins), e.g. '*.down_proj=4'"},
+                                                "(repeatable, last match wins; applied after --recipe), e.g. "
+                                                "'*.down_proj=4'"},
+    [O_RECIPE] = {"recipe", 0, "FILE", "bits per tensor from FILE: lines GLOB=K (fnmatch over tensor keys, K 1..8, "
+                                       "'#' comments), last match wins, e.g. 'layers.1[89].ffn.experts.*=2'; "
+                                       "a bad line is refused with FILE:LINE"},
     [O_HEAD_BITS] = {"head-bits", 0, "K", "lm_head bits (default 6)"},
     [O_CALIB] = {"calib", 0, "FILE", "calibration text (repeatable; *.jsonl: the \"text\" field of each line); "
                                      "default " SPARQ_DEFAULT_CALIB " (sparq's source tree, fixed at build "
@@ -53,7 +57,11 @@ static const cli_spec spec = {
     "quantize", "MODEL OUT [options]",
     "Quantize the HF model in MODEL to EXL3 (exllamav3's trellis format) in OUT, one layer at a time: "
     "Hessians from calibration text, block-LDLQ + Viterbi trellis per linear, hidden states advanced "
-    "through the quantized layer. Experts get --bits, attention +2, dense MLP +1, lm_head --head-bits. "
+    "through the quantized layer. Experts get --bits, attention +2, dense MLP and shared experts +1, "
+    "lm_head --head-bits; DeepSeek V4.1 (deepseek_v41): attention 5, shared experts 4, engram.wkv 4, as "
+    "the community's two-box pack. Kept as they are (copied byte-exact, FP8 with their scales): embeddings, "
+    "norms, routers, V4.1's hc_*, attn_sink, compressor and indexer linears, engram.q/k_weight and the "
+    "Engram tables. V4.1's mtp.* and vision.* tensors are dropped (sparq does not run them). "
     "OUT is written atomically (OUT.partial, then renamed); the work dir keeps a checkpoint per layer.",
     opts,
     "examples:\n  sparq quantize model/ model-3bpw/ --bits 3 --calib corpus.txt --report q.json\n"
@@ -116,6 +124,9 @@ int cmd_quantize(int argc, char **argv)
             o.rules[o.n_rules++].K = (int)ll;
             break;
         }
+        case O_RECIPE:
+            o.recipe = v;
+            break;
         case O_HEAD_BITS:
             if (!cli_parse_int(&spec, "head-bits", v, 1, 8, &ll)) return 2;
             o.head_bits = (int)ll;

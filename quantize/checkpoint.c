@@ -62,12 +62,12 @@ sparq_status qz_meta_num(sf_writer *w, const char *prefix, const char *key, doub
 
 sparq_status qz_save_hidden(qjob *j, int layer)
 {
-    size_t n = (size_t)j->rows * j->T * j->d;
+    size_t n = (size_t)j->rows * j->T * j->w;
     char *path = sparq_path_join(j->work, "hidden.bin");
     RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
     sparq_atomic_file f = {0};
     sparq_status st = sparq_atomic_open(&f, path);
-    int32_t hdr[4] = {layer, j->rows, j->T, j->d};
+    int32_t hdr[4] = {layer, j->rows, j->T, j->w};
     if (st == SPARQ_OK) st = sparq_atomic_write(&f, HID_MAGIC, 8);
     if (st == SPARQ_OK) st = sparq_atomic_write(&f, hdr, sizeof hdr);
     if (st == SPARQ_OK) st = sparq_atomic_write(&f, j->hq, n * sizeof(float));
@@ -84,7 +84,7 @@ sparq_status qz_save_hidden(qjob *j, int layer)
 sparq_status qz_load_hidden(qjob *j, int *layer)
 {
     *layer = -1;
-    size_t n = (size_t)j->rows * j->T * j->d;
+    size_t n = (size_t)j->rows * j->T * j->w;
     char *path = sparq_path_join(j->work, "hidden.bin");
     RETURN_IF(!path, SPARQ_E_NOMEM, "out of memory");
     sparq_status st = SPARQ_OK;
@@ -101,7 +101,7 @@ sparq_status qz_load_hidden(qjob *j, int *layer)
         if (st == SPARQ_OK) st = sparq_pread_full(fd, hdr, sizeof hdr, 8, path);
         if (st == SPARQ_OK && memcmp(magic, HID_MAGIC, 8) != 0)
             st = sparq_err(SPARQ_E_FORMAT, "%s: not a checkpoint of this job (magic differs)", path);
-        if (st == SPARQ_OK && (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->d))
+        if (st == SPARQ_OK && (hdr[1] != j->rows || hdr[2] != j->T || hdr[3] != j->w))
             st = sparq_err(SPARQ_E_FORMAT, "%s: checkpoint shape differs from this job", path);
         if (st == SPARQ_OK) st = sparq_pread_full(fd, j->hq, fl, at, path);
         if (st == SPARQ_OK) st = sparq_pread_full(fd, j->href, fl, at + fl, path);
@@ -164,7 +164,7 @@ sparq_status qz_restore_layer_stats(qjob *j, int layer)
 sparq_status qz_check_job(qjob *j, bool resume)
 {
     const qz_opts *o = j->o;
-    char sig[4096];
+    char sig[32768]; /* a recipe of a few hundred rules fits */
     int n = snprintf(sig, sizeof sig,
                      "model=%s\nmethod=%s\nbits=%.6f\nhead_bits=%d\ncodebook=%s\nrows=%d\nlen=%d\nrandom=%.6f\n"
                      "seed=%llu\nrtn_group=%d\nscale_search=%d\n",
@@ -173,6 +173,9 @@ sparq_status qz_check_job(qjob *j, bool resume)
                      (int)o->scale_search);
     for (int i = 0; i < o->n_calib && n < (int)sizeof sig; i++)
         n += snprintf(sig + n, sizeof sig - (size_t)n, "calib=%s\n", o->calib[i]);
+    for (int i = 0; i < j->recipe.n && n < (int)sizeof sig; i++)
+        n += snprintf(sig + n, sizeof sig - (size_t)n, "recipe=%s=%d\n", j->recipe.rules[i].pattern,
+                      j->recipe.rules[i].K);
     for (int i = 0; i < o->n_rules && n < (int)sizeof sig; i++)
         n += snprintf(sig + n, sizeof sig - (size_t)n, "rule=%s=%d\n", o->rules[i].pattern, o->rules[i].K);
     char *path = sparq_path_join(j->work, "job.txt");

@@ -68,6 +68,7 @@ static void job_free(qjob *j)
     sparq_aligned_free(j->tmp);
     sparq_free(j->pos);
     sparq_free(j->work);
+    qz_recipe_free(&j->recipe);
 }
 
 sparq_status qz_run(const qz_opts *o, qz_report *rep)
@@ -84,13 +85,17 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     RETURN_IF(!sparq_path_is_dir(o->model_dir), SPARQ_E_NOTFOUND,
               "%s: no such model directory (MODEL is a folder with config.json and *.safetensors)", o->model_dir);
     FORWARD_IF(qz_check_calib_files(o));
+    if (o->recipe) FORWARD_IF(qz_recipe_load(o->recipe, &j.recipe));
     if (o->work_dir) j.work = sparq_strdup(o->work_dir);
     else {
         size_t n = strlen(o->out_dir) + 8;
         j.work = sparq_malloc(n);
         if (j.work) snprintf(j.work, n, "%s.work", o->out_dir);
     }
-    RETURN_IF(!j.work, SPARQ_E_NOMEM, "out of memory");
+    if (!j.work) {
+        qz_recipe_free(&j.recipe);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
     bool new_work = !sparq_path_exists(j.work);
     st = sparq_mkdirs(j.work);
     if (st == SPARQ_OK) st = qz_check_job(&j, o->resume);
@@ -104,7 +109,8 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     j.skeleton = rep->skeleton = skel_dir != NULL;
     if (st == SPARQ_OK && skel_dir) st = sf_open(&j.skel, skel_dir);
 
-    /* Model: rows per forward step = whole calibration sequences. */
+    /* Model: rows per forward step = whole calibration sequences (an architecture whose layers read
+     * each other's caches: one sequence per step, each calibration row with a cache slot per path). */
     if (st == SPARQ_OK) {
         sq_model_opts mo;
         sq_model_opts_default(&mo);
@@ -112,14 +118,27 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
         j.batch_seqs = 2048 / j.T > 0 ? 2048 / j.T : 1;
         if (j.batch_seqs > o->calib_rows) j.batch_seqs = o->calib_rows;
         mo.ctx = j.T;
-        mo.max_rows = j.batch_seqs * j.T;
         mo.n_threads = o->threads;
-        st = sq_model_load(&j.m, skel_dir ? skel_dir : o->model_dir, &mo);
+        sq_model_config pc;
+        st = sq_config_load(&pc, o->model_dir);
+        if (st == SPARQ_OK) {
+            const sq_arch_info *a = sq_arch_of(&pc);
+            j.per_seq = a && a->calib_per_seq;
+            sq_config_free(&pc);
+        }
+        if (j.per_seq) {
+            j.batch_seqs = 1;
+            mo.n_seq = 2 * o->calib_rows;
+        }
+        mo.max_rows = j.batch_seqs * j.T;
+        if (st == SPARQ_OK) st = sq_model_load(&j.m, skel_dir ? skel_dir : o->model_dir, &mo);
     }
     if (st == SPARQ_OK) {
         j.cfg = sq_model_cfg(j.m);
         j.arch = sq_arch_of(j.cfg);
         j.d = (int)j.cfg->hidden_size;
+        j.w = (int)sq_arch_hidden_width(j.cfg);
+        j.cmp = j.w / j.d * j.d; /* the streams; what an architecture appends after them is not compared */
         j.n_layers = (int)j.cfg->num_hidden_layers;
         st = qz_build_calib_tokens(o, (int)j.cfg->vocab_size, &j.tokens, &j.rows, &rep->random_rows);
     }
@@ -127,7 +146,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK) {
         rep->calib_rows = j.rows;
         rep->calib_len = j.T;
-        nh = (size_t)j.rows * j.T * j.d;
+        nh = (size_t)j.rows * j.T * j.w;
         qz_memdbg("estimate", -1);
         uint64_t now = qz_cur_rss_bytes(), hwm = qz_peak_rss_bytes();
         qz_mem_estimate(&j, hwm > now ? hwm : now);
@@ -159,6 +178,17 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK && o->resume) st = qz_load_hidden(&j, &done);
     if (st == SPARQ_OK && done >= j.n_layers) done = j.n_layers - 1;
     for (int L = 0; L <= done && st == SPARQ_OK; L++) st = qz_restore_layer_stats(&j, L);
+    if (st == SPARQ_OK && done >= 0 && j.per_seq) {
+        /* the caches of the finished layers: run them again from the embedding; the hidden states
+         * must come out as the checkpoint has them */
+        memcpy(j.tmp, j.hq, nh * sizeof(float));
+        st = sq_model_embed(j.m, j.tokens, j.rows * j.T, j.hq);
+        if (st == SPARQ_OK) memcpy(j.href, j.hq, nh * sizeof(float));
+        for (int L = 0; L <= done && st == SPARQ_OK; L++) st = qz_replay_layer(&j, L);
+        if (st == SPARQ_OK && memcmp(j.tmp, j.hq, nh * sizeof(float)) != 0)
+            st = sparq_err(SPARQ_E_STATE, "%s: replaying layers 0..%d does not give the checkpoint's hidden states "
+                           "(different options or build?); start again without --resume", j.work, done);
+    }
     if (st == SPARQ_OK && done < 0) {
         st = sq_model_embed(j.m, j.tokens, j.rows * j.T, j.hq);
         if (st == SPARQ_OK) memcpy(j.href, j.hq, nh * sizeof(float));

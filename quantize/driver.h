@@ -39,10 +39,13 @@
  * quantizer sees the exact decoded values either way.
  *
  * Bits (exllamav3's defaults): routed experts K = floor(bits), attention
- * K+2, dense MLP K+1, lm_head head_bits; embeddings, norms and the router
- * stay unquantized. A fractional `bits` upgrades the experts of an evenly
- * spread share of the layers by one bit. Rules `PATTERN=K` (fnmatch on the
- * tensor key, last match wins) override.
+ * K+2, dense MLP and shared experts K+1, lm_head head_bits; embeddings, norms
+ * and the router stay unquantized. A fractional `bits` upgrades an evenly
+ * spread share of the layers by one bit. Then, each a list of `GLOB=K` rules
+ * (fnmatch on the tensor key, last match wins, each list overriding the one
+ * before): the architecture's defaults (sq_arch_info.default_bits; DeepSeek
+ * V4.1: attention 5, shared experts 4, engram.wkv 4), the --recipe file, the
+ * --bits-for rules.
  *
  * Baselines: method TRELLIS_NOCALIB (identity Hessian, same format) and RTN
  * (round-to-nearest with per-group asymmetric scales; written DEQUANTISED to
@@ -86,6 +89,19 @@ typedef struct qz_bits_rule {
     int K;
 } qz_bits_rule;
 
+/* A recipe file (quantize/recipe.c): "GLOB=K" lines, '#' comments; rules in the file's order,
+ * patterns pointing into `text`. */
+typedef struct qz_recipe {
+    qz_bits_rule *rules;
+    int n;
+    char *text;
+} qz_recipe;
+
+/* Parse n bytes of a recipe called `name` (for messages: "name:LINE: ..."). */
+sparq_status qz_recipe_parse(const char *name, const char *data, size_t n, qz_recipe *out);
+sparq_status qz_recipe_load(const char *path, qz_recipe *out);
+void qz_recipe_free(qz_recipe *r);
+
 typedef struct qz_opts {
     const char *model_dir;  /* source HF directory: linears BF16/F16/F32, FP8 + block scales or
                                MXFP4 (formats/weights.h); other tensors BF16/F16/F32 (or FP8) */
@@ -93,7 +109,8 @@ typedef struct qz_opts {
     const char *work_dir;   /* NULL: "<out_dir>.work" */
     double bits;            /* expert base bits, 1..8, fractional allowed (default 3) */
     int head_bits;          /* lm_head bits (default 6) */
-    qz_bits_rule rules[QZ_MAX_RULES];
+    const char *recipe;     /* a recipe file (qz_recipe) or NULL; its rules apply before `rules` */
+    qz_bits_rule rules[QZ_MAX_RULES]; /* --bits-for */
     int n_rules;
     const char *calib[QZ_MAX_CALIB]; /* text files; *.jsonl: the "text" field of every line */
     int n_calib;

@@ -77,10 +77,15 @@ typedef struct qjob {
     sparq_pool *pool;
     viterbi_enc *enc[TRELLIS_K_MAX + 1];
     int d, n_layers, rows, T, batch_seqs;
+    int w;        /* floats per row of hidden state (sq_arch_hidden_width: d, or V4.1's streams + mix + id) */
+    int cmp;      /* of which the leading ones the per-layer metrics compare (the residual streams) */
+    bool per_seq; /* sq_arch_info.calib_per_seq: each calibration row runs in a cache slot of its own,
+                     rows 0.. for the reference path, rows.. 2·rows for the quantized path */
     int32_t *tokens;
     float *hq, *href, *tmp;
     int *pos;
     char *work;
+    qz_recipe recipe;           /* o->recipe, parsed */
     double t_quant;
     /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: the
      * source's other tensors + 1-bit zero placeholders for those linears) and the
@@ -136,6 +141,7 @@ void qz_capture_free(layer_capture *c);
 /* K for tensor `key` of `layer` (-1: the head) whose role is `role`. */
 int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role);
 sparq_status qz_do_layer(qjob *j, int L, int n_total);
+sparq_status qz_replay_layer(qjob *j, int L);
 sparq_status qz_do_head(qjob *j);
 
 /* checkpoint.c */

@@ -7,6 +7,7 @@
 #include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -16,13 +17,15 @@
 #include "quantize/job.h"
 #include "quantize/ldlq.h"
 
-/* Run `hidden` (all rows) through layer L in batches. */
-static sparq_status forward_all(qjob *j, int L, float *hidden, const sq_observer *obs)
+/* Run `hidden` (all rows) through layer L in batches; `quant`: the quantized path (per-sequence
+ * calibration keeps each path's caches in its own slots, job.h). */
+static sparq_status forward_all(qjob *j, int L, float *hidden, bool quant, const sq_observer *obs)
 {
     int T = j->T, per = j->batch_seqs;
     for (int s0 = 0; s0 < j->rows; s0 += per) {
         int ns = j->rows - s0 < per ? j->rows - s0 : per;
-        FORWARD_IF(sq_model_forward_layer(j->m, L, hidden + (size_t)s0 * T * j->d, ns * T, j->pos, -1, obs));
+        const int seq = j->per_seq ? (quant ? j->rows : 0) + s0 : -1;
+        FORWARD_IF(sq_model_forward_layer(j->m, L, hidden + (size_t)s0 * T * j->w, ns * T, j->pos, seq, obs));
     }
     return SPARQ_OK;
 }
@@ -42,6 +45,15 @@ int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role)
     if (layer < 0) K = o->head_bits;
     else if (role == SQ_ROLE_ATTN) K = base + 2;
     else K = role == SQ_ROLE_EXPERT ? base : base + 1;
+    const char *const *ad = j->arch ? j->arch->default_bits : NULL;
+    for (int r = 0; ad && ad[r]; r++) { /* "GLOB=K", K one digit */
+        const char *eq = strrchr(ad[r], '=');
+        char pat[128];
+        snprintf(pat, sizeof pat, "%.*s", (int)(eq - ad[r]), ad[r]);
+        if (fnmatch(pat, key, 0) == 0) K = atoi(eq + 1);
+    }
+    for (int r = 0; r < j->recipe.n; r++)
+        if (fnmatch(j->recipe.rules[r].pattern, key, 0) == 0) K = j->recipe.rules[r].K;
     for (int r = 0; r < o->n_rules; r++)
         if (fnmatch(o->rules[r].pattern, key, 0) == 0) K = o->rules[r].K;
     if (K < 1) K = 1;
@@ -226,9 +238,9 @@ static bool hidden_metrics(const qjob *j, qz_layer_stat *ls)
     size_t rows = (size_t)j->rows * j->T;
     double num = 0, den = 0, cos_sum = 0;
     for (size_t r = 0; r < rows; r++) {
-        const float *a = j->hq + r * j->d, *b = j->href + r * j->d;
+        const float *a = j->hq + r * j->w, *b = j->href + r * j->w;
         double ab = 0, aa = 0, bb = 0, e = 0;
-        for (int c = 0; c < j->d; c++) {
+        for (int c = 0; c < j->cmp; c++) {
             ab += (double)a[c] * b[c], aa += (double)a[c] * a[c], bb += (double)b[c] * b[c];
             e += ((double)a[c] - b[c]) * ((double)a[c] - b[c]);
         }
@@ -260,12 +272,88 @@ static int layer_refs(const sq_layer_desc *d, layer_capture *cap, lin_ref *refs)
         for (int e = 0; e < d->slot[s].instances; e++)
             for (int u = s; u < t; u++) {
                 if (!d->slot[u].quantize) continue;
-                if (refs) refs[n] = (lin_ref){u, e, qz_capture_hessian(cap, u, e)};
+                if (refs) refs[n] = (lin_ref){u, e, cap ? qz_capture_hessian(cap, u, e) : NULL};
                 n++;
             }
         s = t;
     }
     return n;
+}
+
+/* Skeleton: bind the layer's FP8/MXFP4 linears (their 1-bit placeholders) as fp32 while it runs;
+ * bound[i] gets the buffer (NULL: dense in the source, mapped as is). */
+static sparq_status bind_source(qjob *j, int L, const lin_ref *refs, int n_lin, float **bound)
+{
+    for (int i = 0; i < n_lin && j->skeleton; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
+        if (!l || l->kind != SQ_LINEAR_EXL3) continue;
+        int out, in;
+        FORWARD_IF(load_weight(j, l->name, &out, &in, &bound[i], false));
+        RETURN_IF(out != l->out || in != l->in, SPARQ_E_SHAPE, "%s: '%s' is %d -> %d, expected %d -> %d",
+                  j->o->model_dir, l->name, in, out, l->in, l->out);
+        l->kind = SQ_LINEAR_F32;
+        l->w = bound[i];
+        l->impl = NULL;
+        l->forward = NULL;
+    }
+    return SPARQ_OK;
+}
+
+/* Resume of an architecture with per-sequence calibration (job.h): the caches later layers read
+ * (V4.1's pools and selections) are not in the checkpoint, so the finished layer L runs again on
+ * both paths — the reference with the source weights, the quantized path with the checkpoint's
+ * quantized linears — rebuilding them and the hidden states exactly as the first run had them. */
+sparq_status qz_replay_layer(qjob *j, int L)
+{
+    const sq_layer_desc *desc = sq_model_layer_desc(j->m, L);
+    RETURN_IF(!desc, SPARQ_E_STATE, "layer %d: not held by the model", L);
+    const int n_lin = layer_refs(desc, NULL, NULL);
+    lin_ref *refs = sparq_calloc((size_t)n_lin, sizeof *refs);
+    float **bound = sparq_calloc((size_t)n_lin, sizeof *bound);
+    qlin *ql = sparq_calloc((size_t)n_lin, sizeof *ql);
+    sf_model *wf = NULL;
+    char *path = qz_work_file(j, L);
+    sparq_status st = refs && bound && ql && path ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    if (st == SPARQ_OK) layer_refs(desc, NULL, refs);
+    if (st == SPARQ_OK) st = bind_source(j, L, refs, n_lin, bound);
+    if (st == SPARQ_OK) st = forward_all(j, L, j->href, false, NULL);
+    if (st == SPARQ_OK) st = sf_open(&wf, path);
+    for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
+        RETURN_IF(!l, SPARQ_E_STATE, "layer %d: linear %d/%d missing", L, refs[i].slot, refs[i].inst);
+        char nm[600];
+        qlin *q = &ql[i];
+        q->key = (char *)l->name; /* borrowed for swap_in's message; not freed */
+        q->k = l->in, q->n = l->out;
+        snprintf(nm, sizeof nm, "%s.weight", l->name);
+        const sf_tensor *bw = sf_find(wf, nm);
+        if (bw) {
+            q->bf16 = (uint16_t *)bw->data;
+        } else {
+            snprintf(nm, sizeof nm, "%s.trellis", l->name);
+            const sf_tensor *t = sf_find(wf, nm);
+            snprintf(nm, sizeof nm, "%s.suh", l->name);
+            const sf_tensor *su = sf_find(wf, nm);
+            snprintf(nm, sizeof nm, "%s.svh", l->name);
+            const sf_tensor *sv = sf_find(wf, nm);
+            if (!t || !su || !sv || t->ndim != 3) {
+                st = sparq_err(SPARQ_E_FORMAT, "%s: no quantized '%s' (the checkpoint is damaged; start again "
+                               "without --resume)", path, l->name);
+                break;
+            }
+            q->tl = (trellis_linear){.k = l->in, .n = l->out, .K = (int)(t->shape[2] / 16), .cb = j->o->cb,
+                                     .trellis = t->data, .suh = su->data, .svh = sv->data};
+        }
+        st = swap_in(j, l, q);
+    }
+    if (st == SPARQ_OK) st = forward_all(j, L, j->hq, true, NULL);
+    for (int i = 0; i < n_lin && bound; i++) sparq_free(bound[i]);
+    sf_close(wf); /* layer L is never run again: the model's pointers into it are not used */
+    sparq_free(path);
+    sparq_free(bound);
+    sparq_free(ql);
+    sparq_free(refs);
+    return st;
 }
 
 sparq_status qz_do_layer(qjob *j, int L, int n_total)
@@ -278,7 +366,7 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     uint64_t nw0 = j->rep->n_weights;
     const sq_layer_desc *desc = sq_model_layer_desc(j->m, L);
     RETURN_IF(!desc, SPARQ_E_STATE, "layer %d: not held by the model", L);
-    size_t nh = (size_t)j->rows * j->T * j->d;
+    size_t nh = (size_t)j->rows * j->T * j->w;
     bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
 
     layer_capture cap;
@@ -291,34 +379,19 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     float **bound = sparq_calloc((size_t)n_lin, sizeof *bound); /* skeleton: dequantised fp32 linears */
     if (st == SPARQ_OK && (!refs || !ql || !bound)) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
     if (st == SPARQ_OK) layer_refs(desc, &cap, refs);
-    /* Skeleton: bind the layer's FP8/MXFP4 linears as fp32 while it runs. */
-    for (int i = 0; i < n_lin && st == SPARQ_OK && j->skeleton; i++) {
-        sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
-        if (!l || l->kind != SQ_LINEAR_EXL3) continue; /* dense in the source: mapped as is */
-        int out, in;
-        st = load_weight(j, l->name, &out, &in, &bound[i], false);
-        if (st == SPARQ_OK && (out != l->out || in != l->in))
-            st = sparq_err(SPARQ_E_SHAPE, "%s: '%s' is %d -> %d, expected %d -> %d", j->o->model_dir, l->name, in,
-                           out, l->in, l->out);
-        if (st == SPARQ_OK) {
-            l->kind = SQ_LINEAR_F32;
-            l->w = bound[i];
-            l->impl = NULL;
-            l->forward = NULL;
-        }
-    }
+    if (st == SPARQ_OK) st = bind_source(j, L, refs, n_lin, bound);
     if (calibrated && st == SPARQ_OK) {
         {
             memcpy(j->tmp, j->hq, nh * sizeof(float));
             sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .all_experts = true};
-            st = forward_all(j, L, j->tmp, &obs);
+            st = forward_all(j, L, j->tmp, true, &obs);
             if (st == SPARQ_OK) st = cap.st;
         }
         qz_capture_finish(&cap);
     }
     qz_memdbg("after capture", L);
     /* Reference path through the original layer. */
-    if (st == SPARQ_OK) st = forward_all(j, L, j->href, NULL);
+    if (st == SPARQ_OK) st = forward_all(j, L, j->href, false, NULL);
     qz_memdbg("after ref fwd", L);
     /* The original linears are not run again: drop their pages (quantization reads
      * the source tensor by tensor) and the fp32 copies bound for the skeleton. */
@@ -388,7 +461,7 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     /* Swap in and advance the quantized path with normal routing. */
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++)
         st = swap_in(j, sq_model_linear(j->m, L, refs[i].slot, refs[i].inst), &ql[i]);
-    if (st == SPARQ_OK) st = forward_all(j, L, j->hq, NULL);
+    if (st == SPARQ_OK) st = forward_all(j, L, j->hq, true, NULL);
     qz_memdbg("after hq fwd", L);
     /* the linears kept as they are (a router) are not run again either */
     for (int s = 0; s < desc->n_slots; s++)
@@ -456,7 +529,15 @@ sparq_status qz_do_head(qjob *j)
     bool calibrated = j->o->method == QZ_METHOD_TRELLIS;
     if (st == SPARQ_OK && calibrated) {
         st = qz_hess_init(&h, j->d);
-        for (size_t r = 0; r < rows && st == SPARQ_OK; r++) {
+        /* the head's own input when the architecture gives it (V4.1: the collapsed streams), else the final norm */
+        bool own = false;
+        if (st == SPARQ_OK) {
+            sparq_status hi = sq_model_head_input(j->m, j->hq, (int)rows, j->tmp);
+            own = hi == SPARQ_OK;
+            if (hi == SPARQ_E_UNSUPPORTED) sparq_err_clear();
+            else st = hi;
+        }
+        for (size_t r = 0; r < rows && st == SPARQ_OK && !own; r++) {
             const float *x = j->hq + r * j->d;
             float *y = j->tmp + r * j->d;
             double ss = 0;

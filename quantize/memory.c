@@ -156,8 +156,7 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
     r->mem_estimate = 0;
     r->n_mem_parts = 0;
     bool calibrated = o->method == QZ_METHOD_TRELLIS, rtn = o->method == QZ_METHOD_RTN;
-    uint64_t d = (uint64_t)j->d;
-    uint64_t nh = (uint64_t)j->rows * j->T * d;
+    uint64_t nh = (uint64_t)j->rows * j->T * (uint64_t)j->w;
     sq_model_mem mm;
     sq_model_mem_report(j->m, &mm);
     mem_add(r, "process so far (code, libraries, model index, tokenizer run)", base_rss);
@@ -217,6 +216,7 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
     snprintf(hblk, sizeof hblk, "%s_blocks", j->arch->head_key);
     uint64_t hk, hn, hb = src_linear(j, sf_find(j->src, hw) || sf_find(j->src, hblk) ? j->arch->head_key
                                                                                       : j->arch->embed_key, &hk, &hn);
+    const uint64_t d = (uint64_t)j->d;
     uint64_t head = hb + 4 * hk * hn * (rtn ? 3 : 7) + (calibrated ? 3 * 4 * d * d : 0) + 2 * 4 * d * d +
                     (rtn ? 2 : 1) * hk * hn;
     /* the largest output (or skeleton) shard: at most the cap, at most the whole

@@ -228,6 +228,7 @@ sparq_status qz_assemble_output(qjob *j)
                 snprintf(key, sizeof key, "%.*s", (int)(nl - 7), nm);
                 if (bsearch(&kp, qkeys, n_q, sizeof *qkeys, cmp_str)) continue;
             }
+            if (sq_arch_skipped(j->cfg, nm)) continue; /* not read by sparq: dropped (cmd_quantize.c's --help) */
             bool dup = false;
             for (int i = 0; i < n_work && !dup; i++) dup = sf_find(wf[i], nm) != NULL;
             if (dup) continue;

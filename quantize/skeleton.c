@@ -20,6 +20,21 @@ static bool is_quant_linear(const sq_model_config *cfg, const char *key)
     return a && (sq_arch_is_quant_linear(cfg, key, NULL) || strcmp(key, a->head_key) == 0);
 }
 
+static bool is_embedding(const sq_model_config *cfg, const char *key)
+{
+    const sq_arch_info *a = sq_arch_of(cfg);
+    return a && strcmp(key, a->embed_key) == 0;
+}
+
+/* Forms the runtime binds in place (docs/runtime.md "Linear layers"): E4M3 with UE8M0 block
+ * scales, MXFP4 with `.scale` UE8M0 (not DeepSeek V3's float weight_scale_inv, not gpt-oss naming). */
+static bool runs_in_place(const sf_weight *w)
+{
+    if (!w->scale || w->scale->dtype != SF_F8_E8M0) return false;
+    if (w->kind == SF_WEIGHT_FP8) return w->w->dtype == SF_F8_E4M3;
+    return w->kind == SF_WEIGHT_MXFP4 && w->w->dtype == SF_I8;
+}
+
 static bool ends_with(const char *s, const char *sfx, size_t *stem)
 {
     size_t n = strlen(s), m = strlen(sfx);
@@ -50,9 +65,12 @@ static bool is_weight_companion(const sf_model *src, const sf_tensor *x)
  * MXFP4), write work/skeleton: config.json and the source's tensors, where
  * each FP8/MXFP4 linear the driver quantizes is an all-zero 1-bit EXL3
  * placeholder (k·n/8 bytes; the driver binds the dequantised fp32 weight over
- * it while its layer runs) and any other FP8/MXFP4 tensor (an embedding, a
- * router) is stored dequantised as F32. *dir_out is NULL when the source
- * needs no skeleton. */
+ * it while its layer runs), an FP8/MXFP4 embedding is stored dequantised as
+ * F32, and every other FP8/MXFP4 tensor (a router, V4.1's indexer) is kept as
+ * it is with its scales (the runtime binds them in place, the output copies
+ * them byte-exact). Tensors the architecture skips (sq_arch_skipped: V4.1's
+ * mtp.*, vision.*) are dropped. *dir_out is NULL when the source needs no
+ * skeleton. */
 sparq_status qz_build_skeleton(qjob *j, char **dir_out)
 {
     *dir_out = NULL;
@@ -94,6 +112,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
             bool dense = x->dtype == SF_BF16 || x->dtype == SF_F16 || x->dtype == SF_F32;
             bool blocks = ends_with(x->name, "_blocks", &stem);
             bool weight = !blocks && ends_with(x->name, ".weight", &stem) && !dense;
+            if (sq_arch_skipped(&cfg, x->name)) continue; /* not read by sparq (V4.1's mtp.*, vision.*): dropped */
             if (!blocks && !weight) {
                 if (pass == 1 && !is_weight_companion(src, x)) ent[ne++].t = x;
                 continue;
@@ -102,6 +121,20 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
             snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
             sf_weight w;
             st = sf_weight_find_block(src, key, cfg.quant.weight_block_size[0], cfg.quant.weight_block_size[1], &w);
+            if (st != SPARQ_OK && !is_quant_linear(&cfg, key) && !is_embedding(&cfg, key)) {
+                /* not a linear of the config's scale blocks (V4.1's Engram tables: one scale per 32 values
+                 * of a row): kept as it is, with the scale tensor is_weight_companion claims for it */
+                sparq_err_clear();
+                st = SPARQ_OK;
+                if (pass == 1) {
+                    ent[ne++].t = x;
+                    if (sf_weight_find(src, key, &w) == SPARQ_OK && w.scale && w.scale != x &&
+                        is_weight_companion(src, w.scale))
+                        ent[ne++].t = w.scale;
+                    sparq_err_clear();
+                }
+                continue;
+            }
             if (st != SPARQ_OK) break;
             if (is_quant_linear(&cfg, key)) {
                 uint64_t k = w.in, nn = w.out;
@@ -140,8 +173,13 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
                     ent[ne].t = t;
                     ent[ne++].owned = true;
                 }
+            } else if (pass == 1 && !is_embedding(&cfg, key) && runs_in_place(&w)) {
+                /* an FP8/MXFP4 tensor kept as it is (a router, V4.1's indexer): the runtime runs it in
+                 * place, and the output copies it byte-exact with its scales */
+                ent[ne++].t = x;
+                if (w.scale && w.scale != x) ent[ne++].t = w.scale;
             } else if (pass == 1) {
-                /* an FP8/MXFP4 tensor the runtime reads directly: store it as F32 */
+                /* an FP8/MXFP4 embedding (the runtime reads dense rows): store it as F32 */
                 float *f = sparq_malloc((size_t)(w.out * w.in) * sizeof(float));
                 sf_tensor *t = &own[no++];
                 char nm[600];

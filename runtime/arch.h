@@ -38,10 +38,11 @@ typedef enum sq_lin_role {
     SQ_ROLE_EXPERT,   /* routed expert: one instance per expert */
     SQ_ROLE_SHARED,   /* shared expert of a MoE layer */
     SQ_ROLE_MLP,      /* dense MLP of a layer without experts */
+    SQ_ROLE_ENGRAM,   /* an Engram fusion projection (DeepSeek V4.1's engram.wkv) */
     SQ_ROLE_COUNT_
 } sq_lin_role;
 
-/* "attn", "router", "expert", "shared", "mlp". */
+/* "attn", "router", "expert", "shared", "mlp", "engram". */
 const char *sq_lin_role_name(sq_lin_role r);
 
 typedef struct sq_lin_desc {
@@ -128,6 +129,14 @@ typedef struct sq_arch_info {
      * layer at or after L reads the cache of one before it (DeepSeek V4.1's
      * compressed pools and indexer selections); NULL: every cut is allowed. */
     bool (*split_ok)(const sq_model_config *cfg, int layer);
+    /* forward_layer needs a sequence (seq >= 0): later layers read caches earlier layers wrote for
+     * the same rows (V4.1's pools and selections), so calibration runs every calibration row in a
+     * cache slot of its own, one set for the reference path and one for the quantized path. */
+    bool calib_per_seq;
+    /* The quantizer's default bits by tensor key, "GLOB=K" lines (NULL-terminated; NULL: none),
+     * applied after its role rule (experts --bits, attention +2, dense and shared MLP +1) and
+     * before the user's --recipe and --bits-for, last match winning. */
+    const char *const *default_bits;
     /* The memory its graph allocates (runtime/memplan.h documents the terms). */
     /* KV cache of the layers [first, first + n_layers) */
     uint64_t (*kv_bytes)(const sq_model_config *cfg, int64_t first, int64_t n_layers, const sq_memplan_params *p);
@@ -154,6 +163,8 @@ sparq_status sq_lin_key(const sq_lin_desc *lin, int layer, int inst, char *buf, 
  * converts? Walks the layers' descriptions; *layer gets its layer (or -1).
  * The head is not a layer linear: false for it. */
 bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *layer);
+/* The same, and *role (may be NULL) gets its slot's role. */
+bool sq_arch_quant_linear_role(const sq_model_config *cfg, const char *key, int *layer, sq_lin_role *role);
 
 /* The prefix of arch's skipped_prefixes that `name` starts with, or NULL. */
 const char *sq_arch_skipped(const sq_model_config *cfg, const char *name);

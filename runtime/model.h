@@ -193,6 +193,12 @@ sparq_status sq_model_seq_advance(sq_model *m, int seq, int n);
 /* logits[rows, vocab] = lm_head(final_norm(hidden[rows])); hidden is not modified. */
 sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits);
 
+/* out[rows, hidden_size] = the exact input of the head linear for hidden[rows] (the final norm;
+ * DeepSeek V4.1: of the streams collapsed with their pre mix), for the head's calibration Hessian.
+ * SPARQ_E_UNSUPPORTED when the architecture does not provide it (the caller then applies the final
+ * norm itself) or this process does not hold the head. */
+sparq_status sq_model_head_input(sq_model *m, const float *hidden, int rows, float *out);
+
 /* The description of layer L (runtime/arch.h), or NULL for a layer this
  * process does not hold. */
 const sq_layer_desc *sq_model_layer_desc(const sq_model *m, int layer);

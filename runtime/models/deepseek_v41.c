@@ -205,7 +205,7 @@ static sparq_status v41_layer(const sq_model_config *c, int L, sq_layer_desc *ou
         SLOT(N_SW2, "layers.{L}.ffn.shared_experts.w2", SQ_ROLE_SHARED, Is, d, 1, n, false, true);
     }
     if (v41_is_engram(c, L, NULL))
-        SLOT(N_EWKV, "layers.{L}.engram.wkv", SQ_ROLE_ATTN, engram_cols(c) * v->engram_head_dim,
+        SLOT(N_EWKV, "layers.{L}.engram.wkv", SQ_ROLE_ENGRAM, engram_cols(c) * v->engram_head_dim,
              (v->hc_mult + 1) * d, 1, n, false, true);
 #undef SLOT
     out->n_slots = n;
@@ -217,6 +217,13 @@ static const sq_tensor_desc v41_tensors[] = {
     {"norm.weight", SQ_PLACE_HEAD, 1, {SQ_DIM_HIDDEN}, false, false},
     {"head", SQ_PLACE_HEAD, 2, {SQ_DIM_VOCAB, SQ_DIM_HIDDEN}, true, true},
 };
+
+/* The quantizer's defaults (the community's two-box pack, reference.md §3.2): attention 5 bits,
+ * shared experts 4, the Engram fusion 4; routed experts take --bits and the head --head-bits. The
+ * kept tensors (router, norms, hc_*, attn_sink, compressor / indexer, Engram q/k and tables) are
+ * the slots marked quantize = false and the tensors that are not slots. */
+static const char *const v41_default_bits[] = {"layers.*.attn.*=5", "layers.*.ffn.shared_experts.*=4",
+                                               "layers.*.engram.wkv=4", NULL};
 
 static const char *const v41_skipped[] = {"mtp.", "vision.", "aligner.", "image_", NULL};
 
@@ -291,6 +298,10 @@ static uint64_t layer_state_floats(const sq_model_config *c, int L, uint64_t ctx
         f = ADD(f, MUL(P, hd));                                        /* pool */
         if (v->index_source[L]) f = ADD(f, MUL(P, (uint64_t)v->index_head_dim)); /* indexer keys */
         f = ADD(f, MUL(2 * r, hd));                                    /* partial group: kv and gate */
+    }
+    if (r && v->index_source[L]) { /* the selection of the last rows, for the layers reading it (ints) */
+        f = ADD(f, MUL(rows, (uint64_t)v->index_topk + 1));
+        if (v->candidate_source == L) f = ADD(f, MUL(rows, (uint64_t)v->candidate_topk_blocks + 1));
     }
     return f;
 }
@@ -525,7 +536,6 @@ typedef struct v41_layer_w {
     int table;         /* index in the node's Engram layout (m->lay), -1 */
     sq_linear *wq_a, *wkv, *wq_b, *wo_a, *wo_b, *cwkv, *cwg, *iwqb, *iwp, *iwk, *router, *w1, *w3, *w2, *sw1, *sw3,
         *sw2, *ewkv;
-    sq_linear *wo_a_g; /* [G] row views of wo_a */
     sq_linear hc_fn[2]; /* attn, ffn: F32 [mix, hc·d] in the mapping */
     float *attn_norm, *ffn_norm, *q_norm, *kv_norm, *sink, *c_norm, *ik_norm, *gate_bias;
     float *hc_base[2], *hc_scale[2];
@@ -537,6 +547,10 @@ typedef struct v41_state {
     float *ring;          /* [window + max_rows, hd] latents by position mod ring */
     float *pool, *ikeys;  /* [ctx/r, hd], [ctx/r, ihd] (kv-source layers) */
     float *gkv, *gsc;     /* [r, hd] the group being pooled */
+    /* index-source layers: each row's selection [max_rows, 1 + itopk] (count, entries) and, on the
+     * candidate source, its candidate blocks [max_rows, 1 + ctb], by position mod max_rows. The layers
+     * that read them may run in another call (one layer at a time for calibration, a pipeline stage). */
+    int *sel, *cand;
 } v41_state;
 
 typedef struct v41 {
@@ -632,9 +646,9 @@ static sparq_status load_layer(v41 *m, int L)
     w->sw3 = slot_lin(c, L, N_SW3);
     w->sw2 = slot_lin(c, L, N_SW2);
     w->ewkv = slot_lin(c, L, N_EWKV);
-    w->wo_a_g = sparq_calloc((size_t)g->G, sizeof *w->wo_a_g);
-    RETURN_IF(!w->wo_a_g, SPARQ_E_NOMEM, "out of memory");
-    for (int k = 0; k < g->G; k++) FORWARD_IF(sq_linear_rows_view(w->wo_a, k * g->olora, g->olora, &w->wo_a_g[k]));
+    RETURN_IF(g->nh * g->hd < g->G * g->olora, SPARQ_E_UNSUPPORTED, "layer %d: wo_a has %d output rows, more "
+              "than the %d of q (nh x head_dim), which its EXL3 forward uses as scratch", L, g->G * g->olora,
+              g->nh * g->hd);
     static const char *const sub[2] = {"attn", "ffn"};
     for (int s = 0; s < 2; s++) {
         FORWARD_IF(bind_f32_linear(c, &w->hc_fn[s], KEY("layers.%d.hc_%s_fn", L, sub[s]), g->mix, g->hc * g->d));
@@ -857,6 +871,14 @@ static sparq_status v41_load(sq_model *c, int plan_threads)
                 S->gsc = f;
                 f += (size_t)r * g->hd;
             }
+            if (r && v->index_source[L]) {
+                S->sel = (int *)(void *)f;
+                f += (size_t)c->opts.max_rows * (size_t)(g->itopk + 1);
+                if (v->candidate_source == L) {
+                    S->cand = (int *)(void *)f;
+                    f += (size_t)c->opts.max_rows * (size_t)(v->candidate_topk_blocks + 1);
+                }
+            }
         }
     }
     if (eng) m->hist = f;
@@ -889,7 +911,6 @@ static void v41_free(sq_model *c)
                 sparq_free(w->hc_base[s]);
                 sparq_free(w->hc_scale[s]);
             }
-            sparq_free(w->wo_a_g);
             sparq_free(w->attn_norm);
             sparq_free(w->ffn_norm);
             sparq_free(w->q_norm);
@@ -1126,6 +1147,7 @@ static void engram(v41 *m, int L, float *h, int rows, const int *seqs, const int
                 memset(b->erows + i * ehd, 0, (size_t)ehd * sizeof(float));
         }
     probe(obs, L, "engram.rows", 'l', b->erow_id, rows, cols);
+    sq_observe(obs, L, sq_layer_find(&m->c->layers[L].desc, N_EWKV), 0, b->erows, rows, cols * ehd);
     sq_linear_forward(m->c->ex, w->ewkv, b->erows, rows, b->ekv);
     for (int r = 0; r < rows; r++) {
         float *hr = h + (size_t)r * g->W;
@@ -1239,6 +1261,24 @@ static void compress(v41 *m, int L, int rows, const int *seqs, const int *pos)
     }
 }
 
+/* A row's selection (n, then n entries of width w) to or from its slot of a
+ * state's [max_rows, 1 + w] table, by position mod max_rows: rows of one
+ * step of one sequence have distinct positions there. */
+static void sel_put(int *tab, int max_rows, int w, int pos, int n, const int *idx)
+{
+    int *t = tab + (size_t)(pos % max_rows) * (size_t)(w + 1);
+    t[0] = n;
+    memcpy(t + 1, idx, (size_t)n * sizeof(int));
+}
+
+static int sel_get(const int *tab, int max_rows, int w, int pos, int *idx)
+{
+    if (!tab) return 0; /* a source without a compressor: nothing selected */
+    const int *t = tab + (size_t)(pos % max_rows) * (size_t)(w + 1);
+    memcpy(idx, t + 1, (size_t)t[0] * sizeof(int));
+    return t[0];
+}
+
 /* The indexer of an index-source layer: each row's selected pool entries. */
 static void indexer(v41 *m, int L, int rows, const int *seqs, const int *pos)
 {
@@ -1250,6 +1290,7 @@ static void indexer(v41 *m, int L, int rows, const int *seqs, const int *pos)
     sq_linear_forward(m->c->ex, w->iwqb, b->qr, rows, b->iq);
     sq_linear_forward(m->c->ex, w->iwp, b->yn, rows, b->iw);
     const float wscale = 1.0f / sqrtf((float)ihd) / sqrtf((float)inh);
+    const int mr = m->c->opts.max_rows;
     for (int i = 0; i < rows; i++) {
         float *q = b->iq + (size_t)i * inh * ihd;
         for (int h = 0; h < inh; h++) rope_pairs(q + (size_t)h * ihd + ihd - rd, rd, m->inv_cmp, pos[i], false);
@@ -1277,8 +1318,10 @@ static void indexer(v41 *m, int L, int rows, const int *seqs, const int *pos)
                 bmax[k] = k == (lens - 1) / cbs ? INFINITY : mx;
             }
             b->ncand[i] = select_top(bmax, nb, g->ctb, b->order, cand);
+            sel_put(state_of(m, seqs[i], L)->cand, mr, g->ctb, pos[i], b->ncand[i], cand);
         } else if (w->cand_filter) {
-            const int *cand = b->cand + (size_t)i * g->ctb;
+            int *cand = b->cand + (size_t)i * g->ctb;
+            b->ncand[i] = sel_get(state_of(m, seqs[i], v->candidate_source)->cand, mr, g->ctb, pos[i], cand);
             int c = 0;
             for (int t = 0; t < lens; t++) {
                 while (c < b->ncand[i] && cand[c] < t / cbs) c++;
@@ -1286,6 +1329,7 @@ static void indexer(v41 *m, int L, int rows, const int *seqs, const int *pos)
             }
         }
         b->ntopk[i] = select_top(sc, lens, g->itopk, b->order, b->topk + (size_t)i * g->itopk);
+        sel_put(state_of(m, seqs[i], L)->sel, mr, g->itopk, pos[i], b->ntopk[i], b->topk + (size_t)i * g->itopk);
     }
 }
 
@@ -1300,6 +1344,7 @@ static void attention(v41 *m, int L, int rows, const int *seqs, const int *pos, 
     const float *freq = w->ratio ? m->inv_cmp : m->inv_win;
     sq_linear_forward(ex, w->wq_a, b->yn, rows, b->qr);
     for (int i = 0; i < rows; i++) rmsnorm_row(b->qr + (size_t)i * g->qr, g->qr, w->q_norm, m->eps, b->qr + (size_t)i * g->qr);
+    sq_observe(obs, L, sq_layer_find(&m->c->layers[L].desc, N_WQB), 0, b->qr, rows, g->qr);
     sq_linear_forward(ex, w->wq_b, b->qr, rows, b->q);
     sq_linear_forward(ex, w->wkv, b->yn, rows, b->kv);
     for (int i = 0; i < rows; i++) {
@@ -1311,6 +1356,10 @@ static void attention(v41 *m, int L, int rows, const int *seqs, const int *pos, 
     }
     if (w->kv_src) compress(m, L, rows, seqs, pos);
     if (w->idx_src) indexer(m, L, rows, seqs, pos);
+    else if (w->ratio) /* the selection of this layer's index source, made when that layer ran these rows */
+        for (int i = 0; i < rows; i++)
+            b->ntopk[i] = sel_get(state_of(m, seqs[i], w->ix_of)->sel, m->c->opts.max_rows, g->itopk, pos[i],
+                                  b->topk + (size_t)i * g->itopk);
     if (w->ratio && obs && obs->probe) { /* the selection, -1 padded to index_topk */
         for (int i = 0; i < rows; i++)
             for (int j = b->ntopk[i]; j < g->itopk; j++) b->topk[(size_t)i * g->itopk + j] = -1;
@@ -1345,16 +1394,29 @@ static void attention(v41 *m, int L, int rows, const int *seqs, const int *pos, 
             rope_pairs(o + hd - rd, rd, freq, pos[i], true);
         }
     }
-    /* grouped low-rank output: og[:, g] = wo_a[g] · o[:, g] */
-    const int gi = nh * hd / g->G;
+    /* grouped low-rank output: og[:, g] = wo_a[g] · o[:, g]. The group's rows of wo_a as a row view
+     * (dense, FP8, MXFP4), taken now because the linear may have been swapped since load (the
+     * quantizer binds its own); an EXL3 wo_a has no row views (its 16x16 tiles run across the rows),
+     * so it runs whole on each group's input into q (free now; nh*hd >= G*olora, v41_check) and the
+     * group's rows are kept: G times its arithmetic, exact. */
+    const int gi = nh * hd / g->G, ow = g->G * g->olora;
+    const int slot_woa = sq_layer_find(&m->c->layers[L].desc, N_WOA);
     for (int k = 0; k < g->G; k++) {
         for (int i = 0; i < rows; i++)
             memcpy(b->gin + (size_t)i * gi, b->o + (size_t)i * nh * hd + (size_t)k * gi, (size_t)gi * sizeof(float));
-        sq_linear_forward(ex, &w->wo_a_g[k], b->gin, rows, b->xg); /* xg: [rows, olora] scratch (olora <= d) */
+        sq_observe(obs, L, slot_woa, 0, b->gin, rows, gi);
+        sq_linear view;
+        const bool whole = sq_linear_rows_view(w->wo_a, k * g->olora, g->olora, &view) != SPARQ_OK;
+        if (whole) sparq_err_clear();
+        const float *src = whole ? b->q + (size_t)k * g->olora : b->xg;
+        const int stride = whole ? ow : g->olora;
+        if (whole) sq_linear_forward(ex, w->wo_a, b->gin, rows, b->q);
+        else sq_linear_forward(ex, &view, b->gin, rows, b->xg); /* xg: [rows, olora] scratch (olora <= d) */
         for (int i = 0; i < rows; i++)
-            memcpy(b->og + (size_t)i * g->G * g->olora + (size_t)k * g->olora, b->xg + (size_t)i * g->olora,
+            memcpy(b->og + (size_t)i * ow + (size_t)k * g->olora, src + (size_t)i * stride,
                    (size_t)g->olora * sizeof(float));
     }
+    sq_observe(obs, L, sq_layer_find(&m->c->layers[L].desc, N_WOB), 0, b->og, rows, ow);
     sq_linear_forward(ex, w->wo_b, b->og, rows, b->out);
 }
 
@@ -1418,23 +1480,31 @@ static void moe(v41 *m, int L, int rows, const sq_observer *obs)
     for (int i = 0; i < rows * K; i++) b->rows_of[b->off[b->ridx[i]]++] = i;
     memset(b->out, 0, (size_t)rows * d * sizeof(float));
     const int s1 = sq_layer_find(desc, N_W1), s3 = sq_layer_find(desc, N_W3), s2 = sq_layer_find(desc, N_W2);
+    /* calibration (all_experts): every expert on every row, its inputs observed; the output still
+     * sums the routed rows only */
+    const bool all = obs && obs->all_experts;
     for (int e = 0; e < E; e++) {
         const int n0 = b->cnt[e], n = b->cnt[e + 1] - n0;
-        if (!n) continue;
-        for (int j = 0; j < n; j++)
-            memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
-        sq_observe(obs, L, s1, e, b->xg, n, d);
-        sq_observe(obs, L, s3, e, b->xg, n, d);
-        sq_linear_forward(ex, &w->w1[e], b->xg, n, b->g);
-        sq_linear_forward(ex, &w->w3[e], b->xg, n, b->u);
-        swiglu_clamped(b->g, b->u, (size_t)n * I, limit);
-        sq_observe(obs, L, s2, e, b->g, n, I);
-        sq_linear_forward(ex, &w->w2[e], b->g, n, b->dn);
+        if (!n && !all) continue;
+        const float *xin = b->yn;
+        int nr = rows;
+        if (!all) {
+            for (int j = 0; j < n; j++)
+                memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
+            xin = b->xg, nr = n;
+        }
+        sq_observe(obs, L, s1, e, xin, nr, d);
+        sq_observe(obs, L, s3, e, xin, nr, d);
+        sq_linear_forward(ex, &w->w1[e], xin, nr, b->g);
+        sq_linear_forward(ex, &w->w3[e], xin, nr, b->u);
+        swiglu_clamped(b->g, b->u, (size_t)nr * I, limit);
+        sq_observe(obs, L, s2, e, b->g, nr, I);
+        sq_linear_forward(ex, &w->w2[e], b->g, nr, b->dn);
         for (int j = 0; j < n; j++) {
             const int slot = b->rows_of[n0 + j];
             const float wt = b->rw[slot];
             float *o = b->out + (size_t)(slot / K) * d;
-            const float *x = b->dn + (size_t)j * d;
+            const float *x = b->dn + (size_t)(all ? slot / K : j) * d;
             for (int k = 0; k < d; k++) o[k] += wt * x[k];
         }
     }
@@ -1540,21 +1610,36 @@ static sparq_status v41_forward_rows(sq_model *mc, float *hidden, int rows, cons
     return SPARQ_OK;
 }
 
+/* yn[n, d] = final_norm(the streams of hidden[n] collapsed with their lagged pre mix), n <= max_rows. */
+static void head_rows(v41 *m, const float *hidden, int n, float *yn)
+{
+    const v41_dims *g = &m->g;
+    for (int r = 0; r < n; r++) {
+        const float *h = hidden + (size_t)r * g->W;
+        memcpy(m->b.pre_a + (size_t)r * g->hc, h + (size_t)g->hc * g->d, (size_t)g->hc * sizeof(float));
+    }
+    hc_collapse(m, hidden, m->b.pre_a, n, m->b.y); /* reads rows of W floats */
+    for (int r = 0; r < n; r++) rmsnorm_row(m->b.y + (size_t)r * g->d, g->d, m->final_norm, m->eps, yn + (size_t)r * g->d);
+}
+
 static sparq_status v41_head(sq_model *mc, const float *hidden, int rows, float *logits)
 {
     v41 *m = mc->impl;
     const v41_dims *g = &m->g;
     for (int r0 = 0; r0 < rows; r0 += mc->opts.max_rows) {
         const int n = rows - r0 < mc->opts.max_rows ? rows - r0 : mc->opts.max_rows;
-        for (int r = 0; r < n; r++) {
-            const float *h = hidden + (size_t)(r0 + r) * g->W;
-            memcpy(m->b.pre_a + (size_t)r * g->hc, h + (size_t)g->hc * g->d, (size_t)g->hc * sizeof(float));
-        }
-        /* hc_collapse reads rows of W floats */
-        hc_collapse(m, hidden + (size_t)r0 * g->W, m->b.pre_a, n, m->b.y);
-        for (int r = 0; r < n; r++)
-            rmsnorm_row(m->b.y + (size_t)r * g->d, g->d, m->final_norm, m->eps, m->b.yn + (size_t)r * g->d);
+        head_rows(m, hidden + (size_t)r0 * g->W, n, m->b.yn);
         sq_linear_forward(mc->ex, &mc->head, m->b.yn, n, logits + (size_t)r0 * g->vocab);
+    }
+    return SPARQ_OK;
+}
+
+static sparq_status v41_head_input(sq_model *mc, const float *hidden, int rows, float *out)
+{
+    v41 *m = mc->impl;
+    for (int r0 = 0; r0 < rows; r0 += mc->opts.max_rows) {
+        const int n = rows - r0 < mc->opts.max_rows ? rows - r0 : mc->opts.max_rows;
+        head_rows(m, hidden + (size_t)r0 * m->g.W, n, out + (size_t)r0 * m->g.d);
     }
     return SPARQ_OK;
 }
@@ -1581,6 +1666,7 @@ static const sq_graph_ops v41_graph = {
     .forward_layer = v41_forward_layer,
     .forward_rows = v41_forward_rows,
     .head = v41_head,
+    .head_input = v41_head_input,
     .forward = v41_forward,
     .decode_batch = v41_decode_batch,
     .hidden_buffer = v41_hidden_buffer,
@@ -1601,6 +1687,8 @@ const sq_arch_info sq_arch_deepseek_v41 = {
     .skipped_prefixes = v41_skipped,
     .hidden_width = v41_hidden_width,
     .split_ok = v41_split_ok,
+    .calib_per_seq = true,
+    .default_bits = v41_default_bits,
     .kv_bytes = v41_kv_bytes,
     .workspace_terms = v41_workspace_terms,
     .graph = &v41_graph,

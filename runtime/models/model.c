@@ -573,6 +573,15 @@ sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *lo
     return m->arch->graph->head(m, hidden, rows, logits);
 }
 
+sparq_status sq_model_head_input(sq_model *m, const float *hidden, int rows, float *out)
+{
+    RETURN_IF(!m->has_head, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the lm_head",
+              m->opts.node, m->first, m->end - 1);
+    RETURN_IF(!m->arch->graph->head_input, SPARQ_E_UNSUPPORTED, "%s: no head input of its own",
+              m->arch->model_type);
+    return m->arch->graph->head_input(m, hidden, rows, out);
+}
+
 sparq_status sq_model_forward(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
                               float *logits)
 {

@@ -29,6 +29,9 @@ struct sq_graph_ops {
                                   const sq_observer *obs);
     sparq_status (*forward_rows)(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos);
     sparq_status (*head)(sq_model *m, const float *hidden, int rows, float *logits);
+    /* out[rows, hidden_size] = what the head linear is applied to (sq_model_head_input); NULL: the
+     * final norm of hidden[rows, hidden_size] (an architecture whose hidden row is that). */
+    sparq_status (*head_input)(sq_model *m, const float *hidden, int rows, float *out);
     sparq_status (*forward)(sq_model *m, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
                             float *logits);
     sparq_status (*decode_batch)(sq_model *m, int n, const int *seqs, const int32_t *tokens, float *logits);

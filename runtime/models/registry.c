@@ -16,7 +16,7 @@ static const sq_arch_info *const archs[] = {&sq_arch_qwen3moe, &sq_arch_deepseek
 
 const char *sq_lin_role_name(sq_lin_role r)
 {
-    static const char *const n[SQ_ROLE_COUNT_] = {"attn", "router", "expert", "shared", "mlp"};
+    static const char *const n[SQ_ROLE_COUNT_] = {"attn", "router", "expert", "shared", "mlp", "engram"};
     return (unsigned)r < SQ_ROLE_COUNT_ ? n[r] : "?";
 }
 
@@ -88,6 +88,11 @@ static bool key_match(const char *pat, const char *key, long *layer, long *inst)
 
 bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *layer)
 {
+    return sq_arch_quant_linear_role(cfg, key, layer, NULL);
+}
+
+bool sq_arch_quant_linear_role(const sq_model_config *cfg, const char *key, int *layer, sq_lin_role *role)
+{
     if (layer) *layer = -1;
     const sq_arch_info *a = sq_arch_of(cfg);
     const size_t np = a ? strlen(a->layer_prefix) : 0;
@@ -101,6 +106,7 @@ bool sq_arch_is_quant_linear(const sq_model_config *cfg, const char *key, int *l
         if (!d.slot[s].quantize || !key_match(d.slot[s].key, key, &kl, &ki)) continue;
         if (kl != L || ki >= d.slot[s].instances) continue;
         if (layer) *layer = (int)L;
+        if (role) *role = d.slot[s].role;
         return true;
     }
     return false;

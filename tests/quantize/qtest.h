@@ -1,6 +1,6 @@
 /* tests/quantize/qtest.h — small helpers shared by the quantizer's tests
- * (test_driver.c, test_inputs.c, test_stream.c): byte comparison of two
- * files, a private temporary directory and its removal. */
+ * (test_driver.c, test_inputs.c, test_stream.c, test_v41.c): byte comparison of two
+ * files, a private temporary directory and its removal, FP8 / FP4 encoders. */
 #ifndef SPARQ_TESTS_QUANTIZE_QTEST_H
 #define SPARQ_TESTS_QUANTIZE_QTEST_H
 
@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <math.h>
+#include <stdint.h>
 
 #include "common/alloc.h"
 #include "common/file.h"
@@ -39,5 +42,40 @@ static inline void qt_rmtree(const char *dir)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
+
+/* Independent encoders / decoders (OCP FP8 E4M3FN, E2M1), written here from the format's
+ * definition and not formats/weights.c's, so a test checks one against the other. */
+
+static inline float e4m3_value(uint8_t c)
+{
+    int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return s ? -v : v;
+}
+
+static inline uint8_t e4m3_encode(float x)
+{
+    float a = fabsf(x);
+    int best = 0;
+    float bd = INFINITY;
+    for (int c = 0; c < 0x7F; c++) { /* 0x7F is NaN */
+        float d = fabsf(e4m3_value((uint8_t)c) - a);
+        if (d < bd) bd = d, best = c;
+    }
+    return (uint8_t)(best | (x < 0 ? 0x80 : 0));
+}
+
+static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static inline uint8_t e2m1_encode(float x)
+{
+    float a = fabsf(x);
+    int best = 0;
+    for (int c = 1; c < 8; c++)
+        if (fabsf(k_e2m1[c] - a) < fabsf(k_e2m1[best] - a)) best = c;
+    return (uint8_t)(best | (x < 0 ? 8 : 0));
+}
+
+static inline float e2m1_value(uint8_t n) { return (n & 8) ? -k_e2m1[n & 7] : k_e2m1[n & 7]; }
 
 #endif

@@ -33,40 +33,6 @@
 
 static char g_tmp[1024];
 
-/* --- independent encoders / decoders (OCP FP8 E4M3FN, E2M1, E8M0) --- */
-
-static float e4m3_value(uint8_t c)
-{
-    int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
-    return s ? -v : v;
-}
-
-static uint8_t e4m3_encode(float x)
-{
-    float a = fabsf(x);
-    int best = 0;
-    float bd = INFINITY;
-    for (int c = 0; c < 0x7F; c++) { /* 0x7F is NaN */
-        float d = fabsf(e4m3_value((uint8_t)c) - a);
-        if (d < bd) bd = d, best = c;
-    }
-    return (uint8_t)(best | (x < 0 ? 0x80 : 0));
-}
-
-static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-static uint8_t e2m1_encode(float x)
-{
-    float a = fabsf(x);
-    int best = 0;
-    for (int c = 1; c < 8; c++)
-        if (fabsf(k_e2m1[c] - a) < fabsf(k_e2m1[best] - a)) best = c;
-    return (uint8_t)(best | (x < 0 ? 8 : 0));
-}
-
-static float e2m1_value(uint8_t n) { return (n & 8) ? -k_e2m1[n & 7] : k_e2m1[n & 7]; }
-
 /* --- checkpoint writing ----------------------------------------------- */
 
 typedef struct ck {

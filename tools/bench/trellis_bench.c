@@ -8,7 +8,15 @@
  *   trellis_bench gemv   [--threads T] [--reps R] [--path P]
  *                                                    batch-1 GEMV at K=3 vs OpenBLAS sgemv, and
  *                                                    bytes/s vs measured memory read bandwidth;
- *                                                    then 1..16-row GEMM vs sgemm (1 thread) */
+ *                                                    then 1..16-row GEMM vs sgemm (1 thread)
+ *   trellis_bench expert [--in K] [--out N] [--cols C] [--bits K] [--threads T]
+ *                                                    the quantizer on one expert-shaped linear (default
+ *                                                    DeepSeek V4.1's w1: in 5120, out 2304): Hessian
+ *                                                    preparation of in x in, then block LDLQ + Viterbi
+ *                                                    on the first C output columns (the cost is per
+ *                                                    16x16 tile, so N/C times that is the whole matrix),
+ *                                                    peak RSS, and the extrapolation to a V4.1 expert
+ *                                                    layer and to the whole model */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +28,7 @@
 #include "common/half.h"
 #include "common/threadpool.h"
 #include "kernels/cpu/trellis.h"
+#include "quantize/ldlq.h"
 #include "quantize/viterbi.h"
 #include "tests/kernels/trellis_rand.h"
 #include "tools/bench/bench_bw.h"
@@ -349,11 +358,91 @@ static int bench_gemv(int threads, int reps)
     return 0;
 }
 
+/* VmHWM of this process in bytes (0 if unknown). */
+static unsigned long long peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = strtoull(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* Seconds to prepare a k x k Hessian from `rows` random activations (ssyrk + ldlq_hessian_prepare). */
+static double time_hessian(int k, int rows, ldlq_hessian **hs_out)
+{
+    float *x = sparq_malloc((size_t)rows * k * sizeof(float)), *h = sparq_calloc((size_t)k * k, sizeof(float));
+    if (!x || !h) return -1;
+    for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = trellis_rand_in(rnd32, -1.0f, 1.0f);
+    const double t0 = now();
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, k, rows, 1.0f / (float)rows, x, k, 0.0f, h, k);
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < i; j++) h[(size_t)i * k + j] = h[(size_t)j * k + i];
+    ldlq_hessian *hs = NULL;
+    sparq_status st = ldlq_hessian_prepare(&hs, h, k, 0.0f, 11, "bench Hessian");
+    const double dt = now() - t0;
+    sparq_free(x);
+    sparq_free(h);
+    if (st != SPARQ_OK) return -1;
+    if (hs_out) *hs_out = hs;
+    else ldlq_hessian_free(hs);
+    return dt;
+}
+
+static int bench_expert(int in, int out, int cols, int K, int threads)
+{
+    if (in % 128 || out % 128 || cols % 128 || cols > out) {
+        fprintf(stderr, "trellis_bench expert: --in, --out and --cols must be multiples of 128, cols <= out\n");
+        return 2;
+    }
+    sparq_pool *pool = NULL;
+    if (sparq_pool_create(&pool, threads) != SPARQ_OK) return 1;
+    openblas_set_num_threads(sparq_pool_size(pool));
+    ldlq_hessian *hs = NULL;
+    const double t_h = time_hessian(in, 1024, &hs), t_h2 = time_hessian(out, 1024, NULL);
+    if (t_h < 0 || t_h2 < 0) return 1;
+    float *w = sparq_malloc((size_t)in * cols * sizeof(float));
+    uint16_t *tr = sparq_malloc((size_t)in * cols / 256 * 16 * K * 2), *suh = sparq_malloc((size_t)in * 2),
+             *svh = sparq_malloc((size_t)cols * 2);
+    viterbi_enc *enc = NULL;
+    if (!w || !tr || !suh || !svh || viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(pool)) != SPARQ_OK)
+        return 1;
+    for (size_t i = 0; i < (size_t)in * cols; i++) w[i] = trellis_rand_in(rnd32, -0.03f, 0.03f);
+    ldlq_opts lo;
+    ldlq_opts_default(&lo, K);
+    lo.g_fixed = ldlq_default_g(K, TRELLIS_CB_MUL1); /* as --scale-search shared for all but expert 0 */
+    ldlq_result res = {.trellis = tr, .suh = suh, .svh = svh};
+    const double t0 = now(), c0 = cpu_now();
+    if (ldlq_quantize(hs, w, cols, &lo, enc, pool, "bench expert", &res) != SPARQ_OK) return 1;
+    const double dt = now() - t0, dc = cpu_now() - c0;
+    const double nw = (double)in * cols, wps = nw / dt;
+    printf("expert linear in %d, out %d (first %d columns), K=%d, %d threads\n", in, out, cols, K, sparq_pool_size(pool));
+    printf("  Hessian %dx%d prepared in %.2f s (%dx%d: %.2f s)\n", in, in, t_h, out, out, t_h2);
+    printf("  LDLQ + Viterbi: %.0f weights in %.2f s = %.0f weights/s (%.0f per CPU-second of this thread), "
+           "proxy %.5f\n", nw, dt, wps, nw / dc, res.proxy_err);
+    printf("  peak RSS %.1f MB\n", (double)peak_rss() / 1e6);
+    /* V4.1: 384 experts x (w1, w3: in 5120 -> 2304; w2: 2304 -> 5120), one Hessian for w1/w3 and one per w2 */
+    const double layer_w = 384.0 * 3 * 5120 * 2304, layer_s = layer_w / wps + t_h + 384 * t_h2;
+    printf("  extrapolated: one V4.1 expert layer (384 experts, %.3g weights) %.0f s = %.1f h; ", layer_w, layer_s,
+           layer_s / 3600);
+    /* 40 layers; per layer about 162e6 attention + shared weights; head 662e6; engram.wkv 2 x 157e6 */
+    const double all_w = 40 * (layer_w + 162e6) + 662e6 + 2 * 157e6, all_s = 40 * layer_s + (all_w - 40 * layer_w) / wps;
+    printf("whole model (%.3g weights) %.0f s = %.1f days at this rate\n", all_w, all_s, all_s / 86400);
+    viterbi_free(enc);
+    ldlq_hessian_free(hs);
+    sparq_free(w), sparq_free(tr), sparq_free(suh), sparq_free(svh);
+    sparq_pool_free(pool);
+    return 0;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: trellis_bench mse [--values N] [--threads T]\n"
                     "       trellis_bench encode [--tiles N] [--threads T]\n"
-                    "       trellis_bench gemv [--threads T] [--reps R] [--path scalar|avx2|avx512|neon]\n");
+                    "       trellis_bench gemv [--threads T] [--reps R] [--path scalar|avx2|avx512|neon]\n"
+                    "       trellis_bench expert [--in K] [--out N] [--cols C] [--bits K] [--threads T]\n");
     return 2;
 }
 
@@ -361,7 +450,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2) return usage();
     size_t values = (size_t)1 << 20, tiles = 64;
-    int threads = 0, reps = 50;
+    int threads = 0, reps = 50, e_in = 5120, e_out = 2304, e_cols = 256, e_bits = 3;
     bench_path = trellis_path_best();
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) return usage();
@@ -369,6 +458,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tiles")) tiles = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--in")) e_in = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out")) e_out = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cols")) e_cols = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bits")) e_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--path")) {
             const char *name = argv[++i];
             int found = 0;
@@ -387,5 +480,6 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "mse")) return bench_mse(values, threads);
     if (!strcmp(argv[1], "encode")) return bench_encode(tiles, threads);
     if (!strcmp(argv[1], "gemv")) return bench_gemv(threads, reps);
+    if (!strcmp(argv[1], "expert")) return bench_expert(e_in, e_out, e_cols, e_bits, threads);
     return usage();
 }

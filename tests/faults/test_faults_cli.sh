@@ -7,7 +7,7 @@
 # exit 0 where a fallback absorbed the fault. Swept: every allocation and
 # file operation of `sparq verify` on a bundle of tiny-synth, and every file
 # operation of `sparq pack`, each failed pack followed by `pack --resume`
-# and a verify of what it finished, and every nf/30-th file operation of
+# and a verify of what it finished, and every nf/8-th file operation of
 # packing tiny-dsv41 (with its Engram files). test_faults.c sweeps the library calls
 # themselves, with more checks.
 SPARQ="$1"
@@ -74,7 +74,7 @@ echo "pack: $nf file operations swept"
 
 
 # pack of the DeepSeek V4.1 fixture (it writes the Engram node files): a file
-# operation every nf/30, each failure resumed or rerun to the same bundle
+# operation every nf/8 (the suite has a 300 s limit), each failure resumed or rerun to the same bundle
 V="${SPARQ_TEST_DATA:-build/tests/data}/tiny-dsv41"
 if [ -d "$V" ]; then
     "$SPARQ" pack "$V" "$T/vb" $PACK 2> "$T/err" && ok || bad "pack tiny-dsv41: $(cat "$T/err")"
@@ -82,7 +82,7 @@ if [ -d "$V" ]; then
     set -- $(counts "$T/err")
     nf=${2:-0}
     rm -rf "$T/vc"
-    step=$((nf / 30 + 1)) i=1 swept=0
+    step=$((nf / 8 + 1)) i=1 swept=0
     while [ $i -le "$nf" ]; do
         SPARQ_FAULT_IO=$i "$SPARQ" pack "$V" "$T/vc" $PACK 2> "$T/err"
         rc=$?

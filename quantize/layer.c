@@ -15,6 +15,8 @@
 #include "common/progress.h"
 #include "kernels/cpu/ops.h"
 #include "quantize/job.h"
+#include "runtime/quantplan.h"
+#include "runtime/quantplan.h"
 #include "quantize/ldlq.h"
 
 /* Run `hidden` (all rows) through layer L in batches; `quant`: the quantized path (per-sequence
@@ -34,17 +36,12 @@ static sparq_status forward_all(qjob *j, int L, float *hidden, bool quant, const
 
 int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role)
 {
+    /* the fraction rule and the per-role defaults are sparq plan's too (runtime/quantplan.h) */
+    sq_bits_policy pol;
+    sq_bits_policy_default(&pol, j->o->bits);
+    pol.head_bits = j->o->head_bits;
+    int K = sq_bits_for(&pol, key, layer, role);
     const qz_opts *o = j->o;
-    int base = (int)floor(o->bits + 1e-9);
-    double frac = o->bits - base;
-    if (frac > 1e-9 && layer >= 0) {
-        /* Upgrade an evenly spread share `frac` of the layers by one bit. */
-        if (floor((layer + 1) * frac + 1e-9) > floor(layer * frac + 1e-9)) base++;
-    }
-    int K;
-    if (layer < 0) K = o->head_bits;
-    else if (role == SQ_ROLE_ATTN) K = base + 2;
-    else K = role == SQ_ROLE_EXPERT ? base : base + 1;
     const char *const *ad = j->arch ? j->arch->default_bits : NULL;
     for (int r = 0; ad && ad[r]; r++) { /* "GLOB=K", K one digit */
         const char *eq = strrchr(ad[r], '=');

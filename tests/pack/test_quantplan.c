@@ -127,8 +127,8 @@ static void test_tiny_dsv41_target(void)
     CHECK(s.experts == 16ull * 8 * 3 * sq_exl3_linear_bytes(64, 64, 3));
     CHECK(s.head == sq_exl3_linear_bytes(64, 129280, 6));
     CHECK_EQ_INT(s.linears_at[3], 16 * 8 * 3);
-    CHECK_EQ_INT(s.linears_at[5], 16 * 5 + 2);
-    CHECK_EQ_INT(s.linears_at[4], 16 * 3);
+    CHECK_EQ_INT(s.linears_at[5], 16 * 5);    /* attention */
+    CHECK_EQ_INT(s.linears_at[4], 16 * 3 + 2); /* shared experts, and engram.wkv (its own role) */
     CHECK_NEAR(s.expert_bpw, 3.0, 1e-12);
     sq_quantplan_free(&q);
     sf_close(sf);

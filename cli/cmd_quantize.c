@@ -59,7 +59,8 @@ static const cli_spec spec = {
     "Hessians from calibration text, block-LDLQ + Viterbi trellis per linear, hidden states advanced "
     "through the quantized layer. Experts get --bits, attention +2, dense MLP and shared experts +1, "
     "lm_head --head-bits; DeepSeek V4.1 (deepseek_v41): attention 5, shared experts 4, engram.wkv 4, as "
-    "the community's two-box pack. Kept as they are (copied byte-exact, FP8 with their scales): embeddings, "
+    "the community's two-box pack. Kept as they are (byte-exact, FP8 with their scales, where the runtime runs "
+    "that form in place; an FP8 embedding is widened to F32): embeddings, "
     "norms, routers, V4.1's hc_*, attn_sink, compressor and indexer linears, engram.q/k_weight and the "
     "Engram tables. V4.1's mtp.* and vision.* tensors are dropped (sparq does not run them). "
     "OUT is written atomically (OUT.partial, then renamed); the work dir keeps a checkpoint per layer.",

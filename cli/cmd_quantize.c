@@ -95,6 +95,11 @@ static void print_table(const qz_report *r, const qz_opts *o)
            (unsigned long long)r->n_weights, r->quant_seconds, wps, tot);
     printf("memory: peak RSS %s measured (VmHWM), estimate %s, --max-mem bound %s%s\n", rss, est, bound,
            r->skeleton ? "; FP8/MXFP4 source (dequantised per layer)" : "");
+    if (r->quality_tokens > 0)
+        printf("quality vs the source on %ld calibration text tokens: KLD %.5f, top-1 agreement %.2f %%, "
+               "ppl %.3f -> %.3f (sparq eval OUT --ref SRC on held-out text for the real figure)\n",
+               r->quality_tokens, r->quality_kld, 100.0 * r->quality_top1, r->quality_ppl_source,
+               r->quality_ppl_output);
 }
 
 int cmd_quantize(int argc, char **argv)

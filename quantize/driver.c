@@ -212,6 +212,15 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
                 const char *v = sf_metadata(sf, "proxy.lm_head"), *kv = sf_metadata(sf, "K.lm_head");
                 st = qz_report_add_tensor(rep, "lm_head", kv ? atoi(kv) : 0, j.d, (int)j.cfg->vocab_size,
                                        v ? atof(v) : 0.0);
+                double *qv[] = {&rep->quality_kld, &rep->quality_top1, &rep->quality_ppl_source,
+                                &rep->quality_ppl_output};
+                static const char *const qk[] = {"quality.kld", "quality.top1", "quality.ppl_source",
+                                                 "quality.ppl_output", "quality.tokens"};
+                for (int i = 0; i < 5; i++) {
+                    const char *m = sf_metadata(sf, qk[i]);
+                    if (m && i < 4) *qv[i] = atof(m);
+                    else if (m) rep->quality_tokens = atol(m);
+                }
                 sf_close(sf);
             }
         } else {

@@ -177,6 +177,13 @@ typedef struct qz_report {
     bool skeleton;           /* FP8/MXFP4 source: ran on a skeleton with fp32 binding per layer */
     int calib_rows, calib_len, random_rows;
     int resumed_layers;
+    /* The result against the source on the text calibration rows (qz_do_head): the source
+     * model's logits (reference path, source head) against the output's (quantized path,
+     * quantized head), per token: mean KL(source ‖ output), top-1 agreement, and the
+     * perplexity of the next calibration token under each. quality_tokens 0: not measured
+     * (rtn, or a head restored by --resume from a run without it). */
+    double quality_kld, quality_top1, quality_ppl_source, quality_ppl_output;
+    long quality_tokens;
 } qz_report;
 
 void qz_report_free(qz_report *r);

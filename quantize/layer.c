@@ -15,9 +15,9 @@
 #include "common/progress.h"
 #include "kernels/cpu/ops.h"
 #include "quantize/job.h"
-#include "runtime/quantplan.h"
-#include "runtime/quantplan.h"
 #include "quantize/ldlq.h"
+#include "runtime/eval.h"
+#include "runtime/quantplan.h"
 
 /* Run `hidden` (all rows) through layer L in batches; `quant`: the quantized path (per-sequence
  * calibration keeps each path's caches in its own slots, job.h). */
@@ -508,6 +508,55 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     return st;
 }
 
+/* The end-of-run figures (qz_report.quality_*): the reference path's final
+ * hidden states through the source head against the quantized path's through
+ * the quantized head q, on the text rows, 32 rows of logits at a time. */
+static sparq_status head_quality(qjob *j, qlin *q)
+{
+    sq_linear *hl = sq_model_head_linear(j->m);
+    RETURN_IF(!hl, SPARQ_E_STATE, "quality: the model has no head");
+    const int V = (int)j->cfg->vocab_size, T = j->T, CH = 32;
+    const size_t text_rows = (size_t)(j->rows - j->rep->random_rows) * T;
+    float *lr = sparq_malloc((size_t)CH * V * sizeof(float)), *lq = sparq_malloc((size_t)CH * V * sizeof(float));
+    float *pr = sparq_malloc((size_t)V * sizeof(float)), *pq = sparq_malloc((size_t)V * sizeof(float));
+    sparq_status st = lr && lq && pr && pq ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "quality: out of memory");
+    const sq_linear source = *hl;
+    double kl = 0, nll_r = 0, nll_q = 0;
+    long agree = 0, n = 0, n_next = 0;
+    for (size_t r0 = 0; r0 < text_rows && st == SPARQ_OK; r0 += CH) {
+        const int nr = (int)(text_rows - r0 < (size_t)CH ? text_rows - r0 : (size_t)CH);
+        *hl = source;
+        st = sq_model_head(j->m, j->href + r0 * j->w, nr, lr);
+        if (st == SPARQ_OK) st = swap_in(j, hl, q);
+        if (st == SPARQ_OK) st = sq_model_head(j->m, j->hq + r0 * j->w, nr, lq);
+        for (int r = 0; r < nr && st == SPARQ_OK; r++) {
+            const int ar = sq_eval_log_softmax(lr + (size_t)r * V, V, pr);
+            const int aq = sq_eval_log_softmax(lq + (size_t)r * V, V, pq);
+            kl += sq_eval_kl(pr, pq, V);
+            agree += ar == aq;
+            n++;
+            const size_t row = r0 + (size_t)r;
+            if ((int)(row % (size_t)T) + 1 < T) {
+                const int32_t next = j->tokens[row + 1];
+                if (next >= 0 && next < V) nll_r -= pr[next], nll_q -= pq[next], n_next++;
+            }
+        }
+    }
+    *hl = source;
+    if (st == SPARQ_OK && n > 0) {
+        j->rep->quality_kld = kl / (double)n;
+        j->rep->quality_top1 = (double)agree / (double)n;
+        j->rep->quality_ppl_source = n_next ? exp(nll_r / (double)n_next) : 0.0;
+        j->rep->quality_ppl_output = n_next ? exp(nll_q / (double)n_next) : 0.0;
+        j->rep->quality_tokens = n;
+    }
+    sparq_free(lr);
+    sparq_free(lq);
+    sparq_free(pr);
+    sparq_free(pq);
+    return st;
+}
+
 /* lm_head: Hessian of final_norm(h_q), weight lm_head.weight or the tied embedding. */
 sparq_status qz_do_head(qjob *j)
 {
@@ -566,6 +615,7 @@ sparq_status qz_do_head(qjob *j)
     ldlq_hessian_free(hs);
     qz_hess_free(&h);
     if (st == SPARQ_OK) st = qz_report_add_tensor(j->rep, hkey, q.K, q.k, q.n, q.proxy);
+    if (st == SPARQ_OK && j->o->method != QZ_METHOD_RTN) st = head_quality(j, &q);
     if (st == SPARQ_OK) {
         char *path = qz_work_file(j, -1);
         sf_writer *w = NULL;
@@ -573,6 +623,10 @@ sparq_status qz_do_head(qjob *j)
         if (st == SPARQ_OK) st = qz_add_qlin_tensors(w, &q, j->o->cb);
         if (st == SPARQ_OK) st = qz_meta_num(w, "proxy.", hkey, q.proxy);
         if (st == SPARQ_OK) st = qz_meta_num(w, "K.", hkey, q.K);
+        const double qv[] = {j->rep->quality_kld, j->rep->quality_top1, j->rep->quality_ppl_source,
+                             j->rep->quality_ppl_output, (double)j->rep->quality_tokens};
+        static const char *const qk[] = {"kld", "top1", "ppl_source", "ppl_output", "tokens"};
+        for (int i = 0; i < 5 && st == SPARQ_OK; i++) st = qz_meta_num(w, "quality.", qk[i], qv[i]);
         if (st == SPARQ_OK) st = sf_writer_finish(w);
         else if (w) sf_writer_free(w);
         sparq_free(path);

@@ -63,6 +63,15 @@ sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const ch
     json_object_set_new(root, "mem_estimate_parts", parts);
     json_object_set_new(root, "source_skeleton", json_boolean(r->skeleton));
     json_object_set_new(root, "resumed_layers", json_integer(r->resumed_layers));
+    if (r->quality_tokens > 0) {
+        json_t *q = json_object();
+        json_object_set_new(q, "tokens", json_integer(r->quality_tokens));
+        json_object_set_new(q, "kld", json_real(r->quality_kld));
+        json_object_set_new(q, "top1", json_real(r->quality_top1));
+        json_object_set_new(q, "ppl_source", json_real(r->quality_ppl_source));
+        json_object_set_new(q, "ppl_output", json_real(r->quality_ppl_output));
+        json_object_set_new(root, "quality", q);
+    }
     for (int i = 0; i < r->n_layers; i++) {
         const qz_layer_stat *l = &r->layers[i];
         json_t *x = json_object();

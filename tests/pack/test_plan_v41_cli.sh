@@ -83,6 +83,9 @@ def kv(first, n):
         if r and L in cfg["kv_source_layer_ids"]:
             P = ctx // r
             f += P * cfg["head_dim"] + P * cfg["index_head_dim"] + 2 * r * cfg["head_dim"]
+        if r and L in cfg["index_source_layer_ids"]:  # the last rows' selections, kept per sequence (ints)
+            f += rows * (cfg["index_topk"] + 1)
+            if L == cfg["candidate_source_layer_id"]: f += rows * (cfg["candidate_topk_blocks"] + 1)
     if any(first <= L < first + n for L in cfg["engram_layer_ids"]): f += rows + 4
     if "--ship-pools" in extra:  # copies of the earlier sources' pools and indexer keys the range reads
         srcs = cfg["kv_source_layer_ids"]

@@ -46,7 +46,7 @@ static uint64_t splitmix64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static void random_signs(float *s, int n, uint64_t seed)
+void ldlq_random_signs(float *s, int n, uint64_t seed)
 {
     uint64_t st = seed ^ 0x5EED5EED5EED5EEDull;
     for (int i = 0; i < n; i++) s[i] = (splitmix64(&st) >> 63) ? -1.0f : 1.0f;
@@ -74,6 +74,10 @@ double ldlq_default_g(int K, trellis_codebook cb)
 int ldlq_hessian_k(const ldlq_hessian *hs) { return hs->k; }
 bool ldlq_hessian_is_identity(const ldlq_hessian *hs) { return hs->identity; }
 float ldlq_hessian_damping(const ldlq_hessian *hs) { return hs->damping; }
+const float *ldlq_hessian_hr(const ldlq_hessian *hs) { return hs->hr; }
+const float *ldlq_hessian_l(const ldlq_hessian *hs) { return hs->l; }
+const float *ldlq_hessian_d(const ldlq_hessian *hs) { return hs->d_diag; }
+const float *ldlq_hessian_su(const ldlq_hessian *hs) { return hs->su; }
 
 void ldlq_hessian_free(ldlq_hessian *hs)
 {
@@ -134,7 +138,7 @@ sparq_status ldlq_hessian_prepare(ldlq_hessian **out, const float *h, int k, flo
     hs->su = sparq_malloc((size_t)k * sizeof(float));
     hs->h_diag = sparq_malloc((size_t)k * sizeof(float));
     if (!hs->su || !hs->h_diag) goto nomem;
-    random_signs(hs->su, k, seed);
+    ldlq_random_signs(hs->su, k, seed);
 
     double diag_mean = 0.0;
     bool finite = true;
@@ -488,7 +492,7 @@ sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const 
     memcpy(wk.wr, w, kn * sizeof(float));
 
     /* Output signs and channel scales. */
-    random_signs(wk.sv, n, opts->seed ^ 0x7A11ull);
+    ldlq_random_signs(wk.sv, n, opts->seed ^ 0x7A11ull);
     bool apply_out = opts->out_scales > 0;
     float *ocs = wk.tmp;
     if ((opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) || !matrix_rms(wk.wr, k, n, 0, ocs)) {

@@ -55,6 +55,20 @@ int ldlq_hessian_k(const ldlq_hessian *hs);
 bool ldlq_hessian_is_identity(const ldlq_hessian *hs);
 /* The damping factor actually added (× mean diag), 0 for the identity. */
 float ldlq_hessian_damping(const ldlq_hessian *hs);
+/* The prepared arrays (NULL for the identity, except su): the damped rotated
+ * Hr (k×k), its block-unit-lower factor L (k×k, Hr = L·D·Lᵀ with 16×16
+ * blocks), diag(D) (k) and the input signs su (k, ±1). A GPU quantizer
+ * uploads these. */
+const float *ldlq_hessian_hr(const ldlq_hessian *hs);
+const float *ldlq_hessian_l(const ldlq_hessian *hs);
+const float *ldlq_hessian_d(const ldlq_hessian *hs);
+const float *ldlq_hessian_su(const ldlq_hessian *hs);
+
+/* The random ±1 signs every EXL3 quantization draws (s[0..n) from seed;
+ * splitmix64, the top bit of each draw): the input signs su of a Hessian
+ * (seed as given to ldlq_hessian_prepare) and the output signs of a weight
+ * (opts.seed ^ 0x7A11). */
+void ldlq_random_signs(float *s, int n, uint64_t seed);
 
 typedef struct ldlq_opts {
     int K;                /* bits per weight, 1..8 */

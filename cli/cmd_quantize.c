@@ -13,7 +13,7 @@
 
 enum {
     O_BITS, O_BITS_FOR, O_RECIPE, O_HEAD_BITS, O_CALIB, O_CALIB_ROWS, O_CALIB_LEN, O_RANDOM, O_CODEBOOK, O_METHOD,
-    O_RTN_GROUP, O_SCALE, O_WORK, O_RESUME, O_REPORT, O_PLOT, O_MAX_MEM, O_SHARD, O_SEED, O_THREADS, O_STOP, O_QUIET
+    O_RTN_GROUP, O_SCALE, O_WORK, O_RESUME, O_REPORT, O_PLOT, O_MAX_MEM, O_SHARD, O_SEED, O_THREADS, O_DEVICE, O_STOP, O_QUIET
 };
 
 static const cli_opt opts[] = {
@@ -49,6 +49,10 @@ static const cli_opt opts[] = {
     [O_SHARD] = {"shard-size", 0, "SIZE", "maximum bytes per output shard (default 4G)"},
     [O_SEED] = {"seed", 0, "N", "seed of the random signs and random rows (default 0)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
+    [O_DEVICE] = {"device", 0, "DEV", "cpu (default) or cuda: with cuda the trellis search, the LDLQ error "
+                                      "feedback and the proxy errors run on GPU 0, many experts at a time; the "
+                                      "calibration forward and the Hessians stay on the CPU. Same format, same "
+                                      "results up to the order of fp32 sums (docs/cli-quantize.md)"},
     [O_STOP] = {"stop-after-layer", 0, "L", "testing: stop (exit 1) after layer L's checkpoint"},
     [O_QUIET] = {"quiet", 'q', NULL, "no report table on stdout"},
     {0}};
@@ -186,6 +190,11 @@ int cmd_quantize(int argc, char **argv)
         case O_THREADS:
             if (!cli_parse_int(&spec, "threads", v, 1, 4096, &ll)) return 2;
             o.threads = (int)ll;
+            break;
+        case O_DEVICE:
+            if (strcmp(v, "cpu") == 0) o.device = QZ_DEVICE_CPU;
+            else if (strcmp(v, "cuda") == 0) o.device = QZ_DEVICE_CUDA;
+            else return cli_usage_error(&spec, "--device: expected cpu or cuda, not '%s'", v);
             break;
         case O_STOP:
             if (!cli_parse_int(&spec, "stop-after-layer", v, 0, 1 << 20, &ll)) return 2;

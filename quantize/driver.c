@@ -14,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/progress.h"
+#include "kernels/cuda/ldlq_cuda.h"
 #include "quantize/job.h"
 
 const char *qz_method_name(qz_method m)
@@ -57,6 +58,7 @@ void qz_opts_default(qz_opts *o)
 static void job_free(qjob *j)
 {
     for (int K = 0; K <= TRELLIS_K_MAX; K++) viterbi_free(j->enc[K]);
+    if (j->gctx) j->gops->free(j->gctx);
     sq_model_free(j->m);
     sf_close(j->src);
     sf_close(j->skel);
@@ -100,6 +102,12 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     st = sparq_mkdirs(j.work);
     if (st == SPARQ_OK) st = qz_check_job(&j, o->resume);
     if (st == SPARQ_OK) st = sparq_pool_create(&j.pool, o->threads);
+    if (st == SPARQ_OK && o->device == QZ_DEVICE_CUDA && o->method != QZ_METHOD_RTN) {
+        /* the GPU recursion (layer_cuda.c); the calibration forward stays on the CPU */
+        j.gops = sq_cuda_ldlq_ops();
+        st = j.gops ? j.gops->create(0, &j.gctx) : SPARQ_E_UNSUPPORTED;
+        if (st != SPARQ_OK) st = sparq_err_context(st, "--device cuda: no usable GPU");
+    }
     if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
     j.page = (size_t)sysconf(_SC_PAGESIZE);
     if (j.page == 0 || (j.page & (j.page - 1))) j.page = 4096;
@@ -232,6 +240,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK) st = qz_assemble_output(&j);
     qz_memdbg("after assembly", -1);
     rep->quant_seconds = j.t_quant;
+    rep->gpu_seconds = j.t_gpu;
     rep->total_seconds = sparq_now() - t_start;
     rep->peak_rss = qz_peak_rss_bytes();
     job_free(&j);

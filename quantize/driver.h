@@ -84,6 +84,13 @@ typedef enum qz_scale_search {
     QZ_SCALE_FIXED,    /* no search: ldlq_default_g(K, codebook) (fast; for tests) */
 } qz_scale_search;
 
+/* Where the quantization's recursion runs (the calibration forward and the
+ * Hessians are on the CPU either way for now). */
+typedef enum qz_device {
+    QZ_DEVICE_CPU = 0,
+    QZ_DEVICE_CUDA, /* GPU 0: the Viterbi, the LDLQ feedback and the proxies (quantize/layer_cuda.c) */
+} qz_device;
+
 typedef struct qz_bits_rule {
     const char *pattern; /* fnmatch pattern on the tensor key, e.g. "*.down_proj" */
     int K;
@@ -128,6 +135,7 @@ typedef struct qz_opts {
     uint64_t shard_bytes;    /* max bytes per output shard (default 4 GiB) */
     uint64_t seed;           /* default 0 */
     int threads;             /* ≤ 0: all CPUs */
+    qz_device device;        /* default QZ_DEVICE_CPU */
     int stop_after_layer;    /* testing: return SPARQ_E_INTERRUPTED after this layer's checkpoint (-1 off) */
 } qz_opts;
 
@@ -167,6 +175,7 @@ typedef struct qz_report {
     int n_layers;
     uint64_t n_weights;      /* weights quantized in this run (not restored ones) */
     double quant_seconds;    /* time spent inside the quantizer in this run */
+    double gpu_seconds;      /* of which in the GPU recursion (--device cuda) */
     double total_seconds;
     uint64_t peak_rss;       /* bytes: the process's measured peak resident set (VmHWM), file-backed
                                 pages of the mapped checkpoint included */

@@ -22,7 +22,9 @@
 #include "formats/safetensors.h"
 #include "formats/weights.h"
 #include "kernels/cpu/trellis.h"
+#include "common/progress.h"
 #include "quantize/driver.h"
+#include "quantize/ldlq.h"
 #include "quantize/viterbi.h"
 #include "runtime/model.h"
 
@@ -98,6 +100,10 @@ typedef struct qjob {
      * maps up to 64 KB of neighbouring (already released) pages on each fault. */
     uintptr_t (*spans)[2];
     int n_spans, cap_spans;
+    /* --device cuda: the GPU quantizer (kernels/cuda/ldlq_cuda.h) */
+    const struct ldlq_cuda_ops *gops;
+    struct ldlq_cuda *gctx;
+    double t_gpu; /* seconds in the GPU recursion (report) */
 } qjob;
 
 /* One quantized linear, as stored (EXL3 trellis + scales, or RTN's bf16) and
@@ -140,6 +146,24 @@ void qz_capture_free(layer_capture *c);
 /* layer.c */
 /* K for tensor `key` of `layer` (-1: the head) whose role is `role`. */
 int qz_bits_for(const qjob *j, const char *key, int layer, sq_lin_role role);
+/* One linear of a layer, in the quantizer's order, with the Hessian it uses. */
+typedef struct lin_ref {
+    int slot, inst;
+    hess_acc *h;
+} lin_ref;
+/* Linear `key` [out, in] from the source as fp32, (in, out) when `transpose`. */
+sparq_status qz_load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose);
+/* The ldlq_opts quantize gives tensor `key` at K bits (the global scale left to the caller). */
+void qz_ldlq_opts(const qjob *j, const char *key, int K, ldlq_opts *lo);
+
+/* layer_cuda.c */
+/* Quantize the n_lin linears refs of layer L on the GPU, batched by shape and K, into ql
+ * (as the CPU loop would); *psum / *pmax get the proxies' sum and maximum. */
+sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, const lin_ref *refs, int n_lin,
+                                    qlin *ql, sparq_progress *pb, double *psum, double *pmax);
+/* Quantize one linear on the GPU with prepared Hessian hs (the head). */
+sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey, int K, const ldlq_hessian *hs,
+                                     qlin *q);
 sparq_status qz_do_layer(qjob *j, int L, int n_total);
 sparq_status qz_replay_layer(qjob *j, int L);
 sparq_status qz_do_head(qjob *j);

@@ -73,7 +73,7 @@ static void qlin_free(qlin *q)
 /* Load linear `key` [out, in] from the source as fp32 (any stored form of
  * formats/weights.h), transposed to (in, out) when `transpose`; the source's
  * pages are released once read. */
-static sparq_status load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
+sparq_status qz_load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose)
 {
     sf_weight sw;
     const sq_quant_config *q = &j->cfg->quant; /* an FP8 block as the config gives it */
@@ -123,6 +123,15 @@ static sparq_status get_enc(qjob *j, int K, viterbi_enc **out)
     return SPARQ_OK;
 }
 
+void qz_ldlq_opts(const qjob *j, const char *key, int K, ldlq_opts *lo)
+{
+    ldlq_opts_default(lo, K);
+    lo->cb = j->o->cb;
+    lo->seed = qz_hash_str(j->o->seed, key);
+    lo->out_scales = 1; /* exllamav3 1.4.1: "always" */
+    lo->g_fixed = j->o->scale_search == QZ_SCALE_FIXED ? ldlq_default_g(K, j->o->cb) : 0.0;
+}
+
 /* RTN: per-group (along the input dim) asymmetric min/max, 2^K levels. */
 static void rtn_quantize(const float *w, int out, int in, int K, int group, float *deq)
 {
@@ -155,7 +164,7 @@ static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_
     int out, in;
     sparq_status st;
     if (j->o->method == QZ_METHOD_RTN) {
-        FORWARD_IF(load_weight(j, key, &out, &in, &w, false));
+        FORWARD_IF(qz_load_weight(j, key, &out, &in, &w, false));
         q->k = in, q->n = out;
         float *deq = sparq_malloc((size_t)out * in * sizeof(float));
         q->bf16 = sparq_malloc((size_t)out * in * sizeof(uint16_t));
@@ -177,7 +186,7 @@ static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_
         q->proxy = den > 0 ? num / den : 0.0;
         sparq_free(w);
     } else {
-        FORWARD_IF(load_weight(j, key, &out, &in, &w, true));
+        FORWARD_IF(qz_load_weight(j, key, &out, &in, &w, true));
         q->k = in, q->n = out;
         RETURN_IF(in != ldlq_hessian_k(hs), SPARQ_E_STATE, "%s: input size %d but Hessian is %d", key, in,
                   ldlq_hessian_k(hs));
@@ -191,11 +200,8 @@ static sparq_status quantize_linear(qjob *j, const char *key, int K, const ldlq_
         viterbi_enc *enc = NULL;
         st = get_enc(j, K, &enc);
         ldlq_opts lo;
-        ldlq_opts_default(&lo, K);
-        lo.cb = j->o->cb;
-        lo.seed = qz_hash_str(j->o->seed, key);
-        lo.out_scales = 1; /* exllamav3 1.4.1: "always" */
-        lo.g_fixed = j->o->scale_search == QZ_SCALE_FIXED ? ldlq_default_g(K, j->o->cb) : g_fixed;
+        qz_ldlq_opts(j, key, K, &lo);
+        if (!(lo.g_fixed > 0)) lo.g_fixed = g_fixed;
         ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
         if (st == SPARQ_OK) st = ldlq_quantize(hs, w, out, &lo, enc, j->pool, key, &res);
         sparq_free(w);
@@ -250,11 +256,6 @@ static bool hidden_metrics(const qjob *j, qz_layer_stat *ls)
     return isfinite(num) && isfinite(den);
 }
 
-typedef struct lin_ref {
-    int slot, inst;
-    hess_acc *h;
-} lin_ref;
-
 /* The linears of a layer the quantizer converts, in its order: the slots in
  * their order, each run of consecutive per-expert slots expert by expert (so
  * gate, up, down of expert 0, then of expert 1, ...). refs may be NULL (count
@@ -285,7 +286,7 @@ static sparq_status bind_source(qjob *j, int L, const lin_ref *refs, int n_lin, 
         sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (!l || l->kind != SQ_LINEAR_EXL3) continue;
         int out, in;
-        FORWARD_IF(load_weight(j, l->name, &out, &in, &bound[i], false));
+        FORWARD_IF(qz_load_weight(j, l->name, &out, &in, &bound[i], false));
         RETURN_IF(out != l->out || in != l->in, SPARQ_E_SHAPE, "%s: '%s' is %d -> %d, expected %d -> %d",
                   j->o->model_dir, l->name, in, out, l->in, l->out);
         l->kind = SQ_LINEAR_F32;
@@ -418,7 +419,9 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     const hess_acc *hs_for = NULL;
     double psum = 0, pmax = 0;
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}}; /* per expert slot × K, from expert 0 */
-    for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
+    if (st == SPARQ_OK && j->gctx && j->o->method != QZ_METHOD_RTN)
+        st = qz_quantize_layer_cuda(j, L, desc, refs, n_lin, ql, &pb, &psum, &pmax);
+    for (int i = 0; i < n_lin && st == SPARQ_OK && !(j->gctx && j->o->method != QZ_METHOD_RTN); i++) {
         sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (!l) {
             st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, desc->slot[refs[i].slot].name,
@@ -605,7 +608,8 @@ sparq_status qz_do_head(qjob *j)
                                   "lm_head (input Hessian)");
     if (st == SPARQ_OK) {
         int K = qz_bits_for(j, hkey, -1, SQ_ROLE_COUNT_);
-        st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
+        if (j->gctx && hs) st = qz_quantize_linear_cuda(j, wkey, wkey, K, hs, &q);
+        else st = quantize_linear(j, wkey, K, hs, h.h, 0.0, NULL, &q);
         if (st == SPARQ_OK) {
             sparq_free(q.key);
             q.key = sparq_strdup(hkey);

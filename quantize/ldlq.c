@@ -274,14 +274,14 @@ static sparq_status sample_scale_tiles(const float *w, int k, int n, float **out
 }
 
 /* Mean squared error of quantizing tiles·s, measured back at scale 1. */
-static sparq_status scale_mse(viterbi_enc *enc, const float *tiles, size_t n_tiles, size_t stride, float s,
-                              float *scratch, uint16_t *states, sparq_pool *pool, double *mse)
+static sparq_status scale_mse(const ldlq_coder *coder, const float *tiles, size_t n_tiles, size_t stride, float s,
+                              float *scratch, uint16_t *states, double *mse)
 {
     size_t m = 0;
     for (size_t i = 0; i < n_tiles; i += stride, m++)
         for (int p = 0; p < 256; p++) scratch[m * 256 + p] = tiles[i * 256 + p] * s;
     float *dec = scratch + m * 256;
-    FORWARD_IF(viterbi_encode_tiles(enc, scratch, NULL, m, states, dec, NULL, pool));
+    FORWARD_IF(coder->encode(coder->ctx, scratch, m, states, dec));
     double e = 0.0;
     size_t j = 0;
     for (size_t i = 0; i < n_tiles; i += stride, j++)
@@ -296,8 +296,8 @@ static sparq_status scale_mse(viterbi_enc *enc, const float *tiles, size_t n_til
 /* Global scale: coarse grid 0.1..1.9 on every third sample tile, a 5-point
  * fine grid (step 0.075) around the coarse minimum on all of them, then a
  * parabolic step clamped to ± half a grid step. */
-static sparq_status g_scale_search(viterbi_enc *enc, const float *w, int k, int n, int K, sparq_pool *pool,
-                                   double *g_out, double *mse_out)
+static sparq_status g_scale_search(const ldlq_coder *coder, const float *w, int k, int n, int K, double *g_out,
+                                   double *mse_out)
 {
     float *tiles = NULL;
     size_t nt = 0;
@@ -314,7 +314,7 @@ static sparq_status g_scale_search(viterbi_enc *enc, const float *w, int k, int 
     double best = INFINITY, center = 1.0;
     for (int i = 0; i < 10; i++) {
         double s = 0.1 + 0.2 * i, mse;
-        st = scale_mse(enc, tiles, nt, 3, (float)s, scratch, states, pool, &mse);
+        st = scale_mse(coder, tiles, nt, 3, (float)s, scratch, states, &mse);
         if (st != SPARQ_OK) goto done;
         if (mse < best) best = mse, center = s;
     }
@@ -323,7 +323,7 @@ static sparq_status g_scale_search(viterbi_enc *enc, const float *w, int k, int 
     int bi = 0;
     for (int i = 0; i < 5; i++) {
         sc[i] = center + step * (i - 2);
-        st = scale_mse(enc, tiles, nt, 1, (float)sc[i], scratch, states, pool, &y[i]);
+        st = scale_mse(coder, tiles, nt, 1, (float)sc[i], scratch, states, &y[i]);
         if (st != SPARQ_OK) goto done;
         if (y[i] < y[bi]) bi = i;
     }
@@ -428,76 +428,58 @@ static bool want_out_scales(const ldlq_hessian *hs, bool *want)
     return true;
 }
 
-typedef struct ldlq_work {
-    float *wr;      /* k×n regularised weight */
-    float *wq;      /* k×n quantized (codebook values) */
-    float *err;     /* k×n wr − wq for finished rows */
-    float *target;  /* 16×n strip target */
-    float *tiles;   /* (n/16)·256 stream-order targets */
-    float *tw;      /* (n/16)·256 weights */
-    float *dec;     /* (n/16)·256 decoded */
-    uint16_t *states;
-    float *su, *sv, *tmp;
-} ldlq_work;
+/* The CPU encoder as a coder: viterbi_encode_tiles over the pool. */
+typedef struct cpu_coder {
+    viterbi_enc *enc;
+    sparq_pool *pool;
+} cpu_coder;
 
-static void work_free(ldlq_work *w)
+static sparq_status cpu_encode(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded)
 {
-    sparq_aligned_free(w->wr);
-    sparq_aligned_free(w->wq);
-    sparq_aligned_free(w->err);
-    sparq_free(w->target);
-    sparq_free(w->tiles);
-    sparq_free(w->tw);
-    sparq_free(w->dec);
-    sparq_free(w->states);
-    sparq_free(w->su);
-    sparq_free(w->sv);
-    sparq_free(w->tmp);
+    const cpu_coder *c = ctx;
+    return viterbi_encode_tiles(c->enc, x, NULL, n_tiles, states, decoded, NULL, c->pool);
 }
 
-sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
-                           viterbi_enc *enc, sparq_pool *pool, const char *name, ldlq_result *res)
+void ldlq_reg_free(ldlq_reg *r)
+{
+    if (!r) return;
+    sparq_aligned_free(r->wr);
+    sparq_free(r->su);
+    sparq_free(r->sv);
+    memset(r, 0, sizeof *r);
+}
+
+sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                             const ldlq_coder *coder, const char *name, ldlq_reg *out)
 {
     const int k = hs->k, K = opts->K;
+    memset(out, 0, sizeof *out);
     RETURN_IF(n <= 0 || n % 128 != 0, SPARQ_E_SHAPE, "%s: output size %d is not a multiple of 128", name, n);
     RETURN_IF(K < 1 || K > TRELLIS_K_MAX, SPARQ_E_ARG, "%s: K = %d is outside 1..8", name, K);
-    RETURN_IF(!res || !res->trellis || !res->suh || !res->svh, SPARQ_E_ARG, "%s: output arrays missing", name);
     const size_t kn = (size_t)k * n;
-    const int tk = k / 16, tn = n / 16;
-    ldlq_work wk = {0};
+    for (size_t i = 0; i < kn; i++)
+        RETURN_IF(!isfinite(w[i]), SPARQ_E_FORMAT, "%s: weight has a non-finite value at (%zu, %zu)", name, i / n,
+                  i % n);
+    out->k = k, out->n = n;
+    out->wr = sparq_aligned_alloc(64, kn * sizeof(float));
+    out->su = sparq_malloc((size_t)k * sizeof(float));
+    out->sv = sparq_malloc((size_t)n * sizeof(float));
+    float *tmp = sparq_malloc((size_t)(k > n ? k : n) * sizeof(float));
     sparq_status st = SPARQ_OK;
-    wk.wr = sparq_aligned_alloc(64, kn * sizeof(float));
-    wk.wq = sparq_aligned_alloc(64, kn * sizeof(float));
-    wk.err = sparq_aligned_alloc(64, kn * sizeof(float));
-    wk.target = sparq_malloc((size_t)16 * n * sizeof(float));
-    wk.tiles = sparq_malloc((size_t)tn * 256 * sizeof(float));
-    wk.tw = sparq_malloc((size_t)tn * 256 * sizeof(float));
-    wk.dec = sparq_malloc((size_t)tn * 256 * sizeof(float));
-    wk.states = sparq_malloc((size_t)tn * 256 * sizeof(uint16_t));
-    wk.su = sparq_malloc((size_t)k * sizeof(float));
-    wk.sv = sparq_malloc((size_t)n * sizeof(float));
-    wk.tmp = sparq_malloc((size_t)(k > n ? k : n) * sizeof(float));
-    if (!wk.wr || !wk.wq || !wk.err || !wk.target || !wk.tiles || !wk.tw || !wk.dec || !wk.states || !wk.su ||
-        !wk.sv || !wk.tmp) {
-        work_free(&wk);
-        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory quantizing a %d x %d weight", name, k, n);
+    if (!out->wr || !out->su || !out->sv || !tmp) {
+        st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory quantizing a %d x %d weight", name, k, n);
+        goto out;
     }
-    for (size_t i = 0; i < kn; i++) {
-        if (!isfinite(w[i])) {
-            work_free(&wk);
-            return sparq_err(SPARQ_E_FORMAT, "%s: weight has a non-finite value at (%zu, %zu)", name, i / n,
-                             i % n);
-        }
-    }
-    memcpy(wk.wr, w, kn * sizeof(float));
+    float *wr = out->wr, *su = out->su, *sv = out->sv;
+    memcpy(wr, w, kn * sizeof(float));
 
     /* Output signs and channel scales. */
-    ldlq_random_signs(wk.sv, n, opts->seed ^ 0x7A11ull);
+    ldlq_random_signs(sv, n, opts->seed ^ 0x7A11ull);
     bool apply_out = opts->out_scales > 0;
-    float *ocs = wk.tmp;
-    if ((opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) || !matrix_rms(wk.wr, k, n, 0, ocs)) {
-        work_free(&wk);
-        return sparq_err(SPARQ_E_NOMEM, "%s: out of memory for the channel scales", name);
+    float *ocs = tmp;
+    if ((opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) || !matrix_rms(wr, k, n, 0, ocs)) {
+        st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory for the channel scales", name);
+        goto out;
     }
     double mean = 0.0;
     for (int c = 0; c < n; c++) mean += ocs[c];
@@ -507,82 +489,126 @@ sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const 
     for (int c = 0; c < n; c++) {
         float s = zero_cols ? 0.0f : (float)(ocs[c] / mean);
         bool z = fabsf(s) < 1e-30f;
-        if (apply_out) wk.sv[c] = wk.sv[c] * (z ? 0.1f : s) + 1e-10f;
+        if (apply_out) sv[c] = sv[c] * (z ? 0.1f : s) + 1e-10f;
         ocs[c] = z ? 1.0f : 0.0f; /* remember zero columns */
     }
     for (int r = 0; r < k; r++)
-        for (int c = 0; c < n; c++) wk.wr[(size_t)r * n + c] /= wk.sv[c];
+        for (int c = 0; c < n; c++) wr[(size_t)r * n + c] /= sv[c];
     for (int c = 0; c < n; c++)
-        if (ocs[c] != 0.0f) wk.sv[c] = 0.0f;
-    st = hadamard_right(wk.wr, (size_t)k, (size_t)n);
+        if (ocs[c] != 0.0f) sv[c] = 0.0f;
+    st = hadamard_right(wr, (size_t)k, (size_t)n);
     if (st != SPARQ_OK) goto out;
 
     /* Input signs and channel scales. */
-    matrix_rms(wk.wr, k, n, 1, wk.tmp); /* rows: nothing to allocate */
+    matrix_rms(wr, k, n, 1, tmp); /* rows: nothing to allocate */
     for (int r = 0; r < k; r++) {
-        float s = fabsf(wk.tmp[r]) < 1e-30f ? 0.1f : wk.tmp[r];
-        wk.su[r] = hs->su[r] * s / -LDLQ_CODEBOOK_SCALE + 1e-10f;
-        float inv = 1.0f / wk.su[r];
-        for (int c = 0; c < n; c++) wk.wr[(size_t)r * n + c] *= inv;
+        float s = fabsf(tmp[r]) < 1e-30f ? 0.1f : tmp[r];
+        su[r] = hs->su[r] * s / -LDLQ_CODEBOOK_SCALE + 1e-10f;
+        float inv = 1.0f / su[r];
+        for (int c = 0; c < n; c++) wr[(size_t)r * n + c] *= inv;
     }
-    st = hadamard_left(wk.wr, (size_t)k, (size_t)n);
+    st = hadamard_left(wr, (size_t)k, (size_t)n);
     if (st != SPARQ_OK) goto out;
 
     /* Global scale. */
     double g = opts->g_fixed, smse = 0.0;
     if (!(g > 0)) {
-        st = g_scale_search(enc, wk.wr, k, n, K, pool, &g, &smse);
+        st = g_scale_search(coder, wr, k, n, K, &g, &smse);
         if (st != SPARQ_OK) goto out;
     }
-    for (size_t i = 0; i < kn; i++) wk.wr[i] *= (float)g;
-    for (int r = 0; r < k; r++) wk.su[r] /= (float)g;
+    for (size_t i = 0; i < kn; i++) wr[i] *= (float)g;
+    for (int r = 0; r < k; r++) su[r] /= (float)g;
+    out->g = g;
+    out->smse = smse;
+    out->apply_out = apply_out;
+out:
+    sparq_free(tmp);
+    if (st != SPARQ_OK) ldlq_reg_free(out);
+    return st;
+}
+
+sparq_status ldlq_finish(const ldlq_hessian *hs, const ldlq_reg *r, const float *wq, double proxy, const char *name,
+                         ldlq_result *res)
+{
+    const int k = r->k, n = r->n;
+    const size_t kn = (size_t)k * n;
+    res->proxy_err = wq ? ldlq_proxy_err(hs->identity ? NULL : hs->hr, k, r->wr, wq, n) : proxy;
+    RETURN_IF(res->proxy_err < 0, SPARQ_E_NOMEM, "%s: out of memory computing the proxy error", name);
+    for (int i = 0; i < k; i++) res->suh[i] = sparq_f32_to_f16(r->su[i]);
+    for (int c = 0; c < n; c++) res->svh[c] = sparq_f32_to_f16(r->sv[c]);
+    if (res->w_hat) {
+        RETURN_IF(!wq, SPARQ_E_ARG, "%s: w_hat needs the quantized weight", name);
+        /* What a decoder reconstructs: diag(suh)·Had·Q·Had·diag(svh) with the fp16 scales. */
+        memcpy(res->w_hat, wq, kn * sizeof(float));
+        FORWARD_IF(hadamard_left(res->w_hat, (size_t)k, (size_t)n));
+        FORWARD_IF(hadamard_right(res->w_hat, (size_t)k, (size_t)n));
+        for (int i = 0; i < k; i++) {
+            float su = sparq_f16_to_f32(res->suh[i]);
+            for (int c = 0; c < n; c++) res->w_hat[(size_t)i * n + c] *= su * sparq_f16_to_f32(res->svh[c]);
+        }
+    }
+    res->g_scale = r->g;
+    res->sample_mse = r->smse;
+    res->out_scales = r->apply_out;
+    return SPARQ_OK;
+}
+
+sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                           viterbi_enc *enc, sparq_pool *pool, const char *name, ldlq_result *res)
+{
+    const int k = hs->k, K = opts->K;
+    RETURN_IF(!res || !res->trellis || !res->suh || !res->svh, SPARQ_E_ARG, "%s: output arrays missing", name);
+    cpu_coder cc = {enc, pool};
+    const ldlq_coder coder = {cpu_encode, &cc};
+    ldlq_reg reg;
+    FORWARD_IF(ldlq_regularize(hs, w, n, opts, &coder, name, &reg));
+    const size_t kn = (size_t)k * n;
+    const int tk = k / 16, tn = n / 16;
+    float *wq = sparq_aligned_alloc(64, kn * sizeof(float));
+    float *err = sparq_aligned_alloc(64, kn * sizeof(float));
+    float *target = sparq_malloc((size_t)16 * n * sizeof(float));
+    float *tiles = sparq_malloc((size_t)tn * 256 * sizeof(float));
+    float *tw = sparq_malloc((size_t)tn * 256 * sizeof(float));
+    float *dec = sparq_malloc((size_t)tn * 256 * sizeof(float));
+    uint16_t *states = sparq_malloc((size_t)tn * 256 * sizeof(uint16_t));
+    sparq_status st = SPARQ_OK;
+    if (!wq || !err || !target || !tiles || !tw || !dec || !states) {
+        st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory quantizing a %d x %d weight", name, k, n);
+        goto out;
+    }
+    const float *wr = reg.wr;
+    const bool weighted = opts->weighted && !hs->identity;
 
     /* Block LDLQ, last strip first. */
     const int words = trellis_tile_words(K);
     for (int ti = tk - 1; ti >= 0; ti--) {
         const int b = ti * 16, rest = k - b - 16;
-        memcpy(wk.target, wk.wr + (size_t)b * n, (size_t)16 * n * sizeof(float));
+        memcpy(target, wr + (size_t)b * n, (size_t)16 * n * sizeof(float));
         if (!hs->identity && rest > 0)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 16, n, rest, 1.0f, hs->l + (size_t)(b + 16) * k + b,
-                        k, wk.err + (size_t)(b + 16) * n, n, 1.0f, wk.target, n);
+                        k, err + (size_t)(b + 16) * n, n, 1.0f, target, n);
         for (int tj = 0; tj < tn; tj++) {
-            tile_gather(wk.target, n, 0, tj, wk.tiles + (size_t)tj * 256);
-            if (opts->weighted && !hs->identity)
-                for (int p = 0; p < 256; p++) wk.tw[(size_t)tj * 256 + p] = hs->d_diag[b + trellis_pos_row(p)];
+            tile_gather(target, n, 0, tj, tiles + (size_t)tj * 256);
+            if (weighted)
+                for (int p = 0; p < 256; p++) tw[(size_t)tj * 256 + p] = hs->d_diag[b + trellis_pos_row(p)];
         }
-        st = viterbi_encode_tiles(enc, wk.tiles, (opts->weighted && !hs->identity) ? wk.tw : NULL, (size_t)tn,
-                                  wk.states, wk.dec, NULL, pool);
+        st = viterbi_encode_tiles(enc, tiles, weighted ? tw : NULL, (size_t)tn, states, dec, NULL, pool);
         if (st != SPARQ_OK) goto out;
         for (int tj = 0; tj < tn; tj++) {
-            tile_scatter(wk.wq + (size_t)b * n, n, 0, tj, wk.dec + (size_t)tj * 256);
-            trellis_tile_pack(wk.states + (size_t)tj * 256, K,
-                              res->trellis + ((size_t)ti * tn + tj) * (size_t)words);
+            tile_scatter(wq + (size_t)b * n, n, 0, tj, dec + (size_t)tj * 256);
+            trellis_tile_pack(states + (size_t)tj * 256, K, res->trellis + ((size_t)ti * tn + tj) * (size_t)words);
         }
-        for (size_t i = (size_t)b * n; i < (size_t)(b + 16) * n; i++) wk.err[i] = wk.wr[i] - wk.wq[i];
+        for (size_t i = (size_t)b * n; i < (size_t)(b + 16) * n; i++) err[i] = wr[i] - wq[i];
     }
-
-    res->proxy_err = ldlq_proxy_err(hs->identity ? NULL : hs->hr, k, wk.wr, wk.wq, n);
-    if (res->proxy_err < 0) {
-        st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory computing the proxy error", name);
-        goto out;
-    }
-    for (int r = 0; r < k; r++) res->suh[r] = sparq_f32_to_f16(wk.su[r]);
-    for (int c = 0; c < n; c++) res->svh[c] = sparq_f32_to_f16(wk.sv[c]);
-    if (res->w_hat) {
-        /* What a decoder reconstructs: diag(suh)·Had·Q·Had·diag(svh) with the fp16 scales. */
-        memcpy(res->w_hat, wk.wq, kn * sizeof(float));
-        st = hadamard_left(res->w_hat, (size_t)k, (size_t)n);
-        if (st == SPARQ_OK) st = hadamard_right(res->w_hat, (size_t)k, (size_t)n);
-        if (st != SPARQ_OK) goto out;
-        for (int r = 0; r < k; r++) {
-            float su = sparq_f16_to_f32(res->suh[r]);
-            for (int c = 0; c < n; c++) res->w_hat[(size_t)r * n + c] *= su * sparq_f16_to_f32(res->svh[c]);
-        }
-    }
-    res->g_scale = g;
-    res->sample_mse = smse;
-    res->out_scales = apply_out;
+    st = ldlq_finish(hs, &reg, wq, 0.0, name, res);
 out:
-    work_free(&wk);
+    ldlq_reg_free(&reg);
+    sparq_aligned_free(wq);
+    sparq_aligned_free(err);
+    sparq_free(target);
+    sparq_free(tiles);
+    sparq_free(tw);
+    sparq_free(dec);
+    sparq_free(states);
     return st;
 }

@@ -108,6 +108,35 @@ typedef struct ldlq_result {
 sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
                            viterbi_enc *enc, sparq_pool *pool, const char *name, ldlq_result *res);
 
+/* The three stages of ldlq_quantize, for a quantizer that runs the recursion
+ * elsewhere (the GPU's, kernels/cuda/ldlq_cuda.h, many weights at once):
+ *   ldlq_regularize: signs, channel scales, both Hadamards, the global scale
+ *     (searched through `coder` unless opts->g_fixed > 0) → the scaled
+ *     regularised weight wr, su (÷ g) and sv;
+ *   the block LDLQ over wr (strip targets wr + Lᵀ·(wr − wq) of the later rows,
+ *     each 16×16 tile Viterbi-encoded, weighted by diag(D) if opts->weighted);
+ *   ldlq_finish: the proxy error (from wq, or the `proxy` computed elsewhere
+ *     when wq is NULL), the fp16 scales and w_hat (needs wq). */
+typedef struct ldlq_coder {
+    /* encode n_tiles tiles of 256 stream-order targets (no weights): states and decoded values */
+    sparq_status (*encode)(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded);
+    void *ctx;
+} ldlq_coder;
+
+typedef struct ldlq_reg {
+    int k, n;
+    float *wr;       /* k×n row-major: the regularised weight, × g */
+    float *su, *sv;  /* k, n: the scales suh / svh hold (su already ÷ g) */
+    double g, smse;
+    bool apply_out;
+} ldlq_reg;
+
+sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                             const ldlq_coder *coder, const char *name, ldlq_reg *out);
+void ldlq_reg_free(ldlq_reg *r);
+sparq_status ldlq_finish(const ldlq_hessian *hs, const ldlq_reg *r, const float *wq, double proxy, const char *name,
+                         ldlq_result *res);
+
 /* tr(Eᵀ H E) / tr(Wᵀ H W) with E = w − wq (k×n row-major each; h k×k, or
  * NULL for the identity). Used to compare a stored quantization with the
  * original weight in the original basis. Returns a negative value on

@@ -47,6 +47,8 @@ sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const ch
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(root, "weights_quantized", json_integer((json_int_t)r->n_weights));
     json_object_set_new(root, "quant_seconds", json_real(r->quant_seconds));
+    json_object_set_new(root, "gpu_seconds", json_real(r->gpu_seconds));
+    json_object_set_new(root, "device", json_string(o->device == QZ_DEVICE_CUDA ? "cuda" : "cpu"));
     json_object_set_new(root, "weights_per_second",
                         json_real(r->quant_seconds > 0 ? (double)r->n_weights / r->quant_seconds : 0.0));
     json_object_set_new(root, "total_seconds", json_real(r->total_seconds));

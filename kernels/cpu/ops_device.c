@@ -22,10 +22,12 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/ldlq_cuda.h"
 #include "sparq_version.h"
 
 /* Defined when the program links kernels/cuda statically. */
 extern sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads) __attribute__((weak));
+extern const ldlq_cuda_ops *ldlq_cuda_get_ops(void) __attribute__((weak));
 
 sparq_status sq_device_parse(const char *s, sq_device *out)
 {
@@ -38,11 +40,15 @@ sparq_status sq_device_parse(const char *s, sq_device *out)
 #if SPARQ_HAVE_CUDA
 typedef sparq_status (*create_fn)(sq_exec **out, int n_threads);
 
-/* Open the module; on failure *why says what was tried. */
-static create_fn load_module(char *why, size_t why_len)
+/* Open the module and find `sym` in it; on failure *why says what was tried. */
+static void *load_module_symbol(const char *sym, char *why, size_t why_len)
 {
-    static create_fn cached;
-    if (cached) return cached;
+    static void *handle;
+    if (handle) {
+        void *f = dlsym(handle, sym);
+        if (!f) snprintf(why, why_len, "the CUDA module has no %s", sym);
+        return f;
+    }
     char exe[PATH_MAX], cand[PATH_MAX + 64];
     _Static_assert(sizeof cand > sizeof exe, "room for a suffix");
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -66,9 +72,12 @@ static create_fn load_module(char *why, size_t why_len)
             if (w > 0 && (size_t)w < why_len - wl) wl += (size_t)w;
             continue;
         }
-        create_fn f = (create_fn)dlsym(h, "sq_exec_create_cuda");
-        if (f) return cached = f;
-        int w = snprintf(why + wl, why_len - wl, "%s%s: no sq_exec_create_cuda", wl ? "; " : "", cand);
+        void *f = dlsym(h, sym);
+        if (f) {
+            handle = h;
+            return f;
+        }
+        int w = snprintf(why + wl, why_len - wl, "%s%s: no %s", wl ? "; " : "", cand, sym);
         if (w > 0 && (size_t)w < why_len - wl) wl += (size_t)w;
         dlclose(h);
     }
@@ -84,11 +93,29 @@ sparq_status sq_exec_create_on(sq_exec **out, sq_device dev, int n_threads)
 #if SPARQ_HAVE_CUDA
     if (sq_exec_create_cuda) return sq_exec_create_cuda(out, n_threads);
     char why[1024];
-    create_fn f = load_module(why, sizeof why);
+    create_fn f = (create_fn)load_module_symbol("sq_exec_create_cuda", why, sizeof why);
     if (!f) return sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA backend module: %s", why);
     return f(out, n_threads);
 #else
     (void)n_threads;
     return sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: this sparq was built without CUDA (meson -Dcuda=enabled)");
+#endif
+}
+
+const ldlq_cuda_ops *sq_cuda_ldlq_ops(void)
+{
+#if SPARQ_HAVE_CUDA
+    if (ldlq_cuda_get_ops) return ldlq_cuda_get_ops();
+    char why[1024];
+    typedef const ldlq_cuda_ops *(*get_fn)(void);
+    get_fn f = (get_fn)load_module_symbol("ldlq_cuda_get_ops", why, sizeof why);
+    if (!f) {
+        sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA module: %s", why);
+        return NULL;
+    }
+    return f();
+#else
+    sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: this sparq was built without CUDA (meson -Dcuda=enabled)");
+    return NULL;
 #endif
 }

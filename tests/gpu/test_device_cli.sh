@@ -3,6 +3,9 @@
 # usage error (exit 2); `cpu` runs; `cuda` either runs (a CUDA build on a GPU
 # machine: then the greedy text equals the CPU's) or fails cleanly with exit 1
 # and a message that names the device (no CUDA in the build, or no GPU).
+# The same for `sparq quantize --device`: on a GPU the output's proxies are the
+# CPU run's within 1e-3 relative, and a run stopped on one device resumes on the
+# other; without one it fails naming the device and leaves no OUT or work dir.
 . "$(dirname "$0")/../lib.sh"
 M="$D/tiny-qwen3moe"
 TXT="$D/exl3-model/text.txt"
@@ -23,5 +26,34 @@ elif [ $rc -eq 1 ]; then
   grep -q "device cuda:" "$T/e" && ok || bad "run --device cuda failed without naming the device: $(cat "$T/e")"
 else
   bad "run --device cuda: exit $rc: $(cat "$T/e")"
+fi
+Q="$D/quantize/tiny-synth"
+QA="--calib $D/text/calib.txt --calib-rows 3 --calib-len 64 --scale-search fixed --seed 5 --threads 2 -q"
+"$SPARQ" quantize "$Q" "$T/qx" $QA --device tpu >/dev/null 2>"$T/e"; [ $? -eq 2 ] && ok || bad "quantize --device tpu: exit 2"
+grep -q "expected cpu or cuda" "$T/e" && ok || bad "quantize --device tpu: message"
+"$SPARQ" quantize --help | grep -q -- "--device DEV" && ok || bad "quantize --help lists --device"
+"$SPARQ" quantize "$Q" "$T/qg" $QA --device cuda --report "$T/qg.json" >/dev/null 2>"$T/e"
+rc=$?
+if [ $rc -eq 0 ]; then
+  "$SPARQ" quantize "$Q" "$T/qc" $QA --report "$T/qc.json" >/dev/null 2>&1 && ok || bad "quantize --device cpu"
+  python3 - "$T/qg.json" "$T/qc.json" <<'PY' && ok || bad "quantize --device cuda: proxies differ from the CPU's"
+import json, sys
+g, c = (json.load(open(p)) for p in sys.argv[1:3])
+pg = {t["key"]: t["proxy_err"] for t in g["tensors"]}
+pc = {t["key"]: t["proxy_err"] for t in c["tensors"]}
+assert pg.keys() == pc.keys() and len(pg) > 0, "tensor lists differ"
+worst = max(abs(pg[k] - pc[k]) / pc[k] for k in pc)
+print("worst proxy difference %.2e relative over %d tensors" % (worst, len(pc)))
+assert worst <= 1e-3, worst
+assert g["device"] == "cuda" and c["device"] == "cpu"
+PY
+  "$SPARQ" quantize "$Q" "$T/qr" $QA --device cuda --stop-after-layer 0 >/dev/null 2>&1
+  "$SPARQ" quantize "$Q" "$T/qr" $QA --resume >/dev/null 2>&1 && [ -f "$T/qr/config.json" ] && ok \
+    || bad "quantize: a run stopped on the GPU does not resume on the CPU"
+elif [ $rc -eq 1 ]; then
+  grep -q "cuda" "$T/e" && ok || bad "quantize --device cuda failed without naming the device: $(cat "$T/e")"
+  [ ! -e "$T/qg" ] && [ ! -e "$T/qg.work" ] && ok || bad "quantize --device cuda left $T/qg or its work dir"
+else
+  bad "quantize --device cuda: exit $rc: $(cat "$T/e")"
 fi
 finish

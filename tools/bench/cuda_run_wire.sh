@@ -26,54 +26,23 @@ pack)
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
              tests/gpu/test_trellis_cuda tests/gpu/test_trellis_encode_cuda tests/gpu/test_dist_threads_cuda \
-             tools/bench/cuda_bench tools/bench/trellis_encode_bench \
+             tests/gpu/test_ldlq_cuda tools/bench/cuda_bench tools/bench/trellis_encode_bench \
+             tools/bench/quantize_layer_bench \
              tools/bench/runtime_bench tools/bench/make_exl3_model tests/datapack; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
     # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)
     strip -o .cwcarry/bin/libsparq_cuda.so "$b/libsparq_cuda.so" || exit 1
-    # OpenBLAS (4 MB compressed) does not fit the 64 MiB a device call carries beside the
-    # 61 MB of tracked files: a small stand-in with the BLAS calls sparq makes goes instead
-    # (sgemm, 8-wide; ssyrk/strsm/spotrf_ abort: the quantizer is not run there). CPU
-    # prefill timings there are therefore slower than with OpenBLAS; decode uses no BLAS.
-    cat > .cwcarry/blas_shim.c <<'SHIM'
-#include <stdio.h>
-#include <stdlib.h>
-enum { RowMajor = 101, NoTrans = 111 };
-void openblas_set_num_threads(int n) { (void)n; }
-static float at(const float *m, int ld, int trans, int row_major, int i, int k)
-{
-    /* element (i, k) of op(M) */
-    int r = trans ? k : i, c = trans ? i : k;
-    return row_major ? m[(size_t)r * ld + c] : m[(size_t)c * ld + r];
-}
-void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *C, int ldc)
-{
-    const int rm = order == RowMajor, tA = ta != NoTrans, tB = tb != NoTrans;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float acc[8] = {0};
-            int k = 0;
-            if (rm && !tA && tB) { /* the runtime's case: rows of A against rows of B */
-                const float *a = A + (size_t)i * lda, *b = B + (size_t)j * ldb;
-                for (; k + 8 <= K; k += 8)
-                    for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
-            }
-            float s = 0;
-            for (int l = 0; l < 8; l++) s += acc[l];
-            for (; k < K; k++) s += at(A, lda, tA, rm, i, k) * at(B, ldb, !tB, rm, j, k);
-            float *c = rm ? &C[(size_t)i * ldc + j] : &C[(size_t)j * ldc + i];
-            *c = alpha * s + (beta == 0 ? 0 : beta * *c);
-        }
-}
-static void nope(const char *f) { fprintf(stderr, "blas stand-in: %s not available\n", f); abort(); }
-void cblas_ssyrk(void) { nope("cblas_ssyrk"); }
-void cblas_strsm(void) { nope("cblas_strsm"); }
-void spotrf_(void) { nope("spotrf_"); }
-SHIM
-    cc -O3 -mavx2 -mfma -shared -fPIC -o .cwcarry/lib/libopenblas.so.0 .cwcarry/blas_shim.c || exit 1
-    rm .cwcarry/blas_shim.c
+    # OpenBLAS with its Fortran runtime (~5 MB compressed; the quantizer's CPU half needs
+    # spotrf_/strsm, so the sgemm-only stand-in of earlier rounds is gone)
+    for l in libopenblas.so.0; do
+        p=$(ldd "$b/cli/sparq" | awk -v l="$l" '$1 == l {print $3}')
+        [ -n "$p" ] && cp -L "$p" .cwcarry/lib/ || exit 1
+        for d in libgfortran.so.5 libquadmath.so.0; do
+            q=$(ldd "$p" | awk -v l="$d" '$1 == l {print $3}')
+            [ -n "$q" ] && cp -L "$q" .cwcarry/lib/
+        done
+    done
     for l in libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
         p=$(ldd "$b/cli/sparq" | awk -v l="$l" '$1 == l {print $3}')
         [ -n "$p" ] && cp -L "$p" .cwcarry/lib/
@@ -97,7 +66,8 @@ run)
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
         ldd $bin/sparq | grep -i "not found"
         ldd $bin/sparq | grep -ci "cublas" | sed 's/^/sparq links cuBLAS directly: /'
-        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda test_trellis_encode_cuda; do
+        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda test_trellis_encode_cuda \
+                 test_ldlq_cuda; do
             echo "== $t"
             $bin/$t
             echo "rc=$?"

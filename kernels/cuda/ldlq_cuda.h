@@ -1,0 +1,112 @@
+/* kernels/cuda/ldlq_cuda.h — the block-LDLQ recursion of EXL3 quantization
+ * (quantize/ldlq.h) on an NVIDIA GPU, for many weights of one shape at once:
+ * all the experts' gate (or up, or down) projections of a MoE layer in one
+ * batch, so that each 16-row strip step encodes (weights × n/16) tiles in one
+ * launch of the GPU Viterbi (trellis_encode.h). Plain C, no CUDA types:
+ * device pointers are plain pointers.
+ *
+ * What runs where (quantize/layer_cuda.c drives it): the CPU prepares each
+ * Hessian and regularises each weight (ldlq_hessian_prepare, ldlq_regularize:
+ * O(k·n) work, bit-exact with the CPU quantizer, the scale search's tiles
+ * encoded on the GPU through ldlq_cuda_encode_host); the GPU runs, per strip
+ * from the last to the first, the targets T = wr[strip] + L[later, strip]ᵀ ·
+ * (wr − wq)[later] (cuBLAS SGEMM, batched over the weights, fp32, no TF32),
+ * the gather into stream order, the Viterbi over every tile of the strip,
+ * the error update and the packing of the states into trellis words; then the
+ * proxy error tr(E·Hr·Eᵀ)/tr(W·Hr·Wᵀ) (SGEMM + a reduction in double).
+ *
+ * Exactness: the last strip has no feedback, so its tiles are the CPU's bit
+ * for bit (the encoder is bit-exact); for the other strips the SGEMM sums in
+ * another order than OpenBLAS, so targets differ in the last bits and a tile
+ * may take another path of equal quality: the proxy error agrees with the
+ * CPU's to ~1e-5 relative (tests/gpu/test_ldlq_cuda.c). With an identity
+ * Hessian (uncalibrated) every tile is the CPU's.
+ *
+ * Memory: ldlq_cuda_batch_bytes() says what one batch allocates (plus the
+ * encoder's workspace, fixed at create); the caller sizes its batches from
+ * it and ldlq_cuda_mem_info(). */
+#ifndef SPARQ_KERNELS_CUDA_LDLQ_CUDA_H
+#define SPARQ_KERNELS_CUDA_LDLQ_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/status.h"
+#include "kernels/cpu/trellis.h"
+
+typedef struct ldlq_cuda ldlq_cuda;
+
+/* The shape every weight of a batch has. */
+typedef struct ldlq_cuda_shape {
+    int k, n;             /* in, out: multiples of 128 */
+    int K;                /* 1..8 */
+    trellis_codebook cb;
+    int weighted;         /* weight each tile row by diag(D) (ldlq_opts.weighted) */
+} ldlq_cuda_shape;
+
+/* A prepared Hessian (host arrays, from ldlq_hessian_hr / _l / _d); all NULL
+ * for the identity (no feedback, plain sums of squares for the proxy). */
+typedef struct ldlq_cuda_hess {
+    const float *hr, *l, *d;
+} ldlq_cuda_hess;
+
+typedef struct ldlq_cuda_item {
+    int hess;            /* index into the batch's Hessians */
+    const float *wr;     /* host k×n: ldlq_reg.wr */
+    uint16_t *trellis;   /* host out: (k/16)·(n/16) tiles of 16K words, the on-disk layout */
+    float *wq;           /* host out k×n (the codebook values, regularised basis) or NULL */
+    double proxy_err;    /* out */
+} ldlq_cuda_item;
+
+/* A context on the current device: a stream, a cuBLAS handle and an encoder
+ * (rebuilt when K or the codebook changes) with a workspace of enc_workspace
+ * bytes (0: a quarter of the free memory, at most 4 GiB). */
+sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out);
+void ldlq_cuda_free(ldlq_cuda *c);
+/* Free and total device memory (after the encoder's workspace, if made). */
+sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes);
+/* Device bytes one ldlq_cuda_batch allocates (besides the encoder). */
+size_t ldlq_cuda_batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq);
+/* The encoder's workspace for K / cb (creating the encoder), for plans. */
+sparq_status ldlq_cuda_encoder_bytes(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes);
+
+/* Encode n_tiles tiles of host targets (stream order, no weights) on the
+ * GPU: the scale search's coder (ldlq_coder). Synchronous. */
+sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
+                                   uint16_t *states, float *decoded);
+
+/* Quantize n_items regularised weights of shape s: uploads, the recursion,
+ * the proxy, downloads. Synchronous; `name` is for messages. */
+sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
+                             ldlq_cuda_item *items, int n_items, const char *name);
+
+/* The functions above as a table: the sparq binary opens the CUDA module with
+ * dlopen and takes this (kernels/cpu/ops_device.c, sq_cuda_ldlq_ops). */
+typedef struct ldlq_cuda_ops {
+    sparq_status (*create)(size_t enc_workspace, ldlq_cuda **out);
+    void (*free)(ldlq_cuda *c);
+    sparq_status (*mem_info)(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes);
+    size_t (*batch_bytes)(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq);
+    sparq_status (*encoder_bytes)(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes);
+    sparq_status (*encode_host)(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
+                                uint16_t *states, float *decoded);
+    sparq_status (*batch)(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
+                          ldlq_cuda_item *items, int n_items, const char *name);
+} ldlq_cuda_ops;
+
+const ldlq_cuda_ops *ldlq_cuda_get_ops(void);
+
+/* For C code in any build (kernels/cpu/ops_device.c): the table of the linked
+ * or dlopen-ed CUDA module, or NULL with the reason set (sparq_err) when
+ * there is none (a build without CUDA, the module missing). */
+const ldlq_cuda_ops *sq_cuda_ldlq_ops(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -108,6 +108,20 @@ typedef struct sq_moe_ws {
     int *ridx, *rows_of;
 } sq_moe_ws;
 
+/* One row's request of the `sample_select` op (issue 21): what the host
+ * sampler (runtime/sampler.h) needs from the device to make its draw exactly
+ * as if it had the whole row. */
+typedef struct sq_sample_req {
+    int n_vocab;         /* candidate ids 0..n_vocab-1 (≤ the row length ld) */
+    int k;               /* 0: greedy (the argmax, ties to the lowest id); 1..SQ_SAMPLE_MAX_K: the k best */
+    float penalty;       /* repetition penalty applied first (1: none): a logit > 0 divided, else multiplied */
+    int n_pen;           /* distinct ids in [0, n_vocab) the penalty applies to */
+    const int32_t *pen;  /* host */
+} sq_sample_req;
+
+/* The most candidates one row of `sample_select` returns. */
+#define SQ_SAMPLE_MAX_K 1024
+
 /* --- the backend vtable -------------------------------------------------- */
 
 typedef struct sq_backend {
@@ -214,6 +228,21 @@ typedef struct sq_backend {
     void (*step_begin)(sq_exec *ex, int rows, int max_keys);
     void (*step_abort)(sq_exec *ex);
     void (*step_graphs)(sq_exec *ex, uint64_t *captured, uint64_t *replayed);
+
+    /* Sampling's device part (issue 21): for each of `rows` rows of logits
+     * [rows, ld] (backend memory; the penalty is applied to them in place),
+     * req[r] as above. Writes host arrays: a greedy row its argmax id to
+     * ids[r][0] and its (penalised) logit to vals[r][0]; a top-k row its k
+     * best ids to ids[r][0..k) in the order (penalised logit descending, id
+     * ascending), the sampler's candidate order, their penalised logits to
+     * vals[r][0..k). bad[r] = 1 when row r's ld logits (before the penalty)
+     * hold a NaN or an Inf, else 0. Waits for the device; a step in flight
+     * ends first. The rest of the chain (temperature, softmax, top-p, min-p,
+     * the draw) is the host's, in double, on these k values only
+     * (sq_sampler_finish). CPU: on host memory (kernels/cpu/sample.c), the
+     * reference of the device op. */
+    sparq_status (*sample_select)(sq_exec *ex, float *logits, int rows, int ld, const sq_sample_req *req,
+                                  int32_t *const *ids, float *const *vals, uint8_t *bad);
 } sq_backend;
 
 

@@ -19,7 +19,8 @@ typedef struct gen_state {
     float *lg;    /* [N, V]: prefill logits of each sequence */
     float *glg;   /* [G, per, V]: a group's decode logits */
     int *gseq, *gn, *order, *rowseq;
-    int32_t *gtok;
+    int32_t *gtok, *gid;  /* gid [N]: a sampled step's tokens */
+    sq_sampler **rsmp;    /* [N]: a sampled step's samplers, row by row */
 } gen_state;
 
 static void state_free(gen_state *g, int N)
@@ -34,6 +35,8 @@ static void state_free(gen_state *g, int N)
     sparq_free(g->order);
     sparq_free(g->rowseq);
     sparq_free(g->gtok);
+    sparq_free(g->gid);
+    sparq_free(g->rsmp);
 }
 
 void sq_gen_result_free(sq_gen_result *r)
@@ -44,16 +47,42 @@ void sq_gen_result_free(sq_gen_result *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Sample sequence i's next token from logits; false when it ended. */
-static bool take(const sq_gen_opts *o, gen_state *g, sq_gen_result *r, int i, const float *logits, int n_prompt,
-                 int ctx)
+/* Sequence i's next token is t; false when it ended. */
+static bool take_id(const sq_gen_opts *o, gen_state *g, sq_gen_result *r, int i, int32_t t, int n_prompt, int ctx)
 {
-    int32_t t = sq_sampler_sample(g->smp[i], logits);
     r->n_decode++;
     if (is_stop(o, t)) return false;
     sq_sampler_accept(g->smp[i], t);
     r->out[i][r->n_out[i]++] = t;
     return r->n_out[i] < o->n_new && n_prompt + r->n_out[i] < ctx;
+}
+
+/* Sample sequence i's next token from host logits; false when it ended. */
+static bool take(const sq_gen_opts *o, gen_state *g, sq_gen_result *r, int i, const float *logits, int n_prompt,
+                 int ctx)
+{
+    return take_id(o, g, r, i, sq_sampler_sample(g->smp[i], logits), n_prompt, ctx);
+}
+
+/* One process: every active sequence in one sampled step a round (sq_dist_step_sample: on a device the
+ * logits stay there), until all have ended. */
+static sparq_status decode_sampled(sq_dist *d, const sq_gen_opts *o, gen_state *g, sq_gen_result *r, int N,
+                                   int n_prompt, int ctx)
+{
+    for (;;) {
+        int n = 0;
+        for (int i = 0; i < N; i++)
+            if (!g->done[i]) {
+                g->gseq[n] = i;
+                g->gtok[n] = r->out[i][r->n_out[i] - 1];
+                g->rsmp[n] = g->smp[i];
+                n++;
+            }
+        if (n == 0) return SPARQ_OK;
+        FORWARD_IF(sq_dist_step_sample(d, n, g->gseq, g->gtok, g->rsmp, g->glg, g->gid));
+        for (int j = 0; j < n; j++)
+            if (!take_id(o, g, r, g->gseq[j], g->gid[j], n_prompt, ctx)) g->done[g->gseq[j]] = true;
+    }
 }
 
 sparq_status sq_generate(sq_dist *d, const int32_t *prompt, int n_prompt, const sq_gen_opts *o, sq_gen_result *r)
@@ -80,9 +109,11 @@ sparq_status sq_generate(sq_dist *d, const int32_t *prompt, int n_prompt, const 
     g.gn = sparq_calloc((size_t)G, sizeof(int));
     g.order = sparq_malloc((size_t)G * sizeof(int));
     g.rowseq = sparq_malloc((size_t)mr * sizeof(int));
+    g.gid = sparq_malloc((size_t)N * sizeof(int32_t));
+    g.rsmp = sparq_malloc((size_t)N * sizeof *g.rsmp);
     sparq_status st = SPARQ_OK;
     if (!r->out || !r->n_out || !g.smp || !g.done || !g.lg || !g.glg || !g.gseq || !g.gtok || !g.gn || !g.order ||
-        !g.rowseq)
+        !g.rowseq || !g.gid || !g.rsmp)
         st = sparq_err(SPARQ_E_NOMEM, "out of memory for %d sequences", N);
     for (int i = 0; st == SPARQ_OK && i < N; i++) {
         sq_sampler_params p = o->sampler;
@@ -111,6 +142,13 @@ sparq_status sq_generate(sq_dist *d, const int32_t *prompt, int n_prompt, const 
     t0 = sparq_now();
     for (int i = 0; st == SPARQ_OK && i < N; i++)
         g.done[i] = o->n_new <= 0 || !take(o, &g, r, i, g.lg + (size_t)i * V, n_prompt, ctx);
+    if (st == SPARQ_OK && sq_dist_size(d) == 1) {
+        st = decode_sampled(d, o, &g, r, N, n_prompt, ctx);
+        r->t_decode = sparq_now() - t0;
+        state_free(&g, N);
+        if (st != SPARQ_OK) sq_gen_result_free(r);
+        return st;
+    }
     int head = 0, inflight = 0;
     for (int k = 0; st == SPARQ_OK && k < G; k++) {
         for (int i = k; i < N; i += G)

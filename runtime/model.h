@@ -193,6 +193,25 @@ sparq_status sq_model_seq_advance(sq_model *m, int seq, int n);
 /* logits[rows, vocab] = lm_head(final_norm(hidden[rows])); hidden is not modified. */
 sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits);
 
+/* The head and one sampled token a row (issue 21): ids[r] = what smp[r]
+ * draws (not accepted) from the logits of hidden[r], exactly as sq_model_head
+ * then sq_sampler_sample give. On a device exec the logits stay in device
+ * memory and only the candidates come back (runtime/sampler.h,
+ * sq_sampler_sample_rows); logits[rows, vocab] is host scratch for the CPU's
+ * logits and for the rows a device cannot sample (no top-k, or
+ * SPARQ_DEVICE_SAMPLING=0). *bad_row: the first row whose logits are not
+ * finite (no token drawn for it or later rows), else -1. */
+typedef struct sq_sampler sq_sampler;
+sparq_status sq_model_head_sample(sq_model *m, const float *hidden, int rows, sq_sampler *const *smp, float *logits,
+                                  int32_t *ids, int *bad_row);
+
+/* One decode step as sq_model_decode_batch (row r the next token of
+ * sequence seqs[r], distinct), returning one token a row drawn by smp[r]
+ * instead of the logits (sq_model_head_sample; logits is its host scratch
+ * [n, vocab]). What `sparq run`, --parallel and serve decode with. */
+sparq_status sq_model_decode_sample(sq_model *m, int n, const int *seqs, const int32_t *tokens, sq_sampler *const *smp,
+                                    float *logits, int32_t *ids, int *bad_row);
+
 /* out[rows, hidden_size] = the exact input of the head linear for hidden[rows] (the final norm;
  * DeepSeek V4.1: of the streams collapsed with their pre mix), for the head's calibration Hessian.
  * SPARQ_E_UNSUPPORTED when the architecture does not provide it (the caller then applies the final

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "kernels/backend.h"
 
 struct sq_sampler {
     sq_sampler_params p;
@@ -18,6 +19,8 @@ struct sq_sampler {
     float *work;     /* [n_vocab] penalised logits */
     int32_t *cand;   /* [n_vocab] candidate ids */
     double *prob;    /* [n_vocab] */
+    float *cval;     /* [n_vocab] the candidates' penalised logits, in candidate order */
+    int32_t *pen;    /* [repeat_last_n] distinct penalised ids (the device request) */
     int32_t *hist;   /* ring of the last repeat_last_n tokens */
     int n_hist, hist_pos;
 };
@@ -79,8 +82,10 @@ sparq_status sq_sampler_create(sq_sampler **out, const sq_sampler_params *p, int
     s->work = sparq_malloc((size_t)n_vocab * sizeof(float));
     s->cand = sparq_malloc((size_t)n_vocab * sizeof(int32_t));
     s->prob = sparq_malloc((size_t)n_vocab * sizeof(double));
+    s->cval = sparq_malloc((size_t)n_vocab * sizeof(float));
     s->hist = sparq_malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof(int32_t));
-    if (!s->work || !s->cand || !s->prob || !s->hist) {
+    s->pen = sparq_malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof(int32_t));
+    if (!s->work || !s->cand || !s->prob || !s->cval || !s->hist || !s->pen) {
         sq_sampler_free(s);
         return sparq_err(SPARQ_E_NOMEM, "sampler: out of memory");
     }
@@ -100,7 +105,9 @@ void sq_sampler_free(sq_sampler *s)
     sparq_free(s->work);
     sparq_free(s->cand);
     sparq_free(s->prob);
+    sparq_free(s->cval);
     sparq_free(s->hist);
+    sparq_free(s->pen);
     sparq_free(s);
 }
 
@@ -137,31 +144,49 @@ static void heap_down(const float *l, int32_t *h, int n, int i)
     }
 }
 
+/* The distinct ids of the history in [0, V), each once, in s->pen. */
+static int distinct_history(sq_sampler *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_hist; i++) {
+        const int32_t t = s->hist[i];
+        if (t < 0 || t >= s->n_vocab) continue;
+        /* a token repeated in the window is penalised once (as transformers) */
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= s->hist[j] == t;
+        if (!seen) s->pen[n++] = t;
+    }
+    return n;
+}
+
+/* The candidates the chain starts from: every id unless top-k keeps fewer. */
+static int n_candidates(const sq_sampler *s)
+{
+    return s->p.top_k > 0 && s->p.top_k < s->n_vocab ? s->p.top_k : s->n_vocab;
+}
+
 int32_t sq_sampler_sample(sq_sampler *s, const float *logits)
 {
     const int V = s->n_vocab;
     float *l = s->work;
     memcpy(l, logits, (size_t)V * sizeof(float));
-    if (s->p.repeat_penalty != 1.0f)
-        for (int i = 0; i < s->n_hist; i++) {
-            int32_t t = s->hist[i];
-            if (t < 0 || t >= V) continue;
-            /* a token repeated in the window is penalised once (as transformers) */
-            bool seen = false;
-            for (int j = 0; j < i; j++) seen |= s->hist[j] == t;
-            if (seen) continue;
+    if (s->p.repeat_penalty != 1.0f) {
+        const int n_pen = distinct_history(s);
+        for (int j = 0; j < n_pen; j++) {
+            const int32_t t = s->pen[j];
             l[t] = l[t] > 0 ? l[t] / s->p.repeat_penalty : l[t] * s->p.repeat_penalty;
         }
+    }
     if (s->p.temp <= 0) {
         int32_t best = 0;
         for (int32_t i = 1; i < V; i++)
             if (l[i] > l[best]) best = i;
         return best;
     }
-    int n;
-    if (s->p.top_k > 0 && s->p.top_k < V) {
+    const int n = n_candidates(s);
+    if (n < V) {
         /* keep the k best in a heap whose root is the worst kept */
-        const int k = s->p.top_k;
+        const int k = n;
         int32_t *h = s->cand;
         for (int i = 0; i < k; i++) h[i] = i;
         for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, h, k, i);
@@ -170,17 +195,22 @@ int32_t sq_sampler_sample(sq_sampler *s, const float *logits)
                 h[0] = i;
                 heap_down(l, h, k, 0);
             }
-        n = k;
     } else {
         for (int32_t i = 0; i < V; i++) s->cand[i] = i;
-        n = V;
     }
     qsort_r(s->cand, (size_t)n, sizeof(int32_t), cmp_cand, l);
+    for (int i = 0; i < n; i++) s->cval[i] = l[s->cand[i]];
+    return sq_sampler_finish(s, s->cand, s->cval, n);
+}
+
+int32_t sq_sampler_finish(sq_sampler *s, const int32_t *cand, const float *val, int n)
+{
+    if (s->p.temp <= 0) return cand[0];
     /* softmax at temperature */
-    const double inv_t = 1.0 / s->p.temp, mx = l[s->cand[0]];
+    const double inv_t = 1.0 / s->p.temp, mx = val[0];
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        s->prob[i] = exp(((double)l[s->cand[i]] - mx) * inv_t);
+        s->prob[i] = exp(((double)val[i] - mx) * inv_t);
         sum += s->prob[i];
     }
     for (int i = 0; i < n; i++) s->prob[i] /= sum;
@@ -209,7 +239,90 @@ int32_t sq_sampler_sample(sq_sampler *s, const float *logits)
     double u = sq_sampler_uniform(s) * tot, c = 0;
     for (int i = 0; i < n; i++) {
         c += s->prob[i];
-        if (u < c) return s->cand[i];
+        if (u < c) return cand[i];
     }
-    return s->cand[n - 1];
+    return cand[n - 1];
+}
+
+bool sq_sampler_request(sq_sampler *s, sq_sample_req *req)
+{
+    const bool greedy = s->p.temp <= 0;
+    const int k = greedy ? 0 : n_candidates(s);
+    if (k > SQ_SAMPLE_MAX_K) return false;
+    *req = (sq_sample_req){.n_vocab = s->n_vocab, .k = k, .penalty = s->p.repeat_penalty, .pen = s->pen};
+    if (s->p.repeat_penalty != 1.0f) req->n_pen = distinct_history(s);
+    return true;
+}
+
+int sq_device_sampling_mode(void)
+{
+    const char *e = getenv("SPARQ_DEVICE_SAMPLING");
+    if (!e || !*e) return -1;
+    return strcmp(e, "0") == 0 ? 0 : 1;
+}
+
+/* up to this many rows per sample_select call (its request array is on the stack) */
+#define ROWS_AT_ONCE 32
+
+sparq_status sq_sampler_sample_rows(sq_exec *ex, sq_sampler *const *smp, float *logits, int rows, int ld,
+                                    float *host, int32_t *ids, int *bad_row)
+{
+    *bad_row = -1;
+    const sq_backend *be = ex->be;
+    const int mode = sq_device_sampling_mode();
+    const bool want = be->sample_select && (mode == 1 || (mode < 0 && be->device));
+    for (int r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
+        const int n = rows - r0 < ROWS_AT_ONCE ? rows - r0 : ROWS_AT_ONCE;
+        float *lg = logits + (size_t)r0 * (size_t)ld;
+        sq_sample_req req[ROWS_AT_ONCE];
+        bool ok = want;
+        for (int r = 0; ok && r < n; r++) ok = sq_sampler_request(smp[r0 + r], &req[r]);
+        if (ok) {
+            int32_t *cid[ROWS_AT_ONCE];
+            float *cv[ROWS_AT_ONCE];
+            uint8_t bad[ROWS_AT_ONCE];
+            for (int r = 0; r < n; r++) {
+                cid[r] = smp[r0 + r]->cand;
+                cv[r] = smp[r0 + r]->cval;
+            }
+            FORWARD_IF(be->sample_select(ex, lg, n, ld, req, cid, cv, bad));
+            for (int r = 0; r < n; r++)
+                if (bad[r]) {
+                    *bad_row = r0 + r;
+                    return SPARQ_OK;
+                }
+            for (int r = 0; r < n; r++)
+                ids[r0 + r] = sq_sampler_finish(smp[r0 + r], cid[r], cv[r], req[r].k > 0 ? req[r].k : 1);
+            continue;
+        }
+        /* the logits to the host, the whole chain there */
+        float *h = lg;
+        if (be->device) {
+            h = host + (size_t)r0 * (size_t)ld;
+            FORWARD_IF(be->to_host(ex, h, lg, (size_t)n * (size_t)ld * sizeof(float)));
+        }
+        FORWARD_IF(sq_sampler_sample_host(smp + r0, h, n, ld, ids + r0, bad_row));
+        if (*bad_row >= 0) {
+            *bad_row += r0;
+            return SPARQ_OK;
+        }
+    }
+    return SPARQ_OK;
+}
+
+sparq_status sq_sampler_sample_host(sq_sampler *const *smp, const float *logits, int rows, int ld, int32_t *ids,
+                                    int *bad_row)
+{
+    *bad_row = -1;
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * (size_t)ld;
+        float z = 0.0f; /* 0 · x is NaN exactly when x is NaN or Inf */
+        for (int v = 0; v < ld; v++) z += row[v] * 0.0f;
+        if (z != 0.0f) {
+            *bad_row = r;
+            return SPARQ_OK;
+        }
+    }
+    for (int r = 0; r < rows; r++) ids[r] = sq_sampler_sample(smp[r], logits + (size_t)r * (size_t)ld);
+    return SPARQ_OK;
 }

@@ -13,7 +13,17 @@
  *   7. renormalise and draw with the sampler's own PRNG (xoshiro256**,
  *      seeded through splitmix64).
  * Candidates are ordered by (logit descending, id ascending), so a given seed
- * and logits always give the same token, on any machine and thread count. */
+ * and logits always give the same token, on any machine and thread count.
+ *
+ * Sampling on a device (issue 21, sq_sampler_sample_rows): steps 1-3 (the
+ * penalty, the argmax or the top-k candidates in that order) run where the
+ * logits are, the backend's `sample_select` op (kernels/backend.h), and only
+ * the k candidates and their logits come back; steps 4-7 run here on them
+ * (sq_sampler_finish), the same code, in double, with the same PRNG stream,
+ * so the device picks the token the whole-row path picks, bit for bit.
+ * Without top-k (0, or more than SQ_SAMPLE_MAX_K = 1024 candidates) the whole
+ * sorted row would be needed for the softmax's sum: those rows go to the host
+ * as before. */
 #ifndef SPARQ_RUNTIME_SAMPLER_H
 #define SPARQ_RUNTIME_SAMPLER_H
 
@@ -21,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 
 typedef struct sq_sampler_params {
     float temp;           /* default 0.8; ≤ 0 = greedy */
@@ -61,5 +72,42 @@ void sq_sampler_reset(sq_sampler *s, uint64_t seed);
 
 /* The PRNG, exposed for tests: the next uniform double in [0, 1). */
 double sq_sampler_uniform(sq_sampler *s);
+
+/* --- the split path (device sampling) ------------------------------------- */
+
+/* The chain's steps 4-7 on candidates cand[0..n) in the sampler's order
+ * (logit descending, id ascending) with their penalised logits val[0..n):
+ * what sq_sampler_sample does after its top-k, sort included. Greedy: cand[0].
+ * Draws from the PRNG exactly when sq_sampler_sample would. */
+int32_t sq_sampler_finish(sq_sampler *s, const int32_t *cand, const float *val, int n);
+
+/* The device request for the next draw of s (the penalty's distinct ids point
+ * into s); false when its candidates would be more than SQ_SAMPLE_MAX_K
+ * (no top-k, or a larger one, at temp > 0): then the whole row is needed. */
+bool sq_sampler_request(sq_sampler *s, sq_sample_req *req);
+
+/* SPARQ_DEVICE_SAMPLING: -1 unset (a device exec samples on the device, a
+ * CPU exec with sq_sampler_sample), 0 never (the logits are downloaded as
+ * before issue 21), 1 through `sample_select` wherever the backend has it,
+ * the CPU's included (what the unit tests and the cli test use to run the
+ * split path without a GPU). */
+int sq_device_sampling_mode(void);
+
+/* Choose one token for each of `rows` rows of logits [rows, ld] (backend
+ * memory of ex: device memory on a device, the host's on the CPU), row r with
+ * smp[r] (not accepted). Through the backend's `sample_select` when
+ * sq_device_sampling_mode() asks for it and every row's request fits
+ * (sq_sampler_request), in groups of 32 rows; otherwise the logits are
+ * copied to host[rows, ld] (a device exec; unused on the CPU) and sampled
+ * there. The logits may be modified (the penalty in place). *bad_row: the
+ * first row whose logits hold a NaN or Inf (its draw and the later rows' are
+ * not made), else -1. */
+/* The whole-row path on host logits [rows, ld]: every row checked finite
+ * first (*bad_row as below), then sq_sampler_sample for each. */
+sparq_status sq_sampler_sample_host(sq_sampler *const *smp, const float *logits, int rows, int ld, int32_t *ids,
+                                    int *bad_row);
+
+sparq_status sq_sampler_sample_rows(sq_exec *ex, sq_sampler *const *smp, float *logits, int rows, int ld,
+                                    float *host, int32_t *ids, int *bad_row);
 
 #endif

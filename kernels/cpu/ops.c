@@ -539,6 +539,7 @@ static const sq_backend cpu_backend = {
     .kv_store = cpu_kv_store,
     .moe = NULL, /* the graph runs the MoE on the host (runtime/models/qwen3moe.c) */
     .prepare_moe = NULL,
+    .sample_select = sq_cpu_sample_select,
 };
 
 const sq_backend *sq_backend_cpu(void) { return &cpu_backend; }

@@ -82,4 +82,11 @@ sparq_status sq_cpu_linear_block_check(const sq_linear *l, const char *w_name, c
  * the tensors it points to must outlive l; l->bias and l->name are kept. */
 sparq_status sq_cpu_linear_exl3_bind(sq_linear *l, const trellis_linear *t, const char *name);
 
+/* The `sample_select` op on host memory (kernels/cpu/sample.c; kernels/backend.h
+ * says what it does). */
+sparq_status sq_cpu_sample_select(sq_exec *ex, float *logits, int rows, int ld, const sq_sample_req *req,
+                                  int32_t *const *ids, float *const *vals, uint8_t *bad);
+/* l[pen[j]] > 0 ? divided by penalty : multiplied, for j < n_pen (distinct ids); 1 = none. */
+void sq_cpu_penalise(float *l, float penalty, int n_pen, const int32_t *pen);
+
 #endif

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/sample_cuda.h"
 #include "kernels/cuda/trellis_cuda.h"
 
 #include "kernels/cpu/ops_topk.h"
@@ -110,6 +111,11 @@ typedef struct cuda_state {
     float *attn_part; /* ATTN_SPLIT_SCRATCH bytes: the split attention's partial results */
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
+    /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
+    int *smp_req;
+    size_t smp_req_cap;
+    char *smp_dev, *smp_host;
+    size_t smp_cap;
 } cuda_state;
 
 static cuda_state *state_of(sq_exec *ex) { return (cuda_state *)ex->dev; }
@@ -1564,8 +1570,82 @@ static void cuda_exec_free(sq_exec *ex)
     cudaFreeHost(st->h_w);
     cudaFreeHost(st->h_lw);
     sparq_free(st->h_cnt);
+    sparq_free(st->smp_req);
+    cudaFree(st->smp_dev);
+    cudaFreeHost(st->smp_host);
     sparq_free(st);
     ex->dev = NULL;
+}
+
+/* --- sampling (kernels/cuda/sample_cuda.h) ------------------------------------------------ */
+
+static sparq_status cuda_sample_select(sq_exec *ex, float *logits, int rows, int ld, const sq_sample_req *req,
+                                       int32_t *const *ids, float *const *vals, uint8_t *bad)
+{
+    cuda_state *st = state_of(ex);
+    graph_finish(st); /* the step that made the logits ends here; the sampling runs as plain launches */
+    if (rows < 1) return take_err(st);
+    int stride = 1;
+    size_t n_req = (size_t)rows * SQ_CUDA_SAMPLE_PARAM_INTS;
+    for (int r = 0; r < rows; r++) {
+        const sq_sample_req *q = &req[r];
+        RETURN_IF(q->n_vocab < 1 || q->n_vocab > ld || q->k < 0 || q->k > q->n_vocab || q->k > SQ_SAMPLE_MAX_K ||
+                      q->n_pen < 0 || q->n_pen > q->n_vocab,
+                  SPARQ_E_ARG, "sample_select: row %d asks for %d of %d ids (row length %d, %d penalised)", r, q->k,
+                  q->n_vocab, ld, q->n_pen);
+        if (q->k > stride) stride = q->k;
+        n_req += (size_t)(q->penalty != 1.0f ? q->n_pen : 0);
+    }
+    if (n_req > st->smp_req_cap) {
+        int *t = (int *)sparq_realloc(st->smp_req, n_req * sizeof(int));
+        RETURN_IF(!t, SPARQ_E_NOMEM, "cuda backend: out of memory (sampling request)");
+        st->smp_req = t;
+        st->smp_req_cap = n_req;
+    }
+    size_t at = (size_t)rows * SQ_CUDA_SAMPLE_PARAM_INTS;
+    for (int r = 0; r < rows; r++) {
+        const sq_sample_req *q = &req[r];
+        int *pr = st->smp_req + (size_t)r * SQ_CUDA_SAMPLE_PARAM_INTS;
+        const int np = q->penalty != 1.0f ? q->n_pen : 0;
+        pr[0] = q->n_vocab, pr[1] = q->k, pr[2] = (int)float_bits(q->penalty), pr[3] = np, pr[4] = (int)at;
+        for (int j = 0; j < np; j++) {
+            RETURN_IF(q->pen[j] < 0 || q->pen[j] >= q->n_vocab, SPARQ_E_ARG,
+                      "sample_select: row %d penalises id %d outside [0, %d)", r, (int)q->pen[j], q->n_vocab);
+            st->smp_req[at++] = q->pen[j];
+        }
+    }
+    const size_t n_out = (size_t)rows * (size_t)stride;
+    const size_t bytes = n_out * (sizeof(int) + sizeof(float)) + (size_t)rows * sizeof(int);
+    if (bytes > st->smp_cap) {
+        cudaFree(st->smp_dev);
+        cudaFreeHost(st->smp_host);
+        st->smp_dev = st->smp_host = NULL;
+        st->smp_cap = 0;
+        FORWARD_IF(cuda_status(cudaMalloc((void **)&st->smp_dev, bytes), "sampling results"));
+        FORWARD_IF(cuda_status(cudaMallocHost((void **)&st->smp_host, bytes), "sampling results"));
+        st->smp_cap = bytes;
+    }
+    const int *d_req = stage(st, st->smp_req, n_req);
+    int *d_ids = (int *)st->smp_dev;
+    float *d_vals = (float *)(st->smp_dev + n_out * sizeof(int));
+    int *d_bad = (int *)(st->smp_dev + n_out * (sizeof(int) + sizeof(float)));
+    if (d_req) sq_cuda_sample_launch(st->s, logits, rows, ld, d_req, stride, d_ids, d_vals, d_bad);
+    check(st, cudaGetLastError(), "sampling kernel");
+    check(st, cudaMemcpyAsync(st->smp_host, st->smp_dev, bytes, cudaMemcpyDeviceToHost, st->s), "sampling results");
+    check(st, cudaStreamSynchronize(st->s), "sampling");
+    st->graph.pending = false;
+    FORWARD_IF(take_err(st));
+    const int *h_ids = (const int *)st->smp_host;
+    const float *h_vals = (const float *)(st->smp_host + n_out * sizeof(int));
+    const int *h_bad = (const int *)(st->smp_host + n_out * (sizeof(int) + sizeof(float)));
+    for (int r = 0; r < rows; r++) {
+        bad[r] = h_bad[r] != 0;
+        const int n = req[r].k > 0 ? req[r].k : 1;
+        if (bad[r]) continue;
+        memcpy(ids[r], h_ids + (size_t)r * stride, (size_t)n * sizeof(int32_t));
+        memcpy(vals[r], h_vals + (size_t)r * stride, (size_t)n * sizeof(float));
+    }
+    return SPARQ_OK;
 }
 
 static const sq_backend cuda_backend = {
@@ -1594,6 +1674,7 @@ static const sq_backend cuda_backend = {
     .step_begin = cuda_step_begin,
     .step_abort = cuda_step_abort,
     .step_graphs = cuda_step_graphs,
+    .sample_select = cuda_sample_select,
 };
 
 extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }

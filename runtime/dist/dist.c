@@ -415,6 +415,23 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
     return SPARQ_OK;
 }
 
+sparq_status sq_dist_step_sample(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_sampler *const *smp,
+                                 float *logits, int32_t *ids)
+{
+    RETURN_IF(d->rank != 0 || d->size != 1, SPARQ_E_STATE,
+              "rank %d of %d: a sampled step runs in one process only (sq_dist_submit otherwise)", d->rank, d->size);
+    RETURN_IF(rows < 1 || rows > d->max_rows, SPARQ_E_RANGE, "a step of %d rows (1..%d)", rows, d->max_rows);
+    while (d->q_n > 0) FORWARD_IF(sq_dist_wait(d));
+    d->steps++;
+    int bad = -1;
+    FORWARD_IF(sq_model_decode_sample(d->m, rows, seqs, tokens, smp, logits, ids, &bad));
+    if (bad < 0) return SPARQ_OK;
+    return sparq_err(SPARQ_E_FORMAT,
+                     "the logits of sequence %d at position %d are not finite (NaN or Inf): the model's weights hold "
+                     "NaN / Inf or its activations overflow (`sparq inspect --check MODEL` scans the weights)",
+                     seqs[bad], sq_model_seq_len(d->m, seqs[bad]) - 1);
+}
+
 /* The leader's deadline passed: find out who is silent, say so. */
 static sparq_status stalled(sq_dist *d, const pending_step *p)
 {

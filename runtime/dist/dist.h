@@ -96,6 +96,15 @@ sparq_status sq_dist_serve(sq_dist *d);
 sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_logits_mode mode,
                             float *logits);
 
+/* One process only (sq_dist_size 1): one decode step, row r the next token
+ * of sequence seqs[r] (distinct), that returns a token a row drawn by smp[r]
+ * (not accepted) instead of logits: sq_model_decode_sample, so on a device
+ * the logits stay there (issue 21). logits: host scratch [rows, vocab].
+ * Synchronous. Logits that are not finite fail the step, as above. */
+typedef struct sq_sampler sq_sampler;
+sparq_status sq_dist_step_sample(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_sampler *const *smp,
+                                 float *logits, int32_t *ids);
+
 /* Complete the oldest step in flight (its logits are then in its buffer). */
 sparq_status sq_dist_wait(sq_dist *d);
 

@@ -24,6 +24,7 @@
 #include "formats/weights.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/memplan.h"
+#include "runtime/sampler.h"
 #include "runtime/models/model_impl.h"
 
 void sq_model_opts_default(sq_model_opts *o)
@@ -541,6 +542,8 @@ sq_linear *sq_model_linear(sq_model *m, int layer, int slot, int inst)
 
 /* --- the forward pass: the architecture's graph ------------------------------- */
 
+static sparq_status step_end(sq_model *m, sparq_status s);
+
 sparq_status sq_model_embed(const sq_model *m, const int32_t *tokens, int n, float *hidden)
 {
     RETURN_IF(!m->has_embed, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the embeddings",
@@ -566,11 +569,63 @@ sparq_status sq_model_decode_batch(sq_model *m, int n, const int *seqs, const in
     return m->arch->graph->decode_batch(m, n, seqs, tokens, logits);
 }
 
+/* Rows of one head call in a sampled decode step: runtime/dist's LOGIT_CHUNK, so a step's logits are
+ * those of the same step through sq_dist_submit bit for bit (the CPU head may round differently for
+ * other row counts). */
+#define DECODE_HEAD_CHUNK 32
+
+sparq_status sq_model_decode_sample(sq_model *m, int n, const int *seqs, const int32_t *tokens, sq_sampler *const *smp,
+                                    float *logits, int32_t *ids, int *bad_row)
+{
+    *bad_row = -1;
+    FORWARD_IF(sq_model_decode_batch(m, n, seqs, tokens, NULL)); /* the step stays open for the head */
+    const float *x = sq_model_hidden_buffer(m);
+    const size_t V = (size_t)m->cfg.vocab_size, d = (size_t)m->cfg.hidden_size;
+    for (int r0 = 0; r0 < n; r0 += DECODE_HEAD_CHUNK) {
+        const int k = n - r0 < DECODE_HEAD_CHUNK ? n - r0 : DECODE_HEAD_CHUNK;
+        const sparq_status s = sq_model_head_sample(m, x + (size_t)r0 * d, k, smp + r0, logits + (size_t)r0 * V,
+                                                    ids + r0, bad_row);
+        if (s != SPARQ_OK) return step_end(m, s);
+        if (*bad_row >= 0) {
+            *bad_row += r0;
+            break;
+        }
+    }
+    return m->ex->be->sync(m->ex);
+}
+
 sparq_status sq_model_head(sq_model *m, const float *hidden, int rows, float *logits)
 {
     RETURN_IF(!m->has_head, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the lm_head",
               m->opts.node, m->first, m->end - 1);
     return m->arch->graph->head(m, hidden, rows, logits);
+}
+
+sparq_status sq_model_head_sample(sq_model *m, const float *hidden, int rows, sq_sampler *const *smp, float *logits,
+                                  int32_t *ids, int *bad_row)
+{
+    RETURN_IF(!m->has_head, SPARQ_E_UNSUPPORTED, "this process holds node %d (layers %d..%d), not the lm_head",
+              m->opts.node, m->first, m->end - 1);
+    *bad_row = -1;
+    const size_t V = (size_t)m->cfg.vocab_size, d = (size_t)m->cfg.hidden_size;
+    sq_exec *ex = m->ex;
+    if (!ex->be->device || !m->arch->graph->head_dev) { /* the logits on the host: the CPU's, in place */
+        FORWARD_IF(sq_model_head(m, hidden, rows, logits));
+        if (!ex->be->device) return sq_sampler_sample_rows(ex, smp, logits, rows, (int)V, NULL, ids, bad_row);
+        return sq_sampler_sample_host(smp, logits, rows, (int)V, ids, bad_row);
+    }
+    for (int r0 = 0; r0 < rows;) {
+        float *dl = NULL;
+        int n = 0;
+        FORWARD_IF(m->arch->graph->head_dev(m, hidden + (size_t)r0 * d, rows - r0, &dl, &n));
+        FORWARD_IF(sq_sampler_sample_rows(ex, smp + r0, dl, n, (int)V, logits + (size_t)r0 * V, ids + r0, bad_row));
+        if (*bad_row >= 0) {
+            *bad_row += r0;
+            return SPARQ_OK;
+        }
+        r0 += n;
+    }
+    return SPARQ_OK;
 }
 
 sparq_status sq_model_head_input(sq_model *m, const float *hidden, int rows, float *out)

@@ -29,6 +29,10 @@ struct sq_graph_ops {
                                   const sq_observer *obs);
     sparq_status (*forward_rows)(sq_model *m, float *hidden, int rows, const int *seqs, const int *pos);
     sparq_status (*head)(sq_model *m, const float *hidden, int rows, float *logits);
+    /* A device exec: the logits of hidden's first *n rows (*n ≤ rows, as many as its buffer holds) left in
+     * backend memory at *out, for sq_model_head_sample. NULL: the architecture has none (the logits then
+     * go through `head` to the host). */
+    sparq_status (*head_dev)(sq_model *m, const float *hidden, int rows, float **out, int *n);
     /* out[rows, hidden_size] = what the head linear is applied to (sq_model_head_input); NULL: the
      * final norm of hidden[rows, hidden_size] (an architecture whose hidden row is that). */
     sparq_status (*head_input)(sq_model *m, const float *hidden, int rows, float *out);

@@ -610,6 +610,19 @@ static sparq_status q3_head(sq_model *mc, const float *hidden, int rows, float *
     return sq_exec_take_error(m->c->ex);
 }
 
+/* The head on the device into dlog, up to dlog_rows rows, left there (sq_model_head_sample). */
+static sparq_status q3_head_dev(sq_model *mc, const float *hidden, int rows, float **out, int *n)
+{
+    q3 *m = mc->impl;
+    RETURN_IF(!m->c->ex->be->device || !m->dlog, SPARQ_E_STATE, "head_dev: not a device exec");
+    FORWARD_IF(check_mem(m, hidden, "head"));
+    *n = rows < m->dlog_rows ? rows : m->dlog_rows;
+    m->c->ex->be->rmsnorm(m->c->ex, hidden, *n, m->d, m->final_norm, m->eps, m->xn);
+    sq_linear_forward(m->c->ex, &m->c->head, m->xn, *n, m->dlog);
+    *out = m->dlog;
+    return SPARQ_OK;
+}
+
 static sparq_status q3_forward(sq_model *mc, int seq, const int32_t *tokens, int n, sq_logits_mode mode,
                               float *logits)
 {
@@ -626,6 +639,7 @@ static const sq_graph_ops q3_graph = {
     .forward_layer = q3_forward_layer,
     .forward_rows = q3_forward_rows,
     .head = q3_head,
+    .head_dev = q3_head_dev,
     .forward = q3_forward,
     .decode_batch = q3_decode_batch,
     .hidden_buffer = q3_hidden_buffer,

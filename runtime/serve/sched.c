@@ -64,6 +64,8 @@ struct sq_sched {
     int *gseq;
     int32_t *gtok;
     sq_job **grow;           /* the job of each row of a round */
+    int32_t *gid;            /* [slots]: a sampled round's tokens (one process) */
+    sq_sampler **rsmp;       /* [slots]: its samplers, row by row */
     sq_sched_stats stats;
     int pf_chunk;            /* prompt tokens a chunk (PREFILL_CHUNK; sq_sched_set_prefill_chunk) */
 };
@@ -258,10 +260,24 @@ static sparq_status decode_round(sq_sched *s)
         if (s->slot_job[i] && !s->slot_job[i]->prefilling) s->grow[n++] = s->slot_job[i];
     pthread_mutex_unlock(&s->mu);
     if (n == 0) return SPARQ_OK;
-    const int G = n < s->ranks ? n : s->ranks, per = (n + G - 1) / G;
+    int G = n < s->ranks ? n : s->ranks;
+    const int per = (n + G - 1) / G;
     const double t0 = sparq_now();
     /* group k = jobs k, k + G, ...: rows k·per .. of the buffers */
     int rows[64];
+    if (s->ranks == 1) { /* one process: one sampled step (on a device the logits stay there) */
+        for (int i = 0; i < n; i++) {
+            s->gseq[i] = s->grow[i]->slot;
+            s->gtok[i] = s->grow[i]->next;
+            s->rsmp[i] = s->grow[i]->smp;
+        }
+        FORWARD_IF(sq_dist_step_sample(s->d, n, s->gseq, s->gtok, s->rsmp, s->dlog, s->gid));
+        for (int i = 0; i < n; i++) {
+            s->slot_ids[s->gseq[i]][s->slot_len[s->gseq[i]]++] = s->gtok[i];
+            take_token(s, s->grow[i], s->gid[i]);
+        }
+        G = 0; /* no groups in flight */
+    }
     for (int k = 0; k < G; k++) {
         rows[k] = 0;
         for (int i = k; i < n; i += G) {
@@ -396,7 +412,10 @@ sparq_status sq_sched_create(sq_sched **out, sq_dist *d, const sq_tokenizer *tok
     s->gseq = sparq_malloc((size_t)s->slots * sizeof(int));
     s->gtok = sparq_malloc((size_t)s->slots * sizeof(int32_t));
     s->grow = sparq_malloc((size_t)s->slots * sizeof(sq_job *));
-    bool ok = s->slot_job && s->slot_ids && s->slot_len && s->plog && s->dlog && s->gseq && s->gtok && s->grow;
+    s->gid = sparq_malloc((size_t)s->slots * sizeof(int32_t));
+    s->rsmp = sparq_malloc((size_t)s->slots * sizeof(sq_sampler *));
+    bool ok = s->slot_job && s->slot_ids && s->slot_len && s->plog && s->dlog && s->gseq && s->gtok && s->grow &&
+              s->gid && s->rsmp;
     for (int i = 0; ok && i < s->slots; i++) ok = (s->slot_ids[i] = sparq_malloc((size_t)s->ctx * sizeof(int32_t)));
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
@@ -433,6 +452,8 @@ void sq_sched_free(sq_sched *s)
     sparq_free(s->dlog);
     sparq_free(s->gseq);
     sparq_free(s->gtok);
+    sparq_free(s->gid);
+    sparq_free(s->rsmp);
     sparq_free(s->grow);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work_cv);

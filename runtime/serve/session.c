@@ -108,8 +108,10 @@ sparq_status sq_session_generate(sq_session *s, const int32_t *ids, int n_ids, i
     size_t len;
     sparq_status st = SPARQ_OK;
     t0 = sparq_now();
+    /* one process: the decode steps sample where the logits are (a device keeps them) */
+    const bool sampled_steps = sq_dist_size(s->model) == 1;
+    int32_t t = n_new > 0 ? sq_sampler_sample(s->sampler, s->logits) : 0;
     for (int i = 0; i < n_new && s->n_cached < max_ctx; i++) {
-        const int32_t t = sq_sampler_sample(s->sampler, s->logits);
         if (!s->ignore_eos && is_stop(s, t)) {
             out->eos = true;
             break;
@@ -125,7 +127,15 @@ sparq_status sq_session_generate(sq_session *s, const int32_t *ids, int n_ids, i
             break;
         }
         if (i + 1 == n_new || s->n_cached >= max_ctx) break; /* no logits needed for a token we will not sample */
-        st = sq_dist_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
+        if (sampled_steps) {
+            const int seq0 = 0;
+            int32_t next = 0;
+            st = sq_dist_step_sample(s->model, 1, &seq0, &t, &s->sampler, s->logits, &next);
+            t = next;
+        } else {
+            st = sq_dist_forward(s->model, 0, &t, 1, SQ_LOGITS_LAST, s->logits);
+            if (st == SPARQ_OK) t = sq_sampler_sample(s->sampler, s->logits);
+        }
         if (st != SPARQ_OK) break;
     }
     s->t_decode += sparq_now() - t0;

@@ -5,7 +5,8 @@
  * kernels, the grouped MoE path) with the logits of every position compared,
  * then 32 greedy tokens (decode: GEMV, the fused EXL3 MoE) that must be the
  * same token ids on both, with every step's logits compared; and two
- * sequences decoded together (sq_model_decode_batch). The error is
+ * sequences decoded together (sq_model_decode_batch), and decode steps that
+ * sample on the device (sq_model_decode_sample). The error is
  * ‖gpu − cpu‖ / ‖cpu‖ over a step's logits; the bounds are a few times what
  * was measured on an H200 (docs/cuda.md): fp32 arithmetic for bf16 weights,
  * fp16-rounded activations into the tensor cores for EXL3. Exits 77 without
@@ -21,6 +22,7 @@
 #include "gpu/gpu_probe.h"
 #include "npy.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #include "t.h"
 
 #define PROMPT 40
@@ -242,6 +244,90 @@ static void test_graphs(void)
     graphs_equal("tiny-qwen3moe", 0);
 }
 
+/* Sampling in the decode step (sq_model_decode_sample, issue 21): greedy
+ * text on the GPU, sampled on the device, equals the CPU's (one sequence, 32
+ * tokens); and on the bf16 fixture (deterministic on the GPU) 4 and 12
+ * sequences (a graph step, and one past the 8-row graphs) with top-k
+ * sampling and a penalty draw the same tokens sampled on the device as with
+ * SPARQ_DEVICE_SAMPLING=0 (the logits downloaded), step by step. */
+static void decode_sample_case(const char *rel, int users, const sq_sampler_params *sp, bool vs_cpu)
+{
+    sq_model_opts o;
+    sq_model_opts_default(&o);
+    o.ctx = 96;
+    o.max_rows = 16;
+    o.n_seq = users;
+    o.n_threads = 2;
+    sq_model *m[2] = {NULL, NULL}; /* vs_cpu: [0] CPU, [1] GPU; else both GPU, [0] host sampling */
+    for (int k = 0; k < 2; k++) {
+        o.device = k == 1 || !vs_cpu ? SQ_DEVICE_CUDA : SQ_DEVICE_CPU;
+        const sparq_status st = sq_model_load(&m[k], t_data_path(rel), &o);
+        CHECK_MSG(st == SPARQ_OK, "%s: %s", rel, sparq_errmsg());
+    }
+    if (!m[0] || !m[1]) goto done;
+    {
+        const int V = (int)sq_model_cfg(m[0])->vocab_size, STEPS = 32;
+        float *lg = malloc((size_t)users * V * 4);
+        sq_sampler *smp[2][16];
+        int seqs[16];
+        int32_t tok[2][16], next[2][16];
+        for (int k = 0; k < 2; k++)
+            for (int u = 0; u < users; u++) {
+                sq_sampler_params p = *sp;
+                p.seed = sp->seed + (uint64_t)u;
+                CHECK(sq_sampler_create(&smp[k][u], &p, V) == SPARQ_OK);
+                int32_t pr[5] = {10 + u, 200 + 3 * u, 3000 % V, 45, 7 + u};
+                for (int i = 0; i < 5; i++) pr[i] %= V;
+                CHECK(sq_model_forward(m[k], u, pr, 5, SQ_LOGITS_LAST, lg) == SPARQ_OK);
+                tok[k][u] = (int32_t)(u * 37 % V);
+                seqs[u] = u;
+            }
+        int same = 0;
+        for (int step = 0; step < STEPS; step++) {
+            for (int k = 0; k < 2; k++) {
+                if (!vs_cpu) setenv("SPARQ_DEVICE_SAMPLING", k == 0 ? "0" : "1", 1);
+                int bad = -1;
+                const sparq_status st = sq_model_decode_sample(m[k], users, seqs, tok[k], smp[k], lg, next[k], &bad);
+                CHECK_MSG(st == SPARQ_OK && bad < 0, "%s step %d: %s", rel, step, sparq_errmsg());
+            }
+            unsetenv("SPARQ_DEVICE_SAMPLING");
+            if (memcmp(next[0], next[1], (size_t)users * sizeof(int32_t)) != 0) break;
+            same++;
+            for (int k = 0; k < 2; k++)
+                for (int u = 0; u < users; u++) {
+                    sq_sampler_accept(smp[k][u], next[k][u]);
+                    tok[k][u] = next[k][u];
+                }
+        }
+        uint64_t cap, rep;
+        sq_model_graph_counts(m[1], &cap, &rep);
+        printf("%s: %d users, temp %.2g top-k %d, %s: %d of %d steps draw the same tokens (graphs %llu/%llu)\n", rel,
+               users, (double)sp->temp, sp->top_k, vs_cpu ? "GPU vs CPU" : "device vs host sampling", same, STEPS,
+               (unsigned long long)cap, (unsigned long long)rep);
+        CHECK_MSG(same == STEPS, "%s: %d users: tokens differ at step %d", rel, users, same);
+        for (int k = 0; k < 2; k++)
+            for (int u = 0; u < users; u++) sq_sampler_free(smp[k][u]);
+        free(lg);
+    }
+done:
+    sq_model_free(m[0]);
+    sq_model_free(m[1]);
+}
+
+static void test_decode_sample(void)
+{
+    sq_sampler_params g, t;
+    sq_sampler_params_default(&g);
+    g.temp = 0;
+    sq_sampler_params_default(&t);
+    t.temp = 0.9f, t.top_k = 40, t.repeat_penalty = 1.2f, t.seed = 5;
+    decode_sample_case("tiny-qwen3moe", 1, &g, true);
+    decode_sample_case("exl3-model/exl3-3.0bpw", 1, &g, true);
+    decode_sample_case("tiny-qwen3moe", 4, &t, false);
+    decode_sample_case("tiny-qwen3moe", 12, &t, false);
+    decode_sample_case("tiny-qwen3moe", 12, &g, false);
+}
+
 static void test_fixture_bf16(void) { compare_model("tiny-qwen3moe", 1e-4, 1e-4); }
 
 /* Memory is planned: a load whose KV cache cannot fit the device is refused
@@ -291,6 +377,7 @@ int main(void)
     RUN(test_exl3_model);
     RUN(test_decode_batch);
     RUN(test_graphs);
+    RUN(test_decode_sample);
     RUN(test_device_plan);
     return t_summary();
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/gpu/test_device_cli.sh — `sparq run/eval --device`: a bad value is a
 # usage error (exit 2); `cpu` runs; `cuda` either runs (a CUDA build on a GPU
-# machine: then the greedy text equals the CPU's) or fails cleanly with exit 1
+# machine: then the greedy text equals the CPU's, and sampling on the device
+# draws the tokens SPARQ_DEVICE_SAMPLING=0 draws) or fails cleanly with exit 1
 # and a message that names the device (no CUDA in the build, or no GPU).
 # The same for `sparq quantize --device`: on a GPU the output's proxies are the
 # CPU run's within 1e-3 relative, and a run stopped on one device resumes on the
@@ -22,6 +23,13 @@ grep -q "expected cpu or cuda" "$T/e" && ok || bad "run --device gpu: message"
 rc=$?
 if [ $rc -eq 0 ]; then
   cmp -s "$T/cpu" "$T/cuda" && ok || bad "run --device cuda: greedy text differs from the CPU's"
+  # sampling on the device (issue 21) draws what the downloaded logits draw: one user, --parallel 12
+  # (a 12-row step, past the 8-row graphs), top-k with a penalty
+  for a in "-n 24 --seed 3" "-n 16 --seed 5 --parallel 12" "-n 24 --seed 9 --top-k 5 --temp 1.2 --repeat-penalty 1.3"; do
+    "$SPARQ" run "$M" -p "The file" $a --device cuda >"$T/dev" 2>"$T/e" &&
+    SPARQ_DEVICE_SAMPLING=0 "$SPARQ" run "$M" -p "The file" $a --device cuda >"$T/host" 2>>"$T/e" &&
+    cmp -s "$T/dev" "$T/host" && ok || bad "run $a --device cuda: device sampling differs from the host's: $(cat "$T/e")"
+  done
 elif [ $rc -eq 1 ]; then
   grep -q "device cuda:" "$T/e" && ok || bad "run --device cuda failed without naming the device: $(cat "$T/e")"
 else

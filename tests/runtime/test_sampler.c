@@ -5,7 +5,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/ops.h"
 #include "runtime/sampler.h"
+#include "sample_check.h"
 #include "t.h"
 
 static sq_sampler *make(float temp, int top_k, float top_p, float min_p, float rep, uint64_t seed, int V)
@@ -138,8 +140,32 @@ static void test_bad_params(void)
     CHECK(s == NULL);
 }
 
+/* The split path (the backend's sample_select, then sq_sampler_finish) on the CPU backend against the
+ * whole-row sampler: the device path's host half and wiring, run without a GPU (tests/gpu/test_sample_cuda.c
+ * runs the same on the CUDA backend). */
+static void test_split_path(void)
+{
+    sq_exec *ex = NULL;
+    CHECK(sq_exec_create(&ex, 1) == SPARQ_OK);
+    sample_check_all(ex, 1000, 1000, 1000);          /* no top-k fits the op here: every id a candidate */
+    sample_check_all(ex, 4093, 4099, 1000);          /* padded rows */
+    sample_check_all(ex, 151669, 151936, 160);       /* Qwen3's head, tokenizer ids */
+    sample_check_all(ex, 129280, 129280, 120);       /* DeepSeek V4.1's */
+    /* unset, the CPU exec samples whole rows (no op) */
+    unsetenv("SPARQ_DEVICE_SAMPLING");
+    CHECK_EQ_INT(sq_device_sampling_mode(), -1);
+    sq_sampler_params p;
+    sq_sampler_params_default(&p);
+    CHECK_EQ_INT(sample_check(ex, 2000, 2000, &p, 40, false, "defaults, SPARQ_DEVICE_SAMPLING unset"), 0);
+    setenv("SPARQ_DEVICE_SAMPLING", "0", 1);
+    CHECK_EQ_INT(sample_check(ex, 2000, 2000, &p, 40, false, "defaults, SPARQ_DEVICE_SAMPLING=0"), 0);
+    setenv("SPARQ_DEVICE_SAMPLING", "1", 1);
+    sq_exec_free(ex);
+}
+
 int main(void)
 {
+    setenv("SPARQ_DEVICE_SAMPLING", "1", 1);
     RUN(test_greedy);
     RUN(test_seed_determinism);
     RUN(test_distribution);
@@ -147,5 +173,6 @@ int main(void)
     RUN(test_repeat_penalty);
     RUN(test_padded_row);
     RUN(test_bad_params);
+    RUN(test_split_path);
     return t_summary();
 }

@@ -5,7 +5,15 @@
  * as much as two separate runs would).
  *
  *   runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N] [--gemv N]
- *                 [--device cpu|cuda] [--compare-cpu N]
+ *                 [--device cpu|cuda] [--compare-cpu N] [--users N]
+ *
+ * --users N also decodes N sequences together, the step `sparq serve` and
+ * `run --parallel` run (sq_model_decode_sample: one batched decode step of N
+ * rows, the head, and the greedy token of each row sampled where the logits
+ * are: on the device with --device cuda). Each sequence is first prefilled
+ * with its own prompt of --prompt tokens; then --decode steps are timed
+ * (best of --reps) and printed as per-user and aggregate tokens/s. Steps of
+ * up to 8 rows replay CUDA graphs, larger ones run launch by launch.
  *
  * --compare-cpu N (with --device cuda) also loads the model on the CPU and
  * checks the GPU against it: the prompt's last logits, then N decode steps
@@ -37,6 +45,7 @@
 #include "common/threadpool.h"
 #include "kernels/cpu/trellis.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #if SPARQ_HAVE_CUDA
 #include "kernels/cuda/trellis_cuda.h"
 #endif
@@ -156,14 +165,73 @@ static int compare_cpu(sq_model *m, const char *dir, const sq_model_opts *o, con
     return rc;
 }
 
+/* --users N: N sequences prefilled, then decoded together n_decode steps (greedy, sampled in the step);
+ * the best of reps. Returns nonzero on an error. */
+static int bench_users(sq_model *m, int users, const int32_t *toks, int n_prompt, int n_decode, int reps)
+{
+    const int V = (int)sq_model_cfg(m)->vocab_size;
+    int *seqs = malloc((size_t)users * sizeof(int));
+    int32_t *tok = malloc((size_t)users * sizeof(int32_t)), *next = malloc((size_t)users * sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)n_prompt * sizeof(int32_t));
+    float *lg = malloc((size_t)users * (size_t)V * sizeof(float));
+    sq_sampler **smp = calloc((size_t)users, sizeof *smp);
+    int rc = !seqs || !tok || !next || !prompt || !lg || !smp;
+    sq_sampler_params sp;
+    sq_sampler_params_default(&sp);
+    sp.temp = 0; /* greedy */
+    for (int u = 0; !rc && u < users; u++) {
+        seqs[u] = u;
+        rc = sq_sampler_create(&smp[u], &sp, V) != SPARQ_OK;
+    }
+    double best = 0, pf_s = 0;
+    uint64_t cap0 = 0, rep0 = 0, cap1 = 0, rep1 = 0;
+    for (int r = 0; !rc && r < reps; r++) {
+        const double t0 = sparq_now();
+        for (int u = 0; !rc && u < users; u++) { /* each user its own prompt: the shared one shifted */
+            for (int i = 0; i < n_prompt; i++) prompt[i] = (toks[i] + u * 7919) % V;
+            sq_model_seq_reset(m, u);
+            rc = sq_model_forward(m, u, prompt, n_prompt, SQ_LOGITS_LAST, lg) != SPARQ_OK;
+            if (!rc) tok[u] = sq_sampler_sample(smp[u], lg); /* the greedy first token */
+        }
+        const double t1 = sparq_now();
+        sq_model_graph_counts(m, &cap0, &rep0);
+        for (int i = 0; !rc && i < n_decode; i++) {
+            int bad = -1;
+            rc = sq_model_decode_sample(m, users, seqs, tok, smp, lg, next, &bad) != SPARQ_OK || bad >= 0;
+            memcpy(tok, next, (size_t)users * sizeof(int32_t));
+        }
+        const double t2 = sparq_now();
+        sq_model_graph_counts(m, &cap1, &rep1);
+        if (rc) fprintf(stderr, "--users %d: %s\n", users, sparq_errmsg());
+        pf_s = t1 - t0;
+        best = fmax(best, n_decode / (t2 - t1));
+    }
+    if (!rc) {
+        printf("users %d\n", users);
+        printf("users_prefill_s %.2f (%d prompts of %d tokens, one after another)\n", pf_s, users, n_prompt);
+        printf("users_decode_steps %d (rows %d a step; graphs captured %llu replayed %llu in the last rep)\n", n_decode,
+               users, (unsigned long long)(cap1 - cap0), (unsigned long long)(rep1 - rep0));
+        printf("users_decode_tok_s_per_user %.1f\n", best);
+        printf("users_decode_tok_s_aggregate %.1f\n", best * users);
+    }
+    for (int u = 0; smp && u < users; u++) sq_sampler_free(smp[u]);
+    free(smp);
+    free(seqs);
+    free(tok);
+    free(next);
+    free(prompt);
+    free(lg);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: runtime_bench MODEL [--threads N] [--prompt N] [--decode N] [--reps N] [--bw-mib N] "
-                        "[--gemv N] [--device cpu|cuda]\n");
+                        "[--gemv N] [--device cpu|cuda] [--compare-cpu N] [--users N]\n");
         return 2;
     }
-    int threads = 0, n_prompt = 512, n_decode = 128, reps = 3, bw_mib = 512, gemv_n = 8192, compare = 0;
+    int threads = 0, n_prompt = 512, n_decode = 128, reps = 3, bw_mib = 512, gemv_n = 8192, compare = 0, users = 0;
     sq_device dev = SQ_DEVICE_CPU;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
@@ -179,6 +247,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--bw-mib")) bw_mib = v;
         else if (!strcmp(argv[i], "--gemv")) gemv_n = v;
         else if (!strcmp(argv[i], "--compare-cpu")) compare = v;
+        else if (!strcmp(argv[i], "--users")) users = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -190,6 +259,14 @@ int main(int argc, char **argv)
     o.max_rows = n_prompt < 512 ? n_prompt : 512;
     o.n_threads = threads;
     o.device = dev;
+    if (users < 0 || users > 4096 || n_prompt < 1 || n_decode < 1) {
+        fprintf(stderr, "--users 0..4096, --prompt and --decode at least 1\n");
+        return 2;
+    }
+    if (users > 0) {
+        o.n_seq = users;
+        if (o.max_rows < users) o.max_rows = users;
+    }
     sq_model *m;
     size_t gpu_free0 = 0, gpu_total = 0;
 #if SPARQ_HAVE_CUDA
@@ -296,6 +373,7 @@ int main(int argc, char **argv)
                bw > 0 ? gemv_bps / bw : 0.0);
     int bad = finite ? 0 : 1;
     if (compare > 0 && !host) bad |= compare_cpu(m, argv[1], &o, toks, n_prompt, compare);
+    if (users > 0) bad |= bench_users(m, users, toks, n_prompt, n_decode, reps);
     free(toks);
     free(lg);
     sq_model_free(m);

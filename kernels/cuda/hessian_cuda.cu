@@ -344,15 +344,18 @@ struct blas_scope {
 
 sparq_status kernels_setup(void)
 {
-    static int done; /* idempotent: a race only sets the same attribute twice */
-    if (done) return SPARQ_OK;
+    /* per device (the attribute is); idempotent: a race only sets it twice */
+    static unsigned char done[64];
+    int dev = 0;
+    CUDA_RETURN_IF(cudaGetDevice(&dev), "hessian: current device");
+    if (dev >= 0 && dev < 64 && done[dev]) return SPARQ_OK;
     const int bytes = CHOL_DIAG_MAX * (CHOL_DIAG_MAX + 1) * (int)sizeof(float);
     CUDA_RETURN_IF(cudaFuncSetAttribute(k_chol_diag, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                    "cholesky: %d bytes of shared memory for the diagonal block", bytes);
     const int rot = TILE * ROT_LD * (int)sizeof(float);
     CUDA_RETURN_IF(cudaFuncSetAttribute(k_rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, rot),
                    "hessian rotation: %d bytes of shared memory", rot);
-    done = 1;
+    if (dev >= 0 && dev < 64) done[dev] = 1;
     return SPARQ_OK;
 }
 

@@ -142,12 +142,12 @@ static double last_cpu_ms;
 
 /* Prepare h on both sides and compare everything; want_damping > 0: the CPU
  * must also have chosen it (the test's own premise). */
-static void compare(const char *what, const float *h, int k, float want_damping, bool want_identity)
+static void compare(const char *what, const float *h, int k, float sigma, float want_damping, bool want_identity)
 {
     const uint64_t seed = 0xC0FFEE ^ (uint64_t)k;
     ldlq_hessian *cs = NULL;
     double t0 = now_ms();
-    const sparq_status cst = ldlq_hessian_prepare(&cs, h, k, 0.0f, seed, what);
+    const sparq_status cst = ldlq_hessian_prepare(&cs, h, k, sigma, seed, what);
     last_cpu_ms = now_ms() - t0;
     CHECK_MSG(cst == SPARQ_OK, "%s: CPU: %s", what, sparq_errmsg());
     if (cst != SPARQ_OK) return;
@@ -156,7 +156,7 @@ static void compare(const char *what, const float *h, int k, float want_damping,
     CHECK(!h || dh);
     hess_cuda g;
     t0 = now_ms();
-    const sparq_status gst = hess_cuda_prepare(blas, NULL, dh, k, 0.0f, seed, what, &g);
+    const sparq_status gst = hess_cuda_prepare(blas, NULL, dh, k, sigma, seed, what, &g);
     const double gpu_ms = now_ms() - t0;
     CHECK_MSG(gst == SPARQ_OK, "%s: GPU: %s", what, sparq_errmsg());
     if (gst != SPARQ_OK) goto out;
@@ -231,7 +231,7 @@ static void test_random(void)
         if (!h) continue;
         char what[64];
         snprintf(what, sizeof what, "random k=%d", k);
-        compare(what, h, k, LDLQ_SIGMA_REG, false);
+        compare(what, h, k, 0.0f, LDLQ_SIGMA_REG, false);
         free(h);
     }
 }
@@ -240,7 +240,7 @@ static void test_rank_deficient(void)
 {
     float *h = make_h(512, 200, -1);
     CHECK(h);
-    if (h) compare("rank 200, k=512", h, 512, 0.0f, false);
+    if (h) compare("rank 200, k=512, sigma 0.05", h, 512, 0.05f, 0.05f, false);
     free(h);
 }
 
@@ -262,7 +262,7 @@ static void test_retry(void)
         h[(size_t)j * k + j] -= (float)(cases[i].lambda * diag_mean(h, k));
         char what[64];
         snprintf(what, sizeof what, "retry k=%d lambda=%.2f", k, cases[i].lambda);
-        compare(what, h, k, cases[i].damping, false);
+        compare(what, h, k, 0.0f, cases[i].damping, false);
         free(h);
     }
 }
@@ -274,13 +274,13 @@ static void test_identity(void)
     CHECK(h);
     if (!h) return;
     h[3 * k + 7] = NAN;
-    compare("NaN off the diagonal", h, k, 0.0f, true);
+    compare("NaN off the diagonal", h, k, 0.0f, 0.0f, true);
     h[3 * k + 7] = h[7 * k + 3];
     h[9 * k + 9] = INFINITY;
-    compare("Inf on the diagonal", h, k, 0.0f, true);
+    compare("Inf on the diagonal", h, k, 0.0f, 0.0f, true);
     memset(h, 0, (size_t)k * k * sizeof(float));
-    compare("all zero", h, k, 0.0f, true);
-    compare("no Hessian", NULL, k, 0.0f, true);
+    compare("all zero", h, k, 0.0f, 0.0f, true);
+    compare("no Hessian", NULL, k, 0.0f, 0.0f, true);
     free(h);
 }
 

@@ -25,48 +25,13 @@
 #include "gpu/gpu_probe.h"
 #include "kernels/cpu/trellis.h"
 #include "kernels/cuda/ldlq_cuda.h"
+#include "quantize/exl3_cases.h"
 #include "quantize/ldlq.h"
 #include "t.h"
 
-static sf_model *g_cases, *g_extra;
 static sparq_pool *g_pool;
 static ldlq_cuda *g_ctx;
 static double worst_proxy_rel;
-
-static const sf_tensor *find2(const char *name)
-{
-    const sf_tensor *t = sf_find(g_cases, name);
-    return t ? t : sf_find(g_extra, name);
-}
-
-/* A tensor as fp32; "<name>_upper" (a symmetric matrix's upper triangle) expanded. */
-static float *load_f32(const char *name, int *k_out)
-{
-    const sf_tensor *t = find2(name);
-    if (t) {
-        float *v = sparq_malloc(t->numel * sizeof(float));
-        if (v && sf_to_f32(t, v) != SPARQ_OK) sparq_free(v), v = NULL;
-        if (k_out) *k_out = (int)t->shape[0];
-        return v;
-    }
-    char key[160];
-    snprintf(key, sizeof key, "%s_upper", name);
-    t = find2(key);
-    if (!t || t->ndim != 1) return NULL;
-    uint64_t k = 0;
-    while (k * (k + 1) / 2 < t->numel) k++;
-    float *tri = sparq_malloc(t->numel * sizeof(float)), *v = sparq_malloc(k * k * sizeof(float));
-    if (!tri || !v || sf_to_f32(t, tri) != SPARQ_OK) {
-        sparq_free(tri), sparq_free(v);
-        return NULL;
-    }
-    const float *p = tri;
-    for (uint64_t i = 0; i < k; i++)
-        for (uint64_t j = i; j < k; j++, p++) v[i * k + j] = v[j * k + i] = *p;
-    sparq_free(tri);
-    if (k_out) *k_out = (int)k;
-    return v;
-}
 
 typedef struct gpu_coder_ctx {
     int K;

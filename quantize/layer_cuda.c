@@ -9,8 +9,9 @@
  * device's free memory (after the encoder's workspace, less a margin) and a
  * host bound (a quarter of --max-mem, else 8 GiB) on the regularised weights
  * and prepared Hessians a batch holds. Per batch the CPU prepares each
- * distinct Hessian (ldlq_hessian_prepare, seeded by the first linear that
- * reads it, as the CPU loop) and regularises each weight (ldlq_regularize;
+ * distinct Hessian (on the GPU, kernels/cuda/hessian_cuda.h, or with
+ * SPARQ_QUANT_GPU_HESSIAN=0 ldlq_hessian_prepare on the CPU; seeded by the first
+ * linear that reads it, as the CPU loop) and regularises each weight (ldlq_regularize;
  * the scale search's tiles are encoded on the GPU; with --scale-search shared
  * the first expert's scale is reused, as on the CPU); the GPU runs the
  * recursion and the proxy; the CPU stores the fp16 scales. */
@@ -59,8 +60,9 @@ static int cmp_gitem(const void *a, const void *b)
 }
 
 /* Host bytes a batch holds: regularised weights, their trellis, the prepared Hessians. */
-static uint64_t host_bytes(int k, int n, int K, int n_hess, int n_items)
+static uint64_t host_bytes(int k, int n, int K, int n_hess, int n_items, bool gpu_hess)
 {
+    if (gpu_hess) n_hess = 0; /* only su and h_diag on the host */
     const uint64_t kn = (uint64_t)k * n;
     /* the fp32 weight as read and its regularised copy are both held until the copy is made */
     return (uint64_t)n_items * (2 * kn * 4 + kn * K / 8 + 4ull * (k + n)) +
@@ -74,6 +76,14 @@ static uint64_t host_budget(const qjob *j)
     return j->o->max_mem / 4 > floor ? j->o->max_mem / 4 : floor;
 }
 
+/* The Hessians are prepared on the GPU too unless SPARQ_QUANT_GPU_HESSIAN=0 (then
+ * ldlq_hessian_prepare on the CPU, uploaded with each batch). */
+static bool gpu_hessians(void)
+{
+    const char *e = getenv("SPARQ_QUANT_GPU_HESSIAN");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 /* How many items from it[0] (avail of one shape and K) one batch takes. */
 static sparq_status batch_size(qjob *j, const gitem *it, int avail, int *out)
 {
@@ -84,10 +94,13 @@ static sparq_status batch_size(qjob *j, const gitem *it, int avail, int *out)
     const size_t dev = fr > margin ? fr - margin : 0;
     const uint64_t host = host_budget(j);
     const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
+    const bool gh = gpu_hessians();
     int m = 0, n_hess = 0;
     while (m < avail) {
         const int nh = n_hess + (m == 0 || it[m].leader != it[m - 1].leader);
-        if (j->gops->batch_bytes(&s, nh, m + 1, 0) > dev || host_bytes(s.k, s.n, s.K, nh, m + 1) > host) break;
+        const size_t dbytes = gh ? j->gops->batch_bytes(&s, 0, m + 1, 0) + (size_t)nh * j->gops->hess_bytes(s.k)
+                                 : j->gops->batch_bytes(&s, nh, m + 1, 0);
+        if (dbytes > dev || host_bytes(s.k, s.n, s.K, nh, m + 1, gh) > host) break;
         n_hess = nh;
         m++;
     }
@@ -141,13 +154,18 @@ static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_share
 {
     const int k = items[0].k, n = items[0].n, K = items[0].K;
     ldlq_hessian **hs = sparq_calloc((size_t)m, sizeof *hs);
+    ldlq_cuda_dhess **dh = sparq_calloc((size_t)m, sizeof *dh);
     ldlq_cuda_hess *gh = sparq_calloc((size_t)m, sizeof *gh);
+    float *su = sparq_malloc((size_t)k * sizeof(float)), *hdiag = sparq_malloc((size_t)k * sizeof(float));
+    const bool on_gpu = gpu_hessians();
     ldlq_reg *reg = sparq_calloc((size_t)m, sizeof *reg);
     ldlq_cuda_item *gi = sparq_calloc((size_t)m, sizeof *gi);
     float **w = sparq_calloc((size_t)m, sizeof *w);
     int *hidx = sparq_calloc((size_t)m, sizeof *hidx);
     double *gfix = sparq_calloc((size_t)m, sizeof *gfix);
-    sparq_status st = hs && gh && reg && gi && w && hidx && gfix ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    sparq_status st = hs && dh && gh && su && hdiag && reg && gi && w && hidx && gfix
+                          ? SPARQ_OK
+                          : sparq_err(SPARQ_E_NOMEM, "out of memory");
     int n_hess = 0;
     pthread_mutex_t enc_lock = PTHREAD_MUTEX_INITIALIZER;
     gpu_coder gc = {j, K, &enc_lock};
@@ -158,11 +176,20 @@ static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_share
         if (i == 0 || it->leader != items[i - 1].leader) {
             char hname[600];
             snprintf(hname, sizeof hname, "%s (input Hessian)", it->leader_key);
-            st = ldlq_hessian_prepare(&hs[n_hess], it->h, k, 0.0f, qz_hash_str(j->o->seed, hname), hname);
+            const uint64_t seed = qz_hash_str(j->o->seed, hname);
+            if (on_gpu) {
+                int ident = 0;
+                float damp = 0;
+                st = j->gops->hess_prepare(j->gctx, it->h, k, 0.0f, seed, hname, &dh[n_hess], su, hdiag, &ident, &damp);
+                if (st == SPARQ_OK) st = ldlq_hessian_wrap(&hs[n_hess], k, su, hdiag, ident != 0, damp);
+                if (st == SPARQ_OK) gh[n_hess] = j->gops->hess_of(dh[n_hess]);
+            } else {
+                st = ldlq_hessian_prepare(&hs[n_hess], it->h, k, 0.0f, seed, hname);
+                const ldlq_hessian *p = hs[n_hess];
+                if (st == SPARQ_OK) gh[n_hess] = (ldlq_cuda_hess){ldlq_hessian_hr(p), ldlq_hessian_l(p), ldlq_hessian_d(p), 0};
+            }
+            n_hess++; /* freed below whatever happened */
             if (st != SPARQ_OK) break;
-            const ldlq_hessian *p = hs[n_hess];
-            gh[n_hess] = (ldlq_cuda_hess){ldlq_hessian_hr(p), ldlq_hessian_l(p), ldlq_hessian_d(p)};
-            n_hess++;
         }
         hidx[i] = n_hess - 1;
         int out, in;
@@ -218,10 +245,14 @@ static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_share
     }
     j->t_quant += sparq_now() - t0;
     for (int i = 0; i < m; i++) {
-        ldlq_hessian_free(hs[i]);
-        ldlq_reg_free(&reg[i]);
+        if (hs) ldlq_hessian_free(hs[i]);
+        if (dh && dh[i]) j->gops->hess_free(dh[i]);
+        if (reg) ldlq_reg_free(&reg[i]);
         if (w) sparq_free(w[i]);
     }
+    sparq_free(dh);
+    sparq_free(su);
+    sparq_free(hdiag);
     pthread_mutex_destroy(&rt.lock);
     pthread_mutex_destroy(&enc_lock);
     sparq_free(hs);
@@ -300,7 +331,7 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     q->svh = sparq_malloc((size_t)out * sizeof(uint16_t));
     if (!q->key || !q->trellis || !q->suh || !q->svh) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
     ldlq_cuda_item gi = {.hess = 0, .wr = reg.wr, .trellis = q->trellis};
-    const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs)};
+    const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs), 0};
     const ldlq_cuda_shape s = {in, out, K, j->o->cb, 0};
     const double t1 = sparq_now();
     if (st == SPARQ_OK) st = j->gops->batch(j->gctx, &s, &gh, 1, &gi, 1, key);

@@ -193,6 +193,27 @@ nomem:
     return sparq_err(SPARQ_E_NOMEM, "%s: out of memory preparing a %d x %d Hessian", name, k, k);
 }
 
+sparq_status ldlq_hessian_wrap(ldlq_hessian **out, int k, const float *su, const float *h_diag, bool identity,
+                               float damping)
+{
+    *out = NULL;
+    ldlq_hessian *hs = sparq_calloc(1, sizeof *hs);
+    RETURN_IF(!hs, SPARQ_E_NOMEM, "out of memory for a Hessian");
+    hs->k = k;
+    hs->identity = identity;
+    hs->damping = damping;
+    hs->su = sparq_malloc((size_t)k * sizeof(float));
+    hs->h_diag = sparq_malloc((size_t)k * sizeof(float));
+    if (!hs->su || !hs->h_diag) {
+        ldlq_hessian_free(hs);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory for a Hessian");
+    }
+    memcpy(hs->su, su, (size_t)k * sizeof(float));
+    memcpy(hs->h_diag, h_diag, (size_t)k * sizeof(float));
+    *out = hs;
+    return SPARQ_OK;
+}
+
 /* --- tiles ---------------------------------------------------------------------- */
 
 /* Gather tile (ti, tj) of m (row stride n) into 256 values in stream order. */
@@ -532,6 +553,7 @@ sparq_status ldlq_finish(const ldlq_hessian *hs, const ldlq_reg *r, const float 
 {
     const int k = r->k, n = r->n;
     const size_t kn = (size_t)k * n;
+    RETURN_IF(wq && !hs->identity && !hs->hr, SPARQ_E_ARG, "%s: the Hessian was prepared elsewhere (no Hr here)", name);
     res->proxy_err = wq ? ldlq_proxy_err(hs->identity ? NULL : hs->hr, k, r->wr, wq, n) : proxy;
     RETURN_IF(res->proxy_err < 0, SPARQ_E_NOMEM, "%s: out of memory computing the proxy error", name);
     for (int i = 0; i < k; i++) res->suh[i] = sparq_f32_to_f16(r->su[i]);
@@ -558,6 +580,7 @@ sparq_status ldlq_quantize(const ldlq_hessian *hs, const float *w, int n, const 
 {
     const int k = hs->k, K = opts->K;
     RETURN_IF(!res || !res->trellis || !res->suh || !res->svh, SPARQ_E_ARG, "%s: output arrays missing", name);
+    RETURN_IF(!hs->identity && !hs->l, SPARQ_E_ARG, "%s: the Hessian was prepared elsewhere (no L here)", name);
     cpu_coder cc = {enc, pool};
     const ldlq_coder coder = {cpu_encode, &cc};
     ldlq_reg reg;

@@ -64,6 +64,14 @@ const float *ldlq_hessian_l(const ldlq_hessian *hs);
 const float *ldlq_hessian_d(const ldlq_hessian *hs);
 const float *ldlq_hessian_su(const ldlq_hessian *hs);
 
+/* A Hessian prepared elsewhere (on the GPU: kernels/cuda/ldlq_cuda.h) as
+ * the CPU's regularisation needs it: its signs su, the damped diagonal
+ * h_diag, whether it is the identity and the damping (copied). Its Hr / L /
+ * D accessors return NULL, and ldlq_quantize / ldlq_finish with a wq cannot
+ * use it (they need Hr): the recursion and the proxy run where it lives. */
+sparq_status ldlq_hessian_wrap(ldlq_hessian **out, int k, const float *su, const float *h_diag, bool identity,
+                               float damping);
+
 /* The random ±1 signs every EXL3 quantization draws (s[0..n) from seed;
  * splitmix64, the top bit of each draw): the input signs su of a Hessian
  * (seed as given to ldlq_hessian_prepare) and the output signs of a weight

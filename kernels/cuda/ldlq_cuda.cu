@@ -8,6 +8,7 @@
  * the proxy: SGEMM Hr·E and Hr·W, sums of products per block in double,
  * added on the host in block order (deterministic). */
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/hessian_cuda.h"
 #include "kernels/cuda/ldlq_cuda.h"
 #include "kernels/cuda/trellis_encode.h"
 
@@ -264,15 +265,15 @@ static sparq_status proxy_of(ldlq_cuda *c, const float *hr, const float *x, int 
 }
 
 static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
-                              ldlq_cuda_item *items, int n_items, const char *name, char *base)
+                              int n_host, ldlq_cuda_item *items, int n_items, const char *name, char *base)
 {
     const int k = s->k, n = s->n, K = s->K, tk = k / 16, tn = n / 16;
     const size_t kn = (size_t)k * n, kk = (size_t)k * k, words = (size_t)tk * tn * 16 * K;
     int want_wq = 0;
     for (int i = 0; i < n_items; i++) want_wq |= items[i].wq != NULL;
-    const batch_layout lay = layout_of(s, n_hess, n_items, want_wq);
+    const batch_layout lay = layout_of(s, n_host, n_items, want_wq);
     carver cv = {base};
-    float *hbuf = cv.take<float>((size_t)n_hess * (2 * kk + k));
+    float *hbuf = cv.take<float>((size_t)n_host * (2 * kk + k));
     float *wbuf = cv.take<float>((size_t)n_items * kn);
     float *ebuf = cv.take<float>((size_t)n_items * kn);
     float *qbuf = want_wq ? cv.take<float>((size_t)n_items * kn) : NULL;
@@ -292,16 +293,24 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
     void **hp = (void **)sparq_calloc((size_t)n_items * 12, sizeof *hp);
     double *hpart = (double *)sparq_malloc(DOT_BLOCKS * sizeof(double));
     sparq_status st = hr_dev && hp && hpart ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
-    for (int h = 0; h < n_hess && st == SPARQ_OK; h++) {
-        float *dh = hbuf + (size_t)h * (2 * kk + k);
+    /* device Hessians are read in place; host ones get a slot of hbuf each, in order */
+    const float **l_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *l_dev);
+    const float **d_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *d_dev);
+    if (st == SPARQ_OK && (!l_dev || !d_dev)) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+    for (int h = 0, slot = 0; h < n_hess && st == SPARQ_OK; h++) {
         if (!hs[h].hr) continue;
+        if (hs[h].device) {
+            hr_dev[h] = hs[h].hr, l_dev[h] = hs[h].l, d_dev[h] = hs[h].d;
+            continue;
+        }
+        float *dh = hbuf + (size_t)slot++ * (2 * kk + k);
         st = cuda_status(cudaMemcpyAsync(dh, hs[h].hr, kk * 4, cudaMemcpyHostToDevice, c->stream), "upload Hr");
         if (st == SPARQ_OK)
             st = cuda_status(cudaMemcpyAsync(dh + kk, hs[h].l, kk * 4, cudaMemcpyHostToDevice, c->stream), "upload L");
         if (st == SPARQ_OK)
             st = cuda_status(cudaMemcpyAsync(dh + 2 * kk, hs[h].d, (size_t)k * 4, cudaMemcpyHostToDevice, c->stream),
                              "upload D");
-        hr_dev[h] = dh;
+        hr_dev[h] = dh, l_dev[h] = dh + kk, d_dev[h] = dh + 2 * kk;
     }
     /* host pointer tables: [0] t, [1] w, [2] err, [3] wq, [4] d (per item, NULL for identity),
      * [5] trellis; then for the items with a Hessian: [6] err, [7] L, [8] t; [9..11] the GEMM's A, B, C */
@@ -314,17 +323,16 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
             st = sparq_err(SPARQ_E_ARG, "item %d: Hessian %d of %d", i, it->hess, n_hess);
             break;
         }
-        float *dh = hbuf + (size_t)it->hess * (2 * kk + k);
         const bool ident = !hs[it->hess].hr;
         P[0][i] = tbuf + (size_t)i * 16 * n;
         P[1][i] = wbuf + (size_t)i * kn;
         P[2][i] = ebuf + (size_t)i * kn;
         P[3][i] = qbuf ? qbuf + (size_t)i * kn : NULL;
-        P[4][i] = ident ? NULL : dh + 2 * kk;
+        P[4][i] = ident ? NULL : (void *)d_dev[it->hess];
         P[5][i] = trel + (size_t)i * words;
         if (!ident) {
             P[6][n_nz] = P[2][i];
-            P[7][n_nz] = dh + kk;
+            P[7][n_nz] = (void *)l_dev[it->hess];
             P[8][n_nz] = P[0][i];
             n_nz++;
         }
@@ -382,6 +390,8 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
     if (st == SPARQ_OK) st = cuda_status(cudaStreamSynchronize(c->stream), "ldlq batch");
     else cudaStreamSynchronize(c->stream);
     sparq_free(hr_dev);
+    sparq_free(l_dev);
+    sparq_free(d_dev);
     sparq_free(hp);
     sparq_free(hpart);
     return st == SPARQ_OK ? st : sparq_err_context(st, "%s", name);
@@ -394,9 +404,10 @@ extern "C" sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, 
     RETURN_IF(s->k <= 0 || s->k % 128 || s->n <= 0 || s->n % 128, SPARQ_E_SHAPE,
               "%s: %d x %d is not a multiple of 128 both ways", name, s->k, s->n);
     RETURN_IF(s->K < 1 || s->K > TRELLIS_K_MAX, SPARQ_E_ARG, "%s: K = %d is outside 1..8", name, s->K);
-    int want_wq = 0;
+    int want_wq = 0, n_host = 0;
     for (int i = 0; i < n_items; i++) want_wq |= items[i].wq != NULL;
-    const size_t bytes = ldlq_cuda_batch_bytes(s, n_hess, n_items, want_wq);
+    for (int h = 0; h < n_hess; h++) n_host += hs[h].hr && !hs[h].device;
+    const size_t bytes = ldlq_cuda_batch_bytes(s, n_host, n_items, want_wq);
     char *base = NULL;
     cudaError_t e = cudaMalloc((void **)&base, bytes);
     if (e != cudaSuccess) {
@@ -404,13 +415,65 @@ extern "C" sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, 
         return sparq_err(SPARQ_E_NOMEM, "%s: cuda ldlq: cannot allocate %.1f MB for %d weights of %d x %d", name,
                          bytes / 1e6, n_items, s->k, s->n);
     }
-    sparq_status st = run_batch(c, s, hs, n_hess, items, n_items, name, base);
+    sparq_status st = run_batch(c, s, hs, n_hess, n_host, items, n_items, name, base);
     cudaFree(base);
     return st;
 }
 
+struct ldlq_cuda_dhess {
+    hess_cuda h;
+};
+
+extern "C" size_t ldlq_cuda_hess_bytes(int k) { return hess_cuda_bytes(k) + (size_t)k * k * sizeof(float); }
+
+extern "C" sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int k, float sigma_reg, uint64_t seed,
+                                               const char *name, ldlq_cuda_dhess **out, float *su, float *h_diag,
+                                               int *identity, float *damping)
+{
+    *out = NULL;
+    ldlq_cuda_dhess *d = (ldlq_cuda_dhess *)sparq_calloc(1, sizeof *d);
+    RETURN_IF(!d, SPARQ_E_NOMEM, "%s: out of memory", name);
+    float *dh = NULL;
+    sparq_status st = SPARQ_OK;
+    if (h) {
+        st = cuda_status(cudaMalloc((void **)&dh, (size_t)k * k * sizeof(float)), "Hessian upload buffer");
+        if (st == SPARQ_OK)
+            st = cuda_status(cudaMemcpyAsync(dh, h, (size_t)k * k * sizeof(float), cudaMemcpyHostToDevice, c->stream),
+                             "Hessian upload");
+    }
+    if (st == SPARQ_OK) st = hess_cuda_prepare(c->blas, c->stream, dh, k, sigma_reg, seed, name, &d->h);
+    cudaFree(dh);
+    if (st == SPARQ_OK)
+        st = cuda_status(cudaMemcpy(su, d->h.su, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost), "signs");
+    if (st == SPARQ_OK)
+        st = cuda_status(cudaMemcpy(h_diag, d->h.h_diag, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost), "diag");
+    if (st != SPARQ_OK) {
+        hess_cuda_free(&d->h);
+        sparq_free(d);
+        return st;
+    }
+    *identity = d->h.identity;
+    *damping = d->h.damping;
+    *out = d;
+    return SPARQ_OK;
+}
+
+extern "C" void ldlq_cuda_hess_free(ldlq_cuda_dhess *d)
+{
+    if (!d) return;
+    hess_cuda_free(&d->h);
+    sparq_free(d);
+}
+
+extern "C" ldlq_cuda_hess ldlq_cuda_hess_of(const ldlq_cuda_dhess *d)
+{
+    if (d->h.identity) return ldlq_cuda_hess{NULL, NULL, NULL, 1};
+    return ldlq_cuda_hess{d->h.hr, d->h.l, d->h.d_diag, 1};
+}
+
 static const ldlq_cuda_ops g_ops = {ldlq_cuda_create,      ldlq_cuda_free,        ldlq_cuda_mem_info,
                                     ldlq_cuda_batch_bytes, ldlq_cuda_encoder_bytes, ldlq_cuda_encode_host,
-                                    ldlq_cuda_batch};
+                                    ldlq_cuda_batch,       ldlq_cuda_hess_prepare, ldlq_cuda_hess_free,
+                                    ldlq_cuda_hess_of,     ldlq_cuda_hess_bytes};
 
 extern "C" const ldlq_cuda_ops *ldlq_cuda_get_ops(void) { return &g_ops; }

@@ -48,11 +48,17 @@ typedef struct ldlq_cuda_shape {
     int weighted;         /* weight each tile row by diag(D) (ldlq_opts.weighted) */
 } ldlq_cuda_shape;
 
-/* A prepared Hessian (host arrays, from ldlq_hessian_hr / _l / _d); all NULL
- * for the identity (no feedback, plain sums of squares for the proxy). */
+/* A prepared Hessian: host arrays (from ldlq_hessian_hr / _l / _d), or with
+ * `device` set device arrays (ldlq_cuda_hess_of, prepared on the GPU); all
+ * NULL for the identity (no feedback, plain sums of squares for the proxy). */
 typedef struct ldlq_cuda_hess {
     const float *hr, *l, *d;
+    int device;
 } ldlq_cuda_hess;
+
+/* A Hessian prepared on the GPU (kernels/cuda/hessian_cuda.h: the same
+ * decisions as ldlq_hessian_prepare, Hr bit for bit, L to fp32 rounding). */
+typedef struct ldlq_cuda_dhess ldlq_cuda_dhess;
 
 typedef struct ldlq_cuda_item {
     int hess;            /* index into the batch's Hessians */
@@ -69,10 +75,23 @@ sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out);
 void ldlq_cuda_free(ldlq_cuda *c);
 /* Free and total device memory (after the encoder's workspace, if made). */
 sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes);
-/* Device bytes one ldlq_cuda_batch allocates (besides the encoder). */
+/* Device bytes one ldlq_cuda_batch allocates (besides the encoder): n_hess
+ * counts the host Hessians it uploads (device ones are used in place). */
 size_t ldlq_cuda_batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq);
 /* The encoder's workspace for K / cb (creating the encoder), for plans. */
 sparq_status ldlq_cuda_encoder_bytes(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes);
+
+/* Prepare the host mean Hessian h (k×k; NULL: the identity) on the GPU as
+ * ldlq_hessian_prepare would (seed, sigma_reg, name as there). Writes the
+ * input signs su (k) and diag of the damped H h_diag (k) to the host, and
+ * *identity / *damping, for the CPU's regularisation (ldlq_hessian_wrap). */
+sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int k, float sigma_reg, uint64_t seed,
+                                    const char *name, ldlq_cuda_dhess **out, float *su, float *h_diag, int *identity,
+                                    float *damping);
+void ldlq_cuda_hess_free(ldlq_cuda_dhess *h);
+ldlq_cuda_hess ldlq_cuda_hess_of(const ldlq_cuda_dhess *h);
+/* Device bytes one prepared Hessian holds. */
+size_t ldlq_cuda_hess_bytes(int k);
 
 /* Encode n_tiles tiles of host targets (stream order, no weights) on the
  * GPU: the scale search's coder (ldlq_coder). Synchronous. */
@@ -96,6 +115,12 @@ typedef struct ldlq_cuda_ops {
                                 uint16_t *states, float *decoded);
     sparq_status (*batch)(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
                           ldlq_cuda_item *items, int n_items, const char *name);
+    sparq_status (*hess_prepare)(ldlq_cuda *c, const float *h, int k, float sigma_reg, uint64_t seed,
+                                 const char *name, ldlq_cuda_dhess **out, float *su, float *h_diag, int *identity,
+                                 float *damping);
+    void (*hess_free)(ldlq_cuda_dhess *h);
+    ldlq_cuda_hess (*hess_of)(const ldlq_cuda_dhess *h);
+    size_t (*hess_bytes)(int k);
 } ldlq_cuda_ops;
 
 const ldlq_cuda_ops *ldlq_cuda_get_ops(void);

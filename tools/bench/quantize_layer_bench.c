@@ -4,7 +4,7 @@
  *   Hessians   H = XᵀX / rows per expert and input (gate/up share one, down
  *              its own), X Gaussian with a few loud channels, on the GPU
  *              (cuBLAS SSYRK, fp32), downloaded as the capture hands them over;
- *   prepare    ldlq_hessian_prepare (CPU: damping, signs, Hadamards, Cholesky);
+ *   prepare    ldlq_cuda_hess_prepare on the GPU (or ldlq_hessian_prepare on the CPU);
  *   regularise ldlq_regularize per weight (CPU, over the thread pool; the
  *              scale search's tiles on the GPU unless --scale fixed);
  *   recursion  ldlq_cuda_batch over every expert's gate, then up, then down
@@ -16,7 +16,8 @@
  *
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
- *                        [--layers L] [--cpu-check]
+ *                        [--layers L] [--cpu-check] [--cpu-hessian]
+ * --cpu-hessian prepares the Hessians on the CPU (SPARQ_QUANT_GPU_HESSIAN=0).
  * --cpu-check also quantizes expert 0's gate on the CPU (one thread per
  * tile over the pool) and prints both times and proxies. */
 #include <cublas_v2.h>
@@ -149,10 +150,11 @@ static int make_hessians(cublasHandle_t blas, int m, int k, int rows, uint64_t s
 int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
-    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, cpu_check = 0;
+    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, cpu_check = 0, gpu_hess = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cpu-check")) { cpu_check = 1; continue; }
+        if (!strcmp(a, "--cpu-hessian")) { gpu_hess = 0; continue; }
         if (!v) { fprintf(stderr, "%s: needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--preset")) {
@@ -204,7 +206,9 @@ int main(int argc, char **argv)
         int per = 1;
         const ldlq_cuda_shape s0 = {k, in == 0 ? sh->inter : sh->d, K, TRELLIS_CB_MUL1, 0};
         const uint64_t host_cap = (uint64_t)48 << 30;
-        while (per < run && ldlq_cuda_batch_bytes(&s0, per + 1, per + 1, 0) < budget &&
+        while (per < run &&
+               ldlq_cuda_batch_bytes(&s0, gpu_hess ? 0 : per + 1, per + 1, 0) +
+                       (gpu_hess ? (size_t)(per + 1) * ldlq_cuda_hess_bytes(k) : 0) < budget &&
                (uint64_t)(per + 1) * (2ull * k * k * 4 + 2ull * k * s0.n * 4) < host_cap)
             per++;
         for (int e0 = 0; e0 < run; e0 += per) {
@@ -219,18 +223,32 @@ int main(int argc, char **argv)
             }
             double t1 = sparq_now();
             t_hess += t1 - t0;
+            ldlq_cuda_hess *gh = sparq_calloc((size_t)m, sizeof *gh);
+            ldlq_cuda_dhess **dh = sparq_calloc((size_t)m, sizeof *dh);
+            float *su = sparq_malloc((size_t)k * 4), *hd = sparq_malloc((size_t)k * 4);
             for (int e = 0; e < m; e++) {
-                if (ldlq_hessian_prepare(&hs[e], h[e], k, 0.0f, 77 + e0 + e, "bench") != SPARQ_OK) {
+                sparq_status ps;
+                if (gpu_hess) {
+                    int ident = 0;
+                    float damp = 0;
+                    ps = ldlq_cuda_hess_prepare(g_ctx, h[e], k, 0.0f, 77 + e0 + e, "bench", &dh[e], su, hd, &ident,
+                                                &damp);
+                    if (ps == SPARQ_OK) ps = ldlq_hessian_wrap(&hs[e], k, su, hd, ident != 0, damp);
+                    if (ps == SPARQ_OK) gh[e] = ldlq_cuda_hess_of(dh[e]);
+                } else {
+                    ps = ldlq_hessian_prepare(&hs[e], h[e], k, 0.0f, 77 + e0 + e, "bench");
+                    if (ps == SPARQ_OK)
+                        gh[e] = (ldlq_cuda_hess){ldlq_hessian_hr(hs[e]), ldlq_hessian_l(hs[e]), ldlq_hessian_d(hs[e]), 0};
+                }
+                if (ps != SPARQ_OK) {
                     fprintf(stderr, "prepare: %s\n", sparq_errmsg());
                     return 1;
                 }
                 sparq_free(h[e]);
             }
+            sparq_free(su), sparq_free(hd);
             double t2 = sparq_now();
             t_prep += t2 - t1;
-            ldlq_cuda_hess *gh = sparq_calloc((size_t)m, sizeof *gh);
-            for (int e = 0; e < m; e++)
-                gh[e] = (ldlq_cuda_hess){ldlq_hessian_hr(hs[e]), ldlq_hessian_l(hs[e]), ldlq_hessian_d(hs[e])};
             for (int p = 0; p < 3; p++) {
                 if (proj[p].hess_of != in) continue;
                 const int n = proj[p].n;
@@ -254,7 +272,8 @@ int main(int argc, char **argv)
                 for (int e = 0; e < m; e++)
                     it[e] = (ldlq_cuda_item){.hess = e, .wr = reg[e].wr, .trellis = sparq_malloc(words * 2)};
                 const ldlq_cuda_shape s = {k, n, K, TRELLIS_CB_MUL1, 0};
-                size_t bb = ldlq_cuda_batch_bytes(&s, m, m, 0) + enc_bytes;
+                size_t bb = ldlq_cuda_batch_bytes(&s, gpu_hess ? 0 : m, m, 0) + enc_bytes +
+                            (gpu_hess ? (size_t)m * ldlq_cuda_hess_bytes(k) : 0);
                 if (bb > plan_peak) plan_peak = bb;
                 if (ldlq_cuda_batch(g_ctx, &s, gh, m, it, m, proj[p].name) != SPARQ_OK) {
                     fprintf(stderr, "batch: %s\n", sparq_errmsg());
@@ -274,7 +293,7 @@ int main(int argc, char **argv)
                 sparq_free(it);
                 sparq_free(reg);
             }
-            if (cpu_check && e0 == 0 && in == 0) {
+            if (cpu_check && !gpu_hess && e0 == 0 && in == 0) {
                 /* expert 0's gate on the CPU encoder, for the ratio */
                 viterbi_enc *enc = NULL;
                 viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(pool));
@@ -297,7 +316,11 @@ int main(int argc, char **argv)
                 viterbi_free(enc);
                 sparq_free(w), sparq_free(tr), sparq_free(su), sparq_free(sv);
             }
-            for (int e = 0; e < m; e++) ldlq_hessian_free(hs[e]);
+            for (int e = 0; e < m; e++) {
+                ldlq_hessian_free(hs[e]);
+                ldlq_cuda_hess_free(dh[e]);
+            }
+            sparq_free(dh);
             sparq_free(hs);
             sparq_free(h);
             sparq_free(gh);

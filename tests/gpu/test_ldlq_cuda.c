@@ -279,6 +279,41 @@ static void test_batch_invariance(void)
     sparq_free(x);
 }
 
+/* The scale search's encodes: Gaussian tiles at the search's scales 0.1..1.9, every K, mul1:
+ * the GPU's states equal the CPU encoder's (its best path and the scalar one). */
+static void test_search_encodes(void)
+{
+    const size_t nt = 600;
+    float *x = sparq_malloc(nt * 256 * 4), *dc = sparq_malloc(nt * 256 * 4), *dg = sparq_malloc(nt * 256 * 4);
+    uint16_t *sc = sparq_malloc(nt * 512), *sg = sparq_malloc(nt * 512), *ss = sparq_malloc(nt * 512);
+    for (int K = 1; K <= 8; K++) {
+        viterbi_enc *enc = NULL, *scal = NULL;
+        CHECK(viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(g_pool)) == SPARQ_OK);
+        CHECK(viterbi_create(&scal, K, TRELLIS_CB_MUL1, sparq_pool_size(g_pool)) == SPARQ_OK);
+        CHECK(viterbi_set_path(scal, TRELLIS_PATH_SCALAR) == SPARQ_OK);
+        for (int si = 0; si < 10; si++) {
+            const float sc_ = 0.1f + 0.2f * si;
+            for (size_t i = 0; i < nt * 256; i++) x[i] = gauss() * 1.004f * sc_;
+            CHECK(viterbi_encode_tiles(enc, x, NULL, nt, sc, dc, NULL, g_pool) == SPARQ_OK);
+            CHECK(viterbi_encode_tiles(scal, x, NULL, nt, ss, NULL, NULL, g_pool) == SPARQ_OK);
+            CHECK(ldlq_cuda_encode_host(g_ctx, K, TRELLIS_CB_MUL1, x, nt, sg, dg) == SPARQ_OK);
+            long d_gpu = 0, d_scalar = 0, first = -1;
+            for (size_t t = 0; t < nt; t++) {
+                const int dg_ = memcmp(sc + t * 256, sg + t * 256, 512) != 0;
+                d_gpu += dg_;
+                d_scalar += memcmp(sc + t * 256, ss + t * 256, 512) != 0;
+                if (dg_ && first < 0) first = (long)t;
+            }
+            CHECK_MSG(d_gpu == 0 && d_scalar == 0,
+                      "mul1 K=%d scale %.1f: %ld of %zu tiles differ GPU vs CPU (first %ld), %ld best vs scalar CPU", K,
+                      sc_, d_gpu, nt, first, d_scalar);
+        }
+        viterbi_free(enc);
+        viterbi_free(scal);
+    }
+    sparq_free(x), sparq_free(dc), sparq_free(dg), sparq_free(sc), sparq_free(sg), sparq_free(ss);
+}
+
 int main(void)
 {
     const char *why = NULL;
@@ -296,6 +331,7 @@ int main(void)
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }
+    RUN(test_search_encodes);
     RUN(test_identity);
     RUN(test_batch_invariance);
     RUN(test_golden);

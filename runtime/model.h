@@ -49,6 +49,10 @@ typedef struct sq_model_opts {
     sq_device device; /* where the forward runs (default SQ_DEVICE_CPU; kernels/backend.h) */
     bool no_verify;   /* a bundle: skip the XXH3 check of every block this node loads (formats/bundle.h; sizes
                          and unlisted files are still checked). Default false: every block is checked */
+    const char *base_dir; /* a model directory: the tensors read from `dir` over those of base_dir
+                             (sf_open_overlay: base's tensors of the modules dir lacks), so dir need hold
+                             only what differs (sparq quantize's work skeleton over its source). NULL
+                             (the default): dir alone */
 } sq_model_opts;
 
 void sq_model_opts_default(sq_model_opts *o);

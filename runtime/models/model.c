@@ -36,6 +36,7 @@ void sq_model_opts_default(sq_model_opts *o)
     o->nodes = 1;
     o->device = SQ_DEVICE_CPU;
     o->no_verify = false;
+    o->base_dir = NULL;
 }
 
 /* --- loading ------------------------------------------------------------------ */
@@ -397,7 +398,8 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
-    TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
+    if (m->opts.base_dir && !weights_dir) TRY(sf_open_overlay(&m->sf, dir, m->opts.base_dir));
+    else TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
     TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head, m->bundle},
                               dir, NULL));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);

@@ -5,6 +5,8 @@
  *  - the tensors kept native (router FP8 + scale, norms, hc_*, attn_sink,
  *    compressor, indexer) byte-identical to the source, mtp.* dropped, no
  *    FP8 scale left beside a quantized linear;
+ *  - the work dir's skeleton holds only the placeholders of the quantized
+ *    linears: nothing kept as it is was copied into it;
  *  - the output loads (the runtime binds its EXL3 linears), its logits stay
  *    close to the native model's (mean KLD below a bound that the same output
  *    with every output sign flipped exceeds);
@@ -154,6 +156,34 @@ static void test_quantize(void)
     static const char *const grp[] = {"\"attention\": 5.", "\"experts\": 2.", "\"shared\": 4.", "\"head\": 6.",
                                       "\"native\": "};
     for (size_t i = 0; bg && i < sizeof grp / sizeof *grp; i++) CHECK_STR_CONTAINS(bg, grp[i]);
+}
+
+/* The skeleton (work/skeleton) is read over the source: it holds the quantized linears'
+ * placeholders and nothing the source has (router, norms, indexer: read from the source). */
+static void test_skeleton(void)
+{
+    if (!g_have_out) T_SKIP("no output");
+    char dir[1300];
+    snprintf(dir, sizeof dir, "%s.work/skeleton", g_out);
+    sf_model *sk = NULL, *src = NULL;
+    CHECK_MSG(sf_open(&sk, dir) == SPARQ_OK, "%s", sparq_errmsg());
+    CHECK(sf_open(&src, g_src) == SPARQ_OK);
+    if (!sk || !src) {
+        sf_close(sk);
+        sf_close(src);
+        return;
+    }
+    int n_placeholder = 0;
+    for (size_t i = 0; i < sf_count(sk); i++) {
+        const sf_tensor *t = sf_at(sk, i);
+        const bool ph = ends(t->name, ".trellis") || ends(t->name, ".suh") || ends(t->name, ".svh");
+        CHECK_MSG(ph, "%s: the skeleton copies a tensor the source has", t->name);
+        CHECK_MSG(!sf_find(src, t->name), "%s is in the source too", t->name);
+        n_placeholder += ends(t->name, ".trellis");
+    }
+    CHECK_EQ_INT(n_placeholder, V41FX_LAYERS * (5 + 3 * 2 + 3) + 1);
+    sf_close(sk);
+    sf_close(src);
 }
 
 /* Mean KL(native || model) per position over one sequence of n byte tokens. */
@@ -327,6 +357,7 @@ int main(int argc, char **argv)
     }
     RUN(test_recipe_errors);
     RUN(test_quantize);
+    RUN(test_skeleton);
     RUN(test_load_kld);
     RUN(test_resume);
     qt_rmtree(g_tmp);

@@ -50,7 +50,7 @@ static const cli_opt opts[] = {
     [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096, or a bundle's planned "
                                 "ctx, capped at the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
-    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes, (--device cuda) the device bytes planned and used, and (Engram models) the Engram rows read, distinct rows, rows/s and the fraction of their read time hidden behind compute (summed over the ranks of an mpirun, then one line per rank), to stderr"},
+    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes, (--device cuda) the device bytes planned and used, and (Engram models) the Engram rows read, distinct rows, rows/s and the fraction of their read time hidden behind compute (summed over the ranks of an mpirun, then one line per rank), and a bundle's Engram row cache (bytes, hits, misses, hit rate), to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
     [O_PARALLEL] = {"parallel", 0, "N", "generate N continuations of the prompt at once, seeds S..S+N-1 (default 1); "
                                         "printed one after another when all are done"},
@@ -216,6 +216,8 @@ static void print_engram_stats(sq_dist *d)
     double hidden_wait = 0;
     for (int r = 0; r < n; r++) {
         sum.rows += all[r].rows, sum.unique += all[r].unique, sum.fetch_s += all[r].fetch_s;
+        sum.cache_hits += all[r].cache_hits, sum.cache_misses += all[r].cache_misses;
+        sum.cache_bytes += all[r].cache_bytes;
         hidden_wait += all[r].wait_s < all[r].fetch_s ? all[r].wait_s : all[r].fetch_s;
     }
     if (sum.rows)
@@ -225,13 +227,22 @@ static void print_engram_stats(sq_dist *d)
                 (unsigned long long)sum.rows, (unsigned long long)sum.unique,
                 sum.fetch_s > 0 ? (double)sum.unique / sum.fetch_s : 0.0, sum.fetch_s,
                 sum.fetch_s > 0 ? 1.0 - hidden_wait / sum.fetch_s : 1.0);
+    if (sum.cache_bytes) /* a bundle's planned row cache (--engram-cache of plan / pack) */
+        fprintf(stderr,
+                "stats: engram_cache_bytes=%llu\nstats: engram_cache_hits=%llu\nstats: engram_cache_misses=%llu\n"
+                "stats: engram_cache_hit_rate=%.3f\n",
+                (unsigned long long)sum.cache_bytes, (unsigned long long)sum.cache_hits,
+                (unsigned long long)sum.cache_misses,
+                sum.cache_hits + sum.cache_misses ? (double)sum.cache_hits / (double)(sum.cache_hits + sum.cache_misses)
+                                                  : 0.0);
     for (int r = 0; sum.rows && n > 1 && r < n; r++) {
         const sq_model_engram_stats *e = &all[r];
         fprintf(stderr,
                 "stats: rank %d engram_rows=%llu engram_unique_rows=%llu engram_fetch_s=%.6f "
-                "engram_hidden_fraction=%.3f\n",
+                "engram_hidden_fraction=%.3f engram_cache_hits=%llu engram_cache_misses=%llu\n",
                 r, (unsigned long long)e->rows, (unsigned long long)e->unique, e->fetch_s,
-                e->fetch_s > 0 ? 1.0 - (e->wait_s < e->fetch_s ? e->wait_s : e->fetch_s) / e->fetch_s : 1.0);
+                e->fetch_s > 0 ? 1.0 - (e->wait_s < e->fetch_s ? e->wait_s : e->fetch_s) / e->fetch_s : 1.0,
+                (unsigned long long)e->cache_hits, (unsigned long long)e->cache_misses);
     }
     sparq_free(all);
 }

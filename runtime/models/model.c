@@ -324,6 +324,7 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
         *weights_dir = sparq_path_join(dir, sub);
         m->bundle = true;
         if (nd->engram_file[0]) m->engram_path = sparq_path_join(dir, nd->engram_file);
+        m->engram_cache = nd->engram_cache;
         if (!*weights_dir || (nd->engram_file[0] && !m->engram_path))
             st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
     }

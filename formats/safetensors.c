@@ -639,7 +639,7 @@ sparq_status sf_open_overlay(sf_model **out, const char *top_path, const char *b
     for (size_t i = 0; i < base->n && st == SPARQ_OK; i++) {
         sf_tensor *x = &base->t[i];
         const module_ref key = {x->name, module_len(x->name)};
-        if (bsearch(&key, mods, n_top, sizeof *mods, cmp_module) || sf_find(top, x->name)) continue;
+        if (bsearch(&key, mods, n_top, sizeof *mods, cmp_module)) continue; /* a name top has: its module too */
         sf_tensor *y = model_push_tensor(top);
         if (!y) {
             st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", top_path);
@@ -902,6 +902,7 @@ typedef struct sf_wentry {
     uint64_t nbytes;
     bool owned;
     bool hole; /* no data: the bytes are skipped (sf_writer_add_hole) */
+    bool stream; /* referenced, written in pieces reported to the on_written hook (sf_writer_add_streamed) */
 } sf_wentry;
 
 struct sf_writer {
@@ -1013,6 +1014,14 @@ sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int 
                                const void *data, uint64_t nbytes)
 {
     return writer_add(w, name, dt, ndim, shape, data, nbytes, false, false);
+}
+
+sparq_status sf_writer_add_streamed(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
+                                    const void *data, uint64_t nbytes)
+{
+    FORWARD_IF(writer_add(w, name, dt, ndim, shape, data, nbytes, false, false));
+    w->e[w->n - 1].stream = true;
+    return SPARQ_OK;
 }
 
 sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape)
@@ -1188,13 +1197,14 @@ sparq_status sf_writer_finish(sf_writer *w)
                 st = sparq_atomic_skip(&f, e->nbytes);
                 continue;
             }
-            /* a referenced tensor goes out in pieces, each handed to the caller's hook once written */
-            const uint64_t piece = w->written && !e->owned && w->piece ? w->piece : e->nbytes;
+            /* a streamed tensor goes out in pieces, each handed to the caller's hook once written */
+            const bool report = e->stream && w->written;
+            const uint64_t piece = report && w->piece ? w->piece : e->nbytes;
             for (uint64_t at = 0; at < e->nbytes && st == SPARQ_OK; at += piece) {
                 const uint64_t n = e->nbytes - at < piece ? e->nbytes - at : piece;
                 const uint8_t *p = (const uint8_t *)e->data + at;
                 st = sparq_atomic_write(&f, p, (size_t)n);
-                if (st == SPARQ_OK && w->written && !e->owned) w->written(w->user, p, n);
+                if (st == SPARQ_OK && report) w->written(w->user, p, n);
             }
         }
         if (st == SPARQ_OK) {

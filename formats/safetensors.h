@@ -135,11 +135,16 @@ sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int 
  * checkpoint that plan / inspect can read at full size (tools/bench/make_v41_model). */
 sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape);
 sparq_status sf_writer_set_metadata(sf_writer *w, const char *key, const char *value);
-/* Write each referenced (sf_writer_add_ref) tensor in pieces of at most
+/* A tensor referenced like sf_writer_add_ref, written in pieces reported to
+ * the sf_writer_on_written hook. */
+sparq_status sf_writer_add_streamed(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
+                                    const void *data, uint64_t nbytes);
+/* Write each streamed (sf_writer_add_streamed) tensor in pieces of at most
  * `piece` bytes and call written(user, p, n) after each piece [p, p + n) is
  * written: a caller copying from a mapped file drops the pages it has written
  * (madvise), so a tensor of any size is streamed through a bounded resident
- * set (sparq quantize's Engram tables, ~100 GB each). */
+ * set (sparq quantize's Engram tables, ~100 GB each). Other tensors are
+ * written whole and not reported (heap memory must not be madvised). */
 void sf_writer_on_written(sf_writer *w, uint64_t piece, void (*written)(void *user, const void *p, uint64_t n),
                           void *user);
 /* Write header (padded so data starts at a multiple of 4096) and data to

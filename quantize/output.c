@@ -160,7 +160,9 @@ sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, siz
             if (ent[i].shard != s) continue;
             const sf_tensor *x = ent[i].t;
             if (ent[i].hole) st = sf_writer_add_hole(w, x->name, x->dtype, x->ndim, x->shape);
-            else st = sf_writer_add_ref(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
+            else if (ent[i].owned) /* heap memory: written whole, never madvised */
+                st = sf_writer_add_ref(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
+            else st = sf_writer_add_streamed(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
             json_object_set_new(wmap, x->name, json_string(fname));
         }
         if (st == SPARQ_OK) st = sf_writer_finish(w);

@@ -85,6 +85,7 @@ sparq_status qz_build_skeleton(qjob *j, char **dir_out)
         bool blocks = ends_with(x->name, "_blocks", &stem);
         bool weight = !blocks && ends_with(x->name, ".weight", &stem) && !dense;
         if (!blocks && !weight) continue; /* read from the source as it is */
+        if (sq_arch_skipped(&cfg, x->name)) continue; /* not read by sparq (V4.1's mtp.*, vision.*) */
         char key[512];
         snprintf(key, sizeof key, "%.*s", (int)stem, x->name);
         sf_weight w;

@@ -211,10 +211,11 @@ static void test_writer_pieces(void)
     pieces q = {0};
     CHECK_EQ_INT(sf_writer_create(&w, path), SPARQ_OK);
     sf_writer_on_written(w, 64, note_piece, &q);
-    CHECK_EQ_INT(sf_writer_add_ref(w, "a.ref", SF_U8, 1, s300, big, 300), SPARQ_OK);
-    CHECK_EQ_INT(sf_writer_add(w, "b.copy", SF_U8, 1, s100, small, 100), SPARQ_OK); /* owned: not reported */
+    CHECK_EQ_INT(sf_writer_add_streamed(w, "a.ref", SF_U8, 1, s300, big, 300), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add(w, "b.copy", SF_U8, 1, s100, small, 100), SPARQ_OK);     /* not streamed: */
+    CHECK_EQ_INT(sf_writer_add_ref(w, "c.ref", SF_U8, 1, s100, small, 100), SPARQ_OK);  /* not reported */
     CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
-    /* the referenced tensor in order, in pieces of at most 64 bytes: 4 x 64 + 44 */
+    /* the streamed tensor in order, in pieces of at most 64 bytes: 4 x 64 + 44 */
     CHECK_EQ_INT(q.count, 5);
     for (int i = 0; i < 5 && i < q.count; i++) {
         CHECK(q.at[i] == big + 64 * i);
@@ -223,9 +224,9 @@ static void test_writer_pieces(void)
     sf_model *m;
     CHECK_EQ_INT(sf_open(&m, path), SPARQ_OK);
     if (!m) return;
-    const sf_tensor *a = sf_find(m, "a.ref"), *b = sf_find(m, "b.copy");
-    CHECK(a && b && a->nbytes == 300 && b->nbytes == 100 && !memcmp(a->data, big, 300) &&
-          !memcmp(b->data, small, 100));
+    const sf_tensor *a = sf_find(m, "a.ref"), *b = sf_find(m, "b.copy"), *c = sf_find(m, "c.ref");
+    CHECK(a && b && c && a->nbytes == 300 && b->nbytes == 100 && !memcmp(a->data, big, 300) &&
+          !memcmp(b->data, small, 100) && !memcmp(c->data, small, 100));
     sf_close(m);
 }
 

@@ -50,7 +50,7 @@ static const cli_opt opts[] = {
     [O_CTX] = {"ctx", 'c', "N", "context length to allocate the KV cache for (default 4096, or a bundle's planned "
                                 "ctx, capped at the model's max_position_embeddings; a larger N is refused)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
-    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes, (--device cuda) the device bytes planned and used, and (Engram models) the Engram rows read, distinct rows, rows/s and the fraction of their read time hidden behind compute, to stderr"},
+    [O_STATS] = {"stats", 0, NULL, "print peak RSS, weights/KV/workspace bytes, (--device cuda) the device bytes planned and used, and (Engram models) the Engram rows read, distinct rows, rows/s and the fraction of their read time hidden behind compute (summed over the ranks of an mpirun, then one line per rank), and a bundle's Engram row cache (bytes, hits, misses, hit rate), to stderr"},
     [O_IGNORE_EOS] = {"ignore-eos", 0, NULL, "keep generating after an end-of-sequence token"},
     [O_PARALLEL] = {"parallel", 0, "N", "generate N continuations of the prompt at once, seeds S..S+N-1 (default 1); "
                                         "printed one after another when all are done"},
@@ -198,6 +198,55 @@ static sparq_status interactive(run_state *s, const char *system, int n_new)
     return st;
 }
 
+/* --stats' Engram lines: every rank's reads (sq_dist_engram_stats), summed, and with several ranks one
+ * line per rank (each reads the tables of its own layers). Rows per second: distinct rows over the
+ * seconds their reads took, summed over ranks; hidden: the part of those seconds the forward did not
+ * wait for. */
+static void print_engram_stats(sq_dist *d)
+{
+    const int n = sq_dist_size(d);
+    sq_model_engram_stats *all = sparq_calloc((size_t)n, sizeof *all);
+    if (!all || sq_dist_engram_stats(d, all) != SPARQ_OK) {
+        fprintf(stderr, "stats: engram: %s\n", all ? sparq_errmsg() : "out of memory");
+        sparq_err_clear();
+        sparq_free(all);
+        return;
+    }
+    sq_model_engram_stats sum = {0};
+    double hidden_wait = 0;
+    for (int r = 0; r < n; r++) {
+        sum.rows += all[r].rows, sum.unique += all[r].unique, sum.fetch_s += all[r].fetch_s;
+        sum.cache_hits += all[r].cache_hits, sum.cache_misses += all[r].cache_misses;
+        sum.cache_bytes += all[r].cache_bytes;
+        hidden_wait += all[r].wait_s < all[r].fetch_s ? all[r].wait_s : all[r].fetch_s;
+    }
+    if (sum.rows)
+        fprintf(stderr,
+                "stats: engram_rows=%llu\nstats: engram_unique_rows=%llu\nstats: engram_rows_per_s=%.0f\n"
+                "stats: engram_fetch_s=%.6f\nstats: engram_hidden_fraction=%.3f\n",
+                (unsigned long long)sum.rows, (unsigned long long)sum.unique,
+                sum.fetch_s > 0 ? (double)sum.unique / sum.fetch_s : 0.0, sum.fetch_s,
+                sum.fetch_s > 0 ? 1.0 - hidden_wait / sum.fetch_s : 1.0);
+    if (sum.cache_bytes) /* a bundle's planned row cache (--engram-cache of plan / pack) */
+        fprintf(stderr,
+                "stats: engram_cache_bytes=%llu\nstats: engram_cache_hits=%llu\nstats: engram_cache_misses=%llu\n"
+                "stats: engram_cache_hit_rate=%.3f\n",
+                (unsigned long long)sum.cache_bytes, (unsigned long long)sum.cache_hits,
+                (unsigned long long)sum.cache_misses,
+                sum.cache_hits + sum.cache_misses ? (double)sum.cache_hits / (double)(sum.cache_hits + sum.cache_misses)
+                                                  : 0.0);
+    for (int r = 0; sum.rows && n > 1 && r < n; r++) {
+        const sq_model_engram_stats *e = &all[r];
+        fprintf(stderr,
+                "stats: rank %d engram_rows=%llu engram_unique_rows=%llu engram_fetch_s=%.6f "
+                "engram_hidden_fraction=%.3f engram_cache_hits=%llu engram_cache_misses=%llu\n",
+                r, (unsigned long long)e->rows, (unsigned long long)e->unique, e->fetch_s,
+                e->fetch_s > 0 ? 1.0 - (e->wait_s < e->fetch_s ? e->wait_s : e->fetch_s) / e->fetch_s : 1.0,
+                (unsigned long long)e->cache_hits, (unsigned long long)e->cache_misses);
+    }
+    sparq_free(all);
+}
+
 int cmd_run(int argc, char **argv)
 {
     cli_args a;
@@ -322,15 +371,7 @@ int cmd_run(int argc, char **argv)
             sq_model_graph_counts(sq_dist_model(s.model), &g_cap, &g_rep);
             fprintf(stderr, "stats: graph_steps_captured=%llu\nstats: graph_steps_replayed=%llu\n",
                     (unsigned long long)g_cap, (unsigned long long)g_rep);
-            sq_model_engram_stats es;
-            sq_model_engram_report(sq_dist_model(s.model), &es);
-            if (es.rows)
-                fprintf(stderr,
-                        "stats: engram_rows=%llu\nstats: engram_unique_rows=%llu\nstats: engram_rows_per_s=%.0f\n"
-                        "stats: engram_fetch_s=%.6f\nstats: engram_hidden_fraction=%.3f\n",
-                        (unsigned long long)es.rows, (unsigned long long)es.unique,
-                        es.fetch_s > 0 ? (double)es.unique / es.fetch_s : 0.0, es.fetch_s,
-                        es.fetch_s > 0 ? 1.0 - (es.wait_s < es.fetch_s ? es.wait_s : es.fetch_s) / es.fetch_s : 1.0);
+            print_engram_stats(s.model);
             sq_dist_stats ds;
             sq_dist_get_stats(s.model, &ds);
             fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",

@@ -727,37 +727,78 @@ sparq_status sq_engram_read(const sq_engram_reader *r, size_t n, const sq_engram
     return SPARQ_OK;
 }
 
+/* Store one row under key (evicting the least recent when full). */
+static void cache_put_one(sq_engram_reader *r, uint64_t key, const uint8_t *row)
+{
+    const uint32_t rb = r->h.layout.row_bytes;
+    uint64_t pos = 0;
+    int64_t s = table_find(r, key, &pos);
+    if (s >= 0) { /* already there (a row put twice): refresh it */
+        lru_unlink(r, s);
+    } else if (r->used < r->cap) {
+        s = (int64_t)r->used++;
+        r->slot_key[s] = key;
+        r->table[pos] = s;
+    } else {
+        s = r->tail; /* evict the least recent */
+        uint64_t opos;
+        if (table_find(r, r->slot_key[s], &opos) == s) table_remove(r, opos);
+        lru_unlink(r, s);
+        table_find(r, key, &pos); /* the removal may have moved entries */
+        r->slot_key[s] = key;
+        r->table[pos] = s;
+    }
+    memcpy(r->rows + (size_t)s * rb, row, rb);
+    lru_push_front(r, s);
+}
+
+size_t sq_engram_cache_take(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out, uint8_t *hit)
+{
+    const uint32_t rb = r->h.layout.row_bytes;
+    size_t miss = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t pos = 0;
+        const int64_t s = r->cap && !r->mapped ? table_find(r, key_of(&keys[i]), &pos) : -1;
+        hit[i] = s >= 0;
+        if (s < 0) {
+            miss++;
+            continue;
+        }
+        memcpy(out + i * (size_t)rb, r->rows + (size_t)s * rb, rb);
+        lru_unlink(r, s);
+        lru_push_front(r, s);
+    }
+    r->hits += n - miss;
+    r->misses += miss;
+    return miss;
+}
+
+void sq_engram_cache_put(sq_engram_reader *r, size_t n, const sq_engram_key *keys, const uint8_t *rows)
+{
+    if (!r->cap || r->mapped) return;
+    for (size_t i = 0; i < n; i++) cache_put_one(r, key_of(&keys[i]), rows + i * (size_t)r->h.layout.row_bytes);
+}
+
+uint64_t sq_engram_cache_rows_for(uint64_t bytes, uint32_t row_bytes)
+{
+    /* a slot: its row, key and two LRU links (8 bytes each), and at most 4 hash entries of 8 bytes
+     * (the table is the power of two >= 2 slots) */
+    return row_bytes ? bytes / ((uint64_t)row_bytes + 24 + 32) : 0;
+}
+
+uint64_t sq_engram_cache_bytes(const sq_engram_reader *r)
+{
+    return r->cap ? r->cap * ((uint64_t)r->h.layout.row_bytes + 24) + (r->tmask + 1) * 8 : 0;
+}
+
 sparq_status sq_engram_fetch(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out)
 {
     const uint32_t rb = r->h.layout.row_bytes;
     for (size_t i = 0; i < n; i++) {
-        const sq_engram_key *k = &keys[i];
-        uint8_t *dst = out + i * (size_t)rb;
-        uint64_t key = key_of(k), pos = 0;
-        int64_t s = r->cap && !r->mapped ? table_find(r, key, &pos) : -1;
-        if (s >= 0) {
-            r->hits++;
-            memcpy(dst, r->rows + (size_t)s * rb, rb);
-            lru_unlink(r, s);
-            lru_push_front(r, s);
-            continue;
-        }
-        FORWARD_IF(read_row(r, k, dst));
-        r->misses++;
-        if (!r->cap || r->mapped) continue;
-        if (r->used < r->cap) {
-            s = (int64_t)r->used++;
-        } else {
-            s = r->tail; /* evict the least recent */
-            uint64_t opos;
-            if (table_find(r, r->slot_key[s], &opos) == s) table_remove(r, opos);
-            lru_unlink(r, s);
-            table_find(r, key, &pos); /* the removal may have moved entries */
-        }
-        r->slot_key[s] = key;
-        r->table[pos] = s;
-        memcpy(r->rows + (size_t)s * rb, dst, rb);
-        lru_push_front(r, s);
+        uint8_t *dst = out + i * (size_t)rb, hit = 0;
+        if (sq_engram_cache_take(r, 1, &keys[i], dst, &hit) == 0) continue;
+        FORWARD_IF(read_row(r, &keys[i], dst));
+        sq_engram_cache_put(r, 1, &keys[i], dst);
     }
     return SPARQ_OK;
 }

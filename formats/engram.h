@@ -181,6 +181,23 @@ void sq_engram_row_to_f32(const sq_engram_layout *lay, const uint8_t *row, float
 /* Cache statistics since open. */
 void sq_engram_cache_stats(const sq_engram_reader *r, uint64_t *hits, uint64_t *misses);
 
+/* The cache alone, for a caller that reads the misses itself (the V4.1
+ * runtime: its fetcher's workers read them with sq_engram_read while the
+ * forward goes on). take: for each key the cache holds, its row to
+ * out + i·row_bytes and hit[i] = 1 (the row becomes the most recent), else
+ * hit[i] = 0; returns the misses (counted in the statistics with the hits).
+ * put: store n rows (rows + i·row_bytes under keys[i]), evicting the least
+ * recent. Both do nothing without a cache (cache_rows 0, a mapped reader);
+ * not thread-safe, but sq_engram_read and the fetcher may run meanwhile
+ * (they never touch the cache). */
+size_t sq_engram_cache_take(sq_engram_reader *r, size_t n, const sq_engram_key *keys, uint8_t *out, uint8_t *hit);
+void sq_engram_cache_put(sq_engram_reader *r, size_t n, const sq_engram_key *keys, const uint8_t *rows);
+/* Rows a cache of `bytes` holds, its slots' keys, links and hash table counted: the capacity
+ * to give sq_engram_open for a planned size (sparq plan's --engram-cache); and the bytes a
+ * reader's cache holds (rows and bookkeeping; 0 without a cache). */
+uint64_t sq_engram_cache_rows_for(uint64_t bytes, uint32_t row_bytes);
+uint64_t sq_engram_cache_bytes(const sq_engram_reader *r);
+
 /* Check every data block checksum; SPARQ_E_CHECKSUM names the file, block
  * and the table/column it falls in. */
 sparq_status sq_engram_verify(sq_engram_reader *r);

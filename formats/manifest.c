@@ -140,6 +140,10 @@ static sparq_status parse_plan(sq_manifest *m, const json_t *plan, const char *n
                   "%s: plan node %d: 'has_embed' and 'has_head' must be booleans", name, k);
         nd->has_embed = json_is_true(e);
         nd->has_head = json_is_true(h);
+        if (json_object_get(n, "engram_cache")) {
+            FORWARD_IF(get_req_int(n, "engram_cache", 0, INT64_MAX, &v, name));
+            nd->engram_cache = (uint64_t)v;
+        }
         const json_t *ef = json_object_get(n, "engram_file");
         if (ef) {
             RETURN_IF(!json_is_string(ef) || !path_ok(json_string_value(ef)) ||

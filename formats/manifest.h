@@ -60,6 +60,7 @@ typedef struct sq_manifest_node {
     bool has_embed, has_head;
     uint64_t total_bytes;  /* the plan's per-node need */
     char engram_file[128]; /* the Engram table file this node reads ("engram_file"), "" if none */
+    uint64_t engram_cache; /* the plan's Engram row cache of this node ("engram_cache", bytes; 0 if absent) */
 } sq_manifest_node;
 
 typedef struct sq_manifest {

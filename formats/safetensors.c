@@ -575,6 +575,94 @@ sparq_status sf_open(sf_model **out, const char *path)
     return SPARQ_OK;
 }
 
+/* --- overlay ------------------------------------------------------------ */
+
+/* The module of a tensor name (its length): the name without its last
+ * ".part", or for a name ending "_blocks" / "_scales" (gpt-oss MXFP4) without
+ * that suffix. */
+static size_t module_len(const char *name)
+{
+    const size_t n = strlen(name);
+    if (ends_with(name, "_blocks") || ends_with(name, "_scales")) return n - 7;
+    const char *dot = strrchr(name, '.');
+    return dot ? (size_t)(dot - name) : n;
+}
+
+typedef struct module_ref {
+    const char *p;
+    size_t n;
+} module_ref;
+
+static int cmp_module(const void *a, const void *b)
+{
+    const module_ref *x = a, *y = b;
+    const size_t n = x->n < y->n ? x->n : y->n;
+    const int c = memcmp(x->p, y->p, n);
+    return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+sparq_status sf_open_overlay(sf_model **out, const char *top_path, const char *base_path)
+{
+    *out = NULL;
+    sf_model *top = NULL, *base = NULL;
+    FORWARD_IF(sf_open(&top, top_path));
+    sparq_status st = sf_open(&base, base_path);
+    module_ref *mods = st == SPARQ_OK ? sparq_calloc(top->n ? top->n : 1, sizeof *mods) : NULL;
+    char **paths = NULL;
+    sparq_mmap *maps = NULL;
+    if (st == SPARQ_OK && !mods) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", top_path);
+    if (st == SPARQ_OK) {
+        const size_t nf = (size_t)(top->nfiles + base->nfiles);
+        paths = sparq_realloc(top->paths, nf * sizeof *paths);
+        if (paths) top->paths = paths;
+        maps = paths ? sparq_realloc(top->maps, nf * sizeof *maps) : NULL;
+        if (maps) top->maps = maps;
+        if (!paths || !maps) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", top_path);
+    }
+    if (st != SPARQ_OK) {
+        sparq_free(mods);
+        sf_close(base);
+        sf_close(top);
+        return st;
+    }
+    for (size_t i = 0; i < top->n; i++) mods[i] = (module_ref){top->t[i].name, module_len(top->t[i].name)};
+    sort_any(mods, top->n, sizeof *mods, cmp_module);
+    /* base's files become top's (their mappings move: tensor data pointers stay valid) */
+    const int f0 = top->nfiles;
+    for (int f = 0; f < base->nfiles; f++) {
+        top->paths[f0 + f] = base->paths[f];
+        top->maps[f0 + f] = base->maps[f];
+    }
+    top->nfiles += base->nfiles;
+    base->nfiles = 0;
+    const size_t n_top = top->n;
+    for (size_t i = 0; i < base->n && st == SPARQ_OK; i++) {
+        sf_tensor *x = &base->t[i];
+        const module_ref key = {x->name, module_len(x->name)};
+        if (bsearch(&key, mods, n_top, sizeof *mods, cmp_module)) continue; /* a name top has: its module too */
+        sf_tensor *y = model_push_tensor(top);
+        if (!y) {
+            st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", top_path);
+            break;
+        }
+        *y = *x;
+        y->file += f0;
+        x->name = NULL; /* moved */
+    }
+    for (size_t i = 0; i < base->nmeta && st == SPARQ_OK; i++)
+        if (!model_push_meta(top, base->meta[i].file + f0, base->meta[i].key, base->meta[i].value))
+            st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", top_path);
+    sparq_free(mods);
+    sf_close(base);
+    if (st != SPARQ_OK) {
+        sf_close(top);
+        return st;
+    }
+    sort_any(top->t, top->n, sizeof *top->t, cmp_tensor_name);
+    *out = top;
+    return SPARQ_OK;
+}
+
 /* --- conversion --------------------------------------------------------- */
 
 float sf_e4m3_to_f32(uint8_t b)
@@ -814,6 +902,7 @@ typedef struct sf_wentry {
     uint64_t nbytes;
     bool owned;
     bool hole; /* no data: the bytes are skipped (sf_writer_add_hole) */
+    bool stream; /* referenced, written in pieces reported to the on_written hook (sf_writer_add_streamed) */
 } sf_wentry;
 
 struct sf_writer {
@@ -822,6 +911,9 @@ struct sf_writer {
     size_t n, cap;
     char **mkeys, **mvals;
     size_t nmeta;
+    uint64_t piece;                                    /* sf_writer_on_written: bytes per write */
+    void (*written)(void *user, const void *p, uint64_t n);
+    void *user;
 };
 
 sparq_status sf_writer_create(sf_writer **out, const char *path)
@@ -924,6 +1016,14 @@ sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int 
     return writer_add(w, name, dt, ndim, shape, data, nbytes, false, false);
 }
 
+sparq_status sf_writer_add_streamed(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
+                                    const void *data, uint64_t nbytes)
+{
+    FORWARD_IF(writer_add(w, name, dt, ndim, shape, data, nbytes, false, false));
+    w->e[w->n - 1].stream = true;
+    return SPARQ_OK;
+}
+
 sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape)
 {
     uint64_t numel, need;
@@ -933,6 +1033,14 @@ sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int
     RETURN_IF(!tensor_size(dt, ndim, shape, &numel, &need, &frac), SPARQ_E_RANGE,
               "%s: tensor '%s': size overflows 64 bits", w->path, name);
     return writer_add(w, name, dt, ndim, shape, NULL, need, false, true);
+}
+
+void sf_writer_on_written(sf_writer *w, uint64_t piece, void (*written)(void *user, const void *p, uint64_t n),
+                          void *user)
+{
+    w->piece = piece;
+    w->written = written;
+    w->user = user;
 }
 
 sparq_status sf_writer_set_metadata(sf_writer *w, const char *key, const char *value)
@@ -1083,9 +1191,22 @@ sparq_status sf_writer_finish(sf_writer *w)
         for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)b.n >> (8 * i));
         st = sparq_atomic_write(&f, len, 8);
         if (st == SPARQ_OK) st = sparq_atomic_write(&f, b.p, b.n);
-        for (size_t i = 0; i < w->n && st == SPARQ_OK; i++)
-            if (w->e[i].hole) st = sparq_atomic_skip(&f, w->e[i].nbytes);
-            else if (w->e[i].nbytes) st = sparq_atomic_write(&f, w->e[i].data, (size_t)w->e[i].nbytes);
+        for (size_t i = 0; i < w->n && st == SPARQ_OK; i++) {
+            const sf_wentry *e = &w->e[i];
+            if (e->hole) {
+                st = sparq_atomic_skip(&f, e->nbytes);
+                continue;
+            }
+            /* a streamed tensor goes out in pieces, each handed to the caller's hook once written */
+            const bool report = e->stream && w->written;
+            const uint64_t piece = report && w->piece ? w->piece : e->nbytes;
+            for (uint64_t at = 0; at < e->nbytes && st == SPARQ_OK; at += piece) {
+                const uint64_t n = e->nbytes - at < piece ? e->nbytes - at : piece;
+                const uint8_t *p = (const uint8_t *)e->data + at;
+                st = sparq_atomic_write(&f, p, (size_t)n);
+                if (st == SPARQ_OK && report) w->written(w->user, p, n);
+            }
+        }
         if (st == SPARQ_OK) {
             st = sparq_atomic_commit(&f);
             opened = false;

@@ -61,6 +61,18 @@ typedef struct sf_model sf_model;
 sparq_status sf_open(sf_model **out, const char *path);
 void sf_close(sf_model *m);
 
+/* One view of two checkpoints (a file or model directory each, opened as
+ * sf_open does): every tensor of `top`, and each tensor of `base` whose
+ * module `top` does not have. A tensor's module is its name without the last
+ * ".part" ("layers.0.ffn.experts.0.w1" of ".weight", ".scale" or
+ * ".trellis"), or for a name ending "_blocks" / "_scales" (gpt-oss MXFP4)
+ * without that suffix: so a module top stores in another form (an EXL3
+ * placeholder over an FP8 weight and its scale) hides all of base's parts of
+ * it. Both stay mapped; sf_file_path names top's files first, then base's.
+ * sparq quantize's work skeleton is read this way over its source
+ * (quantize/skeleton.c), so that it holds only what differs from it. */
+sparq_status sf_open_overlay(sf_model **out, const char *top, const char *base);
+
 /* Tensors, sorted by name (strcmp order). */
 size_t sf_count(const sf_model *m);
 const sf_tensor *sf_at(const sf_model *m, size_t i);
@@ -123,6 +135,18 @@ sparq_status sf_writer_add_ref(sf_writer *w, const char *name, sf_dtype dt, int 
  * checkpoint that plan / inspect can read at full size (tools/bench/make_v41_model). */
 sparq_status sf_writer_add_hole(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape);
 sparq_status sf_writer_set_metadata(sf_writer *w, const char *key, const char *value);
+/* A tensor referenced like sf_writer_add_ref, written in pieces reported to
+ * the sf_writer_on_written hook. */
+sparq_status sf_writer_add_streamed(sf_writer *w, const char *name, sf_dtype dt, int ndim, const uint64_t *shape,
+                                    const void *data, uint64_t nbytes);
+/* Write each streamed (sf_writer_add_streamed) tensor in pieces of at most
+ * `piece` bytes and call written(user, p, n) after each piece [p, p + n) is
+ * written: a caller copying from a mapped file drops the pages it has written
+ * (madvise), so a tensor of any size is streamed through a bounded resident
+ * set (sparq quantize's Engram tables, ~100 GB each). Other tensors are
+ * written whole and not reported (heap memory must not be madvised). */
+void sf_writer_on_written(sf_writer *w, uint64_t piece, void (*written)(void *user, const void *p, uint64_t n),
+                          void *user);
 /* Write header (padded so data starts at a multiple of 4096) and data to
  * "<path>.tmp.<pid>", fsync, rename. Frees the writer either way. */
 sparq_status sf_writer_finish(sf_writer *w);

@@ -115,7 +115,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     char *skel_dir = NULL;
     if (st == SPARQ_OK) st = qz_build_skeleton(&j, &skel_dir);
     j.skeleton = rep->skeleton = skel_dir != NULL;
-    if (st == SPARQ_OK && skel_dir) st = sf_open(&j.skel, skel_dir);
+    if (st == SPARQ_OK && skel_dir) st = sf_open_overlay(&j.skel, skel_dir, o->model_dir);
 
     /* Model: rows per forward step = whole calibration sequences (an architecture whose layers read
      * each other's caches: one sequence per step, each calibration row with a cache slot per path). */
@@ -139,6 +139,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
             mo.n_seq = 2 * o->calib_rows;
         }
         mo.max_rows = j.batch_seqs * j.T;
+        mo.base_dir = skel_dir ? o->model_dir : NULL; /* the skeleton holds only what differs from the source */
         if (st == SPARQ_OK) st = sq_model_load(&j.m, skel_dir ? skel_dir : o->model_dir, &mo);
     }
     if (st == SPARQ_OK) {

@@ -89,11 +89,11 @@ typedef struct qjob {
     char *work;
     qz_recipe recipe;           /* o->recipe, parsed */
     double t_quant;
-    /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: the
-     * source's other tensors + 1-bit zero placeholders for those linears) and the
-     * driver binds each layer's linears as fp32 (dequantised) while the layer runs. */
+    /* Sources with FP8/MXFP4 linears: the runtime loads a skeleton (work/skeleton: 1-bit
+     * zero placeholders for those linears, a dequantised embedding) over the source, and
+     * the driver binds each layer's linears as fp32 (dequantised) while the layer runs. */
     bool skeleton;
-    sf_model *skel;         /* the skeleton, opened for the output assembly */
+    sf_model *skel;         /* the skeleton over the source (sf_open_overlay), for the output assembly */
     size_t page;
     /* Address spans of each finished layer's tensors in the source and model
      * mappings, released again after every layer: the kernel's fault-around
@@ -121,7 +121,8 @@ typedef struct qlin {
 typedef struct out_entry {
     const sf_tensor *t;
     size_t shard;
-    bool owned; /* t->data is heap memory (skeleton placeholders, dequantised tensors) */
+    bool owned; /* t->data is heap memory (dequantised tensors) or none (placeholders) */
+    bool hole;  /* written as a hole: all zero, ~no disk (skeleton placeholders) */
 } out_entry;
 
 /* calib.c */

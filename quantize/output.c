@@ -123,10 +123,18 @@ uint64_t qz_shard_cap(const qjob *j)
     return cap;
 }
 
+/* The writer's hook (sf_writer_on_written): a piece of a mapped tensor is
+ * written, its pages go. */
+static void release_written(void *user, const void *p, uint64_t n) { qz_release_mapped(user, p, n); }
+
+#define QZ_WRITE_PIECE (64ull << 20) /* a mapped tensor is copied 64 MiB at a time */
+
 /* Write ent[0..ne) (sorted by name) to dir as model.safetensors, or as
  * model-0000i-of-0000n.safetensors + model.safetensors.index.json when they
- * exceed `cap` bytes. Each shard's tensors are released from their mappings
- * once it is written. */
+ * exceed `cap` bytes. A tensor mapped from a file (the source's Engram
+ * tables, ~100 GB each on the real V4.1) is streamed: its pages are released
+ * as each 64 MiB piece is written, so no tensor is ever resident whole; the
+ * shard's tensors are released again once it is written (fault-around). */
 sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, size_t ne, uint64_t cap)
 {
     size_t n_shards = 1;
@@ -147,10 +155,14 @@ sparq_status qz_write_shards(const qjob *j, const char *dir, out_entry *ent, siz
         sf_writer *w = NULL;
         st = p ? sf_writer_create(&w, p) : sparq_err(SPARQ_E_NOMEM, "out of memory");
         if (st == SPARQ_OK) st = sf_writer_set_metadata(w, "format", "pt");
+        if (st == SPARQ_OK) sf_writer_on_written(w, QZ_WRITE_PIECE, release_written, (void *)j);
         for (size_t i = 0; i < ne && st == SPARQ_OK; i++) {
             if (ent[i].shard != s) continue;
             const sf_tensor *x = ent[i].t;
-            st = sf_writer_add_ref(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
+            if (ent[i].hole) st = sf_writer_add_hole(w, x->name, x->dtype, x->ndim, x->shape);
+            else if (ent[i].owned) /* heap memory: written whole, never madvised */
+                st = sf_writer_add_ref(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
+            else st = sf_writer_add_streamed(w, x->name, x->dtype, x->ndim, x->shape, x->data, x->nbytes);
             json_object_set_new(wmap, x->name, json_string(fname));
         }
         if (st == SPARQ_OK) st = sf_writer_finish(w);
@@ -187,8 +199,9 @@ sparq_status qz_assemble_output(qjob *j)
     }
     /* Keys replaced by quantized tensors (`<key>.trellis` of EXL3, `<key>.weight` of RTN):
      * every stored part of such a key in the source (weight, FP8/MXFP4 scales, skeleton
-     * placeholders) is left out. Unquantized tensors come from the skeleton when there
-     * is one (it holds the source's other tensors in a form the runtime reads). */
+     * placeholders) is left out. Unquantized tensors come from the skeleton over the source
+     * when there is a skeleton (its dequantised embedding; everything else is the source's,
+     * streamed from it: nothing kept as it is was copied into the work dir). */
     const sf_model *base = j->skel ? j->skel : j->src;
     size_t n_entries = sf_count(base), n_q = 0;
     for (int i = 0; i < n_work && st == SPARQ_OK; i++) n_entries += sf_count(wf[i]);

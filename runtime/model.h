@@ -49,6 +49,10 @@ typedef struct sq_model_opts {
     sq_device device; /* where the forward runs (default SQ_DEVICE_CPU; kernels/backend.h) */
     bool no_verify;   /* a bundle: skip the XXH3 check of every block this node loads (formats/bundle.h; sizes
                          and unlisted files are still checked). Default false: every block is checked */
+    const char *base_dir; /* a model directory: the tensors read from `dir` over those of base_dir
+                             (sf_open_overlay: base's tensors of the modules dir lacks), so dir need hold
+                             only what differs (sparq quantize's work skeleton over its source). NULL
+                             (the default): dir alone */
 } sq_model_opts;
 
 void sq_model_opts_default(sq_model_opts *o);
@@ -88,10 +92,14 @@ void sq_model_graph_counts(const sq_model *m, uint64_t *captured, uint64_t *repl
  * read (after the per-step deduplication), seconds the reads took (from
  * queueing a step's reads to its last row, summed over steps and tables) and
  * seconds the forward blocked waiting for them (the part not hidden behind
- * the layers before the Engram layer). */
+ * the layers before the Engram layer). With a row cache, `unique` counts
+ * the rows looked up in it and only its misses are read. */
 typedef struct sq_model_engram_stats {
     uint64_t rows, unique;
     double fetch_s, wait_s;
+    /* a bundle node with a planned row cache (the manifest's engram_cache): distinct rows found in
+     * it, those read from the file, and its bytes; zeros without one */
+    uint64_t cache_hits, cache_misses, cache_bytes;
 } sq_model_engram_stats;
 void sq_model_engram_report(const sq_model *m, sq_model_engram_stats *out);
 

@@ -27,8 +27,9 @@
 #define QCAP 64               /* steps in flight at most */
 #define SLOT_RESULT_HDR 2     /* send slots: 0, 1 = message buffers; 2, 3 = results */
 #define SLOT_RESULT_ROWS 3
+#define SLOT_STATS 4          /* a worker's figures to rank 0 */
 
-enum { OP_STEP = SQ_DIST_OP_STEP, OP_RESET, OP_TRUNCATE, OP_SHUTDOWN };
+enum { OP_STEP = SQ_DIST_OP_STEP, OP_RESET, OP_TRUNCATE, OP_SHUTDOWN, OP_STATS };
 
 typedef struct msg_hdr {
     uint32_t magic;
@@ -58,6 +59,7 @@ struct sq_dist {
     size_t buf_bytes;
     int cur;
     msg_hdr res_hdr;  /* last rank: the result header being sent */
+    sq_model_engram_stats stats_out; /* a worker: its figures being sent (OP_STATS) */
     float *lbuf;      /* last rank: LOGIT_CHUNK rows of logits */
     int *pos, *seqs;  /* [max_rows] */
     int *qrows;       /* rank 0 of several: [QCAP][2][max_rows] sequences and positions of the steps in flight */
@@ -524,6 +526,22 @@ sparq_status sq_dist_seq_truncate(sq_dist *d, int seq, int n)
     return send_control(d, OP_TRUNCATE, seq, n);
 }
 
+sparq_status sq_dist_engram_stats(sq_dist *d, sq_model_engram_stats *all)
+{
+    RETURN_IF(d->rank != 0, SPARQ_E_STATE, "rank %d: only rank 0 gathers the figures", d->rank);
+    while (d->q_n > 0) FORWARD_IF(sq_dist_wait(d));
+    sq_model_engram_report(d->m, &all[0]);
+    if (d->size == 1) return SPARQ_OK;
+    FORWARD_IF(send_control(d, OP_STATS, 0, 0));
+    for (int r = 1; r < d->size; r++) {
+        size_t got = 0;
+        FORWARD_IF(d->t->vt->recv(d->t, r, SQ_TAG_STATS, &all[r], sizeof all[r], &got, d->o.timeout_s));
+        RETURN_IF(got != sizeof all[r], SPARQ_E_COMM, "rank %d sent %zu bytes of figures, expected %zu", r, got,
+                  sizeof all[r]);
+    }
+    return SPARQ_OK;
+}
+
 /* --- ranks > 0 --------------------------------------------------------------- */
 
 sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
@@ -566,9 +584,10 @@ sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidd
     case OP_RESET:
     case OP_TRUNCATE:
     case OP_SHUTDOWN:
+    case OP_STATS:
         RETURN_IF(n != sizeof h, SPARQ_E_COMM, "control message from rank %d: %zu bytes, expected %zu", src, n,
                   sizeof h);
-        RETURN_IF(h.op != OP_SHUTDOWN && (h.seq < 0 || h.seq >= n_seq || h.n < 0), SPARQ_E_COMM,
+        RETURN_IF((h.op == OP_RESET || h.op == OP_TRUNCATE) && (h.seq < 0 || h.seq >= n_seq || h.n < 0), SPARQ_E_COMM,
                   "control message from rank %d names sequence %d (count %d)", src, (int)h.seq, (int)h.n);
         return SPARQ_OK;
     default:
@@ -637,6 +656,12 @@ sparq_status sq_dist_serve(sq_dist *d)
             else FORWARD_IF(send_on(d, buf, got));
             break;
         }
+        case OP_STATS:
+            if (!last) FORWARD_IF(send_on(d, buf, got));
+            FORWARD_IF(t->vt->wait_send(t, SLOT_STATS, d->o.timeout_s)); /* the previous request's, if any */
+            sq_model_engram_report(d->m, &d->stats_out);
+            FORWARD_IF(t->vt->isend(t, 0, SQ_TAG_STATS, &d->stats_out, sizeof d->stats_out, SLOT_STATS));
+            break;
         case OP_RESET:
         case OP_TRUNCATE:
         case OP_SHUTDOWN:

@@ -19,8 +19,8 @@
  * have at most one step in flight unless its steps are submitted in order
  * (prefill chunks are): every rank sees steps in submission order.
  *
- * Control operations (reset, truncate, shutdown) travel down the same
- * pipeline, so they apply in order with the steps on every rank.
+ * Control operations (reset, truncate, shutdown, a stats request) travel
+ * down the same pipeline, so they apply in order with the steps on every rank.
  *
  * With one rank (a model directory, a one-box bundle, no mpirun) the same
  * calls run everything locally and synchronously: `sparq run` has one code
@@ -128,9 +128,16 @@ typedef struct sq_dist_stats {
 } sq_dist_stats;
 void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s);
 
+/* Rank 0: every rank's Engram reads (sq_model_engram_report of its part) in
+ * all[0..size): rank 0 completes what is in flight, sends a stats request
+ * down the pipeline (in order with the steps) and receives each other rank's
+ * figures (tag SQ_TAG_STATS, with the deadline of a step). `sparq run
+ * --stats` prints their sum and, with several ranks, one line per rank. */
+sparq_status sq_dist_engram_stats(sq_dist *d, sq_model_engram_stats *all);
+
 /* --- the wire (exposed for the fuzz target) ------------------------------------ */
 
-enum { SQ_DIST_OP_STEP = 1, SQ_DIST_OP_RESET, SQ_DIST_OP_TRUNCATE, SQ_DIST_OP_SHUTDOWN };
+enum { SQ_DIST_OP_STEP = 1, SQ_DIST_OP_RESET, SQ_DIST_OP_TRUNCATE, SQ_DIST_OP_SHUTDOWN, SQ_DIST_OP_STATS };
 
 typedef struct sq_dist_msg {
     int op;                  /* SQ_DIST_OP_* */

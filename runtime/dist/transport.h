@@ -38,6 +38,7 @@ enum sq_transport_tag {
     SQ_TAG_STEP = 1,   /* a pipeline message to the next stage */
     SQ_TAG_RESULT = 2, /* logits from the last stage to rank 0 */
     SQ_TAG_INIT = 3,   /* start-up exchanges */
+    SQ_TAG_STATS = 4,  /* a rank's figures to rank 0 (sq_dist_engram_stats) */
 };
 
 typedef struct sq_transport sq_transport;

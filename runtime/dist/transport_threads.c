@@ -17,7 +17,7 @@
 #include "common/progress.h"
 #include "runtime/dist/transport.h"
 
-enum { N_TAGS = 4 };
+enum { N_TAGS = 5 }; /* SQ_TAG_STEP .. SQ_TAG_STATS */
 
 typedef struct tmsg {
     struct tmsg *next;

@@ -381,10 +381,14 @@ typedef struct v41_key_at {
 } v41_key_at;
 
 typedef struct v41_fetch_buf {
-    v41_key_at *sorted;   /* [R, ecols] */
+    v41_key_at *sorted;   /* [R, ecols]; after the deduplication, the keys of the cache's misses */
     sq_engram_key *uniq;  /* [R, ecols] the distinct keys, first nuniq */
     int32_t *uidx;        /* [R, ecols] index into uniq */
     uint8_t *urows;       /* [R, ecols, row_bytes] the rows read */
+    uint8_t *hit;         /* [R, ecols] row cache: uniq[i] was in it (its row already in urows) */
+    int32_t *miss_at;     /* [R, ecols] row cache: the uniq index of each miss */
+    uint8_t *mrows;       /* [R, ecols, row_bytes] row cache: the misses' rows, as read */
+    size_t nmiss;         /* row cache: misses queued (-> urows and into the cache when they arrive) */
 } v41_fetch_buf;
 
 /* Buffers of one step of R rows (fp32 unless said). */
@@ -481,6 +485,9 @@ static size_t v41_carve(const v41_dims *g, int R, v41_bufs *b, char *base)
         TAKE(pf[t].uniq, sq_engram_key, r * (size_t)g->ecols);
         TAKE(pf[t].uidx, int32_t, r * (size_t)g->ecols);
         TAKE(pf[t].urows, uint8_t, r * (size_t)g->ecols * (g->ehd + g->ehd / 32));
+        TAKE(pf[t].hit, uint8_t, r * (size_t)g->ecols);
+        TAKE(pf[t].miss_at, int32_t, r * (size_t)g->ecols);
+        TAKE(pf[t].mrows, uint8_t, r * (size_t)g->ecols * (g->ehd + g->ehd / 32));
     }
 #undef TAKE
     return o;
@@ -570,6 +577,7 @@ typedef struct v41 {
     sq_engram_layout lay; /* the tables this node reads: all (checkpoint) or its node file's (bundle) */
     sq_engram_reader *erd; /* over the node file, or the checkpoint's mapped tables (formats/engram.h) */
     sq_engram_fetcher *fetch; /* pread workers reading a step's rows ahead of the layers */
+    bool ecache;              /* erd has a row cache (a bundle node with the plan's engram_cache) */
     const uint8_t *etab[SQ_ENGRAM_MAX_LAYERS], *escale[SQ_ENGRAM_MAX_LAYERS]; /* the mapped values / scales */
     int pf_ticket[SQ_ENGRAM_MAX_LAYERS]; /* the step's fetch of table t in flight, -1 none */
     void *ws;
@@ -759,7 +767,14 @@ static sparq_status build_cmap(v41 *m)
 static sparq_status open_engram_file(v41 *m, const sq_engram_layout *want)
 {
     sq_model *c = m->c;
-    FORWARD_IF(sq_engram_open(&m->erd, c->engram_path, 0));
+    /* the row cache the plan sized for this node (sparq plan / pack --engram-cache), at most every row of
+     * its tables (a small model's tables fit whole) */
+    uint64_t rows = sq_engram_cache_rows_for(c->engram_cache, want->row_bytes), all = 0;
+    for (uint32_t l = 0; l < want->n_layers; l++) all += sq_engram_layer_rows(want, l);
+    if (rows > all) rows = all;
+    FORWARD_IF(sq_engram_open(&m->erd, c->engram_path, rows));
+    m->ecache = rows > 0;
+    c->engram.cache_bytes = sq_engram_cache_bytes(m->erd);
     const sq_engram_layout *have = &sq_engram_reader_header(m->erd)->layout;
     RETURN_IF(!sq_engram_layout_equal(have, want, false), SPARQ_E_FORMAT,
               "%s: its Engram tables (%u, of layers %d..%d) are not those config.json gives node %d's layers "
@@ -1103,7 +1118,22 @@ static void engram_prefetch(v41 *m, const float *h, int rows, const int *seqs, c
         }
         m->c->engram.rows += n;
         m->c->engram.unique += u;
-        const sparq_status st = sq_engram_fetcher_submit(m->fetch, u, f->uniq, f->urows, &m->pf_ticket[t]);
+        /* the row cache (a bundle node's planned one): hits go to urows now, the misses are read into mrows
+         * (keys in `sorted`, free after the deduplication: 16 bytes an entry either way) */
+        const sq_engram_key *rk = f->uniq;
+        uint8_t *dst = f->urows;
+        f->nmiss = 0;
+        if (m->ecache) {
+            const size_t miss = sq_engram_cache_take(m->erd, u, f->uniq, f->urows, f->hit);
+            sq_engram_key *mk = (sq_engram_key *)(void *)f->sorted;
+            for (size_t i = 0, k = 0; i < u && k < miss; i++)
+                if (!f->hit[i]) mk[k] = f->uniq[i], f->miss_at[k++] = (int32_t)i;
+            f->nmiss = miss;
+            m->c->engram.cache_hits += u - miss;
+            m->c->engram.cache_misses += miss;
+            rk = mk, dst = f->mrows, u = miss;
+        }
+        const sparq_status st = sq_engram_fetcher_submit(m->fetch, u, rk, dst, &m->pf_ticket[t]);
         if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st; /* reported by the step */
     }
 }
@@ -1136,6 +1166,12 @@ static void engram(v41 *m, int L, float *h, int rows, const int *seqs, const int
     m->c->engram.fetch_s += fetch_s;
     m->c->engram.wait_s += wait_s;
     if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st; /* reported by the step */
+    if (st == SPARQ_OK && m->ecache && f->nmiss) { /* the misses: to their rows, and into the cache */
+        for (size_t k = 0; k < f->nmiss; k++)
+            memcpy(f->urows + (size_t)f->miss_at[k] * rbytes, f->mrows + k * rbytes, rbytes);
+        sq_engram_cache_put(m->erd, f->nmiss, (const sq_engram_key *)(const void *)f->sorted, f->mrows);
+    }
+    f->nmiss = 0;
     for (int r = 0; r < rows; r++)
         for (int col = 0; col < cols; col++) {
             const size_t i = (size_t)r * cols + col;

@@ -37,6 +37,7 @@ void sq_model_opts_default(sq_model_opts *o)
     o->nodes = 1;
     o->device = SQ_DEVICE_CPU;
     o->no_verify = false;
+    o->base_dir = NULL;
 }
 
 /* --- loading ------------------------------------------------------------------ */
@@ -324,6 +325,7 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
         *weights_dir = sparq_path_join(dir, sub);
         m->bundle = true;
         if (nd->engram_file[0]) m->engram_path = sparq_path_join(dir, nd->engram_file);
+        m->engram_cache = nd->engram_cache;
         if (!*weights_dir || (nd->engram_file[0] && !m->engram_path))
             st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", dir);
     }
@@ -398,7 +400,8 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->opts.n_seq <= 0) m->opts.n_seq = 1;
     if (m->opts.max_rows <= 0) m->opts.max_rows = 512;
 
-    TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
+    if (m->opts.base_dir && !weights_dir) TRY(sf_open_overlay(&m->sf, dir, m->opts.base_dir));
+    else TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
     TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head, m->bundle},
                               dir, NULL));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);

@@ -54,6 +54,7 @@ struct sq_model {
     char *dir;                 /* the model directory or bundle it was loaded from (config, tokenizer) */
     bool bundle;               /* loaded from one node of a bundle */
     char *engram_path;         /* a bundle node's Engram table file (the manifest's engram_file), or NULL */
+    uint64_t engram_cache;     /* a bundle node's planned Engram row cache, bytes (the manifest's; 0: none) */
     const sq_arch_info *arch;
     sf_model *sf;
     sq_exec *ex;

@@ -186,6 +186,109 @@ static void test_writer_holes(void)
     sf_close(m);
 }
 
+/* The pieces sf_writer_on_written reports. */
+typedef struct pieces {
+    const uint8_t *at[16];
+    uint64_t n[16];
+    int count;
+} pieces;
+
+static void note_piece(void *user, const void *p, uint64_t n)
+{
+    pieces *q = user;
+    if (q->count < 16) q->at[q->count] = p, q->n[q->count] = n;
+    q->count++;
+}
+
+static void test_writer_pieces(void)
+{
+    const char *path = tmp_file("pieces.safetensors");
+    static uint8_t big[300], small[100];
+    for (int i = 0; i < 300; i++) big[i] = (uint8_t)(i * 7);
+    for (int i = 0; i < 100; i++) small[i] = (uint8_t)(255 - i);
+    const uint64_t s300[1] = {300}, s100[1] = {100};
+    sf_writer *w;
+    pieces q = {0};
+    CHECK_EQ_INT(sf_writer_create(&w, path), SPARQ_OK);
+    sf_writer_on_written(w, 64, note_piece, &q);
+    CHECK_EQ_INT(sf_writer_add_streamed(w, "a.ref", SF_U8, 1, s300, big, 300), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_add(w, "b.copy", SF_U8, 1, s100, small, 100), SPARQ_OK);     /* not streamed: */
+    CHECK_EQ_INT(sf_writer_add_ref(w, "c.ref", SF_U8, 1, s100, small, 100), SPARQ_OK);  /* not reported */
+    CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
+    /* the streamed tensor in order, in pieces of at most 64 bytes: 4 x 64 + 44 */
+    CHECK_EQ_INT(q.count, 5);
+    for (int i = 0; i < 5 && i < q.count; i++) {
+        CHECK(q.at[i] == big + 64 * i);
+        CHECK_EQ_INT(q.n[i], i < 4 ? 64 : 44);
+    }
+    sf_model *m;
+    CHECK_EQ_INT(sf_open(&m, path), SPARQ_OK);
+    if (!m) return;
+    const sf_tensor *a = sf_find(m, "a.ref"), *b = sf_find(m, "b.copy"), *c = sf_find(m, "c.ref");
+    CHECK(a && b && c && a->nbytes == 300 && b->nbytes == 100 && !memcmp(a->data, big, 300) &&
+          !memcmp(b->data, small, 100) && !memcmp(c->data, small, 100));
+    sf_close(m);
+}
+
+/* --- overlay ------------------------------------------------------------- */
+
+static void put_u8(sf_writer *w, const char *name, uint64_t n, uint8_t v)
+{
+    uint8_t b[64];
+    memset(b, v, sizeof b);
+    const uint64_t sh[1] = {n};
+    CHECK_EQ_INT(sf_writer_add(w, name, SF_U8, 1, sh, b, n), SPARQ_OK);
+}
+
+static void test_overlay(void)
+{
+    /* base: a checkpoint as a source has it; top: what a quantize skeleton stores in another form */
+    char base[1100], top[1100];
+    snprintf(base, sizeof base, "%s", tmp_file("overlay-base.safetensors"));
+    snprintf(top, sizeof top, "%s", tmp_file("overlay-top.safetensors"));
+    sf_writer *w;
+    CHECK_EQ_INT(sf_writer_create(&w, base), SPARQ_OK);
+    put_u8(w, "l.w1.weight", 16, 1);          /* FP8 weight + scale: hidden by top's l.w1.trellis */
+    put_u8(w, "l.w1.scale", 4, 2);
+    put_u8(w, "l.norm.weight", 8, 3);         /* kept */
+    put_u8(w, "embed.weight", 16, 4);         /* top stores it dequantised: base's both parts hidden */
+    put_u8(w, "embed.scale", 4, 5);
+    put_u8(w, "e.gate_up_proj_blocks", 8, 6); /* gpt-oss naming: module e.gate_up_proj */
+    put_u8(w, "e.gate_up_proj_scales", 4, 7);
+    put_u8(w, "e.gate_up_proj_bias", 4, 8);   /* module e: kept */
+    put_u8(w, "t.embed.weight", 32, 9);       /* a table top does not have: kept */
+    CHECK_EQ_INT(sf_writer_set_metadata(w, "from", "base"), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_create(&w, top), SPARQ_OK);
+    put_u8(w, "l.w1.trellis", 8, 10);
+    put_u8(w, "embed.weight", 64, 11);
+    put_u8(w, "e.gate_up_proj.trellis", 8, 12);
+    CHECK_EQ_INT(sf_writer_set_metadata(w, "from", "top"), SPARQ_OK);
+    CHECK_EQ_INT(sf_writer_finish(w), SPARQ_OK);
+    sf_model *m = NULL;
+    CHECK_EQ_INT(sf_open_overlay(&m, top, base), SPARQ_OK);
+    if (!m) return;
+    static const char *const want[] = {"e.gate_up_proj.trellis", "e.gate_up_proj_bias", "embed.weight",
+                                       "l.norm.weight", "l.w1.trellis", "t.embed.weight"};
+    CHECK_EQ_INT(sf_count(m), 6);
+    for (size_t i = 0; i < 6 && i < sf_count(m); i++) CHECK_MSG(!strcmp(sf_at(m, i)->name, want[i]), "%s", sf_at(m, i)->name);
+    const sf_tensor *e = sf_find(m, "embed.weight"), *t = sf_find(m, "t.embed.weight"),
+                    *nw = sf_find(m, "l.norm.weight");
+    CHECK(e && e->nbytes == 64 && ((const uint8_t *)e->data)[63] == 11); /* top's wins */
+    CHECK(t && t->nbytes == 32 && ((const uint8_t *)t->data)[0] == 9 && ((const uint8_t *)t->data)[31] == 9);
+    CHECK(nw && ((const uint8_t *)nw->data)[7] == 3);
+    CHECK_EQ_INT(sf_file_count(m), 2);
+    if (t) CHECK_MSG(!strcmp(sf_file_path(m, t->file), base), "%s", sf_file_path(m, t->file));
+    if (e) CHECK_MSG(!strcmp(sf_file_path(m, e->file), top), "%s", sf_file_path(m, e->file));
+    const char *md = sf_metadata(m, "from");
+    CHECK(md && !strcmp(md, "top"));
+    sf_close(m);
+    CHECK_EQ_INT(sf_open_overlay(&m, top, tmp_file("no-such-base")), SPARQ_E_NOTFOUND);
+    CHECK(m == NULL);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "no-such-base");
+    sparq_err_clear();
+}
+
 /* --- conversion by hand -------------------------------------------------- */
 
 static void test_scalar_decoders(void)
@@ -661,6 +764,8 @@ int main(void)
     RUN(test_round_trip_every_dtype);
     RUN(test_writer_rejects);
     RUN(test_writer_holes);
+    RUN(test_writer_pieces);
+    RUN(test_overlay);
     RUN(test_scalar_decoders);
     RUN(test_to_f32);
     RUN(test_count_nonfinite);

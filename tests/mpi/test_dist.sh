@@ -188,10 +188,15 @@ pkill -9 -f "sparq serve $T/b2" 2>/dev/null
 # model folder's in one process
 V="$D/tiny-dsv41"
 "$SPARQ" pack "$V" "$T/v2" --boxes 2 --ctx 512 --users 2 --chunk 64 >/dev/null 2>&1 && ok || bad "pack tiny-dsv41 --boxes 2"
-"$SPARQ" run "$V" -p "$P" -n 16 --temp 0 -t 1 >"$T/vo1" 2>"$T/ve1" && ok || bad "tiny-dsv41, 1 process: $(cat "$T/ve1")"
+"$SPARQ" run "$V" -p "$P" -n 16 --temp 0 -t 1 --stats >"$T/vo1" 2>"$T/ve1" && ok || bad "tiny-dsv41, 1 process: $(cat "$T/ve1")"
 $MPIRUN -np 2 "$SPARQ" run "$T/v2" -p "$P" -n 16 --temp 0 -t 1 --stats >"$T/vo2" 2>"$T/ve2" && ok ||
   bad "tiny-dsv41, 2 ranks: $(cat "$T/ve2")"
 [ -s "$T/vo1" ] && cmp -s "$T/vo1" "$T/vo2" && ok || bad "tiny-dsv41, 2 ranks: '$(cat "$T/vo2")' vs '$(cat "$T/vo1")'"
-grep -q "^stats: engram_rows=456$" "$T/ve2" && ok || bad "tiny-dsv41, rank 0 reads layer 1's rows only: $(grep engram "$T/ve2")"
+# --stats sums every rank's Engram reads (rank 0 reads layer 1's rows, rank 1 layer 14's) and gives each rank a line
+r1=$(sed -n 's/^stats: engram_rows=//p' "$T/ve1")
+[ -n "$r1" ] && [ "$r1" -gt 0 ] && grep -q "^stats: engram_rows=$r1$" "$T/ve2" && ok ||
+  bad "tiny-dsv41, 2 ranks read as many Engram rows as 1 process ($r1): $(grep engram "$T/ve2")"
+grep -q "^stats: rank 0 engram_rows=$((r1 / 2)) " "$T/ve2" && grep -q "^stats: rank 1 engram_rows=$((r1 / 2)) " "$T/ve2" &&
+  ok || bad "tiny-dsv41, one line per rank, half the rows each: $(grep engram "$T/ve2")"
 
 finish

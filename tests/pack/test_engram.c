@@ -416,6 +416,39 @@ static void test_bad_layout(void)
     CHECK(access(shard_path(8), F_OK) != 0); /* nothing written */
 }
 
+/* The cache alone (what the V4.1 runtime uses around its fetcher): take finds only what was put,
+ * byte for byte, put evicts the least recent, the sizing helper counts the bookkeeping. */
+static void test_cache_take_put(void)
+{
+    sq_engram_layout lay;
+    sq_engram_reader *r = write_small(&lay, 12, 4096, 3);
+    if (!r) return;
+    sq_engram_key k[4];
+    uint8_t rows[4 * 264], out[4 * 264], hit[4];
+    for (int i = 0; i < 4; i++) k[i] = (sq_engram_key){0, 7, (uint64_t)(10 + i)};
+    CHECK_EQ_INT(sq_engram_read(r, 4, k, rows), SPARQ_OK);
+    memset(out, 0xAB, sizeof out);
+    CHECK_EQ_INT(sq_engram_cache_take(r, 4, k, out, hit), 4); /* empty: all misses, out untouched */
+    CHECK(!hit[0] && !hit[3] && out[0] == 0xAB && out[4 * 264 - 1] == 0xAB);
+    sq_engram_cache_put(r, 3, k, rows); /* rows 10, 11, 12 */
+    CHECK_EQ_INT(sq_engram_cache_take(r, 4, k, out, hit), 1);
+    CHECK(hit[0] && hit[1] && hit[2] && !hit[3]);
+    CHECK(!memcmp(out, rows, 3 * 264) && out[3 * 264] == 0xAB);
+    sq_engram_cache_put(r, 1, &k[3], rows + 3 * 264); /* full: evicts 10, the least recent after the take */
+    CHECK_EQ_INT(sq_engram_cache_take(r, 4, k, out, hit), 1);
+    CHECK(!hit[0] && hit[1] && hit[2] && hit[3] && !memcmp(out + 264, rows + 264, 3 * 264));
+    uint64_t h, m;
+    sq_engram_cache_stats(r, &h, &m);
+    CHECK_EQ_INT(h, 6);
+    CHECK_EQ_INT(m, 6);
+    CHECK(sq_engram_cache_bytes(r) >= 3 * 264);
+    sq_engram_close(r);
+    /* sizing: 2 GiB of V4.1 rows (264 bytes) with the bookkeeping, never more than the bytes given */
+    const uint64_t n = sq_engram_cache_rows_for(2ull << 30, 264);
+    CHECK(n > 6000000 && n * (264 + 24 + 32) <= (2ull << 30));
+    CHECK_EQ_INT(sq_engram_cache_rows_for(100, 264), 0);
+}
+
 int main(void)
 {
     RUN(test_v41_primes);
@@ -424,6 +457,7 @@ int main(void)
     RUN(test_fetcher);
     RUN(test_from_config);
     RUN(test_lru);
+    RUN(test_cache_take_put);
     RUN(test_damage);
     RUN(test_bad_layout);
     return t_summary();

@@ -4,7 +4,9 @@
  * rows from the node files) for 1 and 2 give logits bit for bit equal to one
  * rank and to the model folder run directly,
  * for a prefill of several chunks, batched decode steps of several
- * sequences in flight, a truncate and a reset travelling down the pipe.
+ * sequences in flight, a truncate and a reset travelling down the pipe; and
+ * rank 0 gathers every rank's Engram reads (sq_dist_engram_stats), which add
+ * up to one rank's.
  *
  *   test_runtime_dist_threads [cpu|cuda]     (default cpu)
  *
@@ -35,6 +37,7 @@ typedef struct rank_arg {
     size_t n_logits;
     sparq_status st;
     char err[512];
+    sq_model_engram_stats engram[4]; /* rank 0: every rank's Engram reads (sq_dist_engram_stats) */
 } rank_arg;
 
 /* What rank 0 runs: USERS prompts (chunked prefill, all in flight), then
@@ -100,6 +103,7 @@ static void *rank_main(void *v)
             vocab = (int)sq_dist_cfg(d)->vocab_size;
             a->logits = sparq_malloc(sizeof(float) * (size_t)vocab * 400);
             a->st = a->logits ? leader(d, a->logits, &a->n_logits) : SPARQ_E_NOMEM;
+            if (a->st == SPARQ_OK) a->st = sq_dist_engram_stats(d, a->engram);
         } else {
             a->st = sq_dist_serve(d);
         }
@@ -110,8 +114,8 @@ static void *rank_main(void *v)
     return NULL;
 }
 
-/* Run the bundle on `ranks` threads; rank 0's logits. */
-static float *run(const char *bundle, int ranks, size_t *n)
+/* Run the bundle on `ranks` threads; rank 0's logits (and, if engram, every rank's Engram reads). */
+static float *run_stats(const char *bundle, int ranks, size_t *n, sq_model_engram_stats *engram)
 {
     sq_transport *t[4];
     CHECK(sq_transport_threads(ranks, t) == SPARQ_OK);
@@ -125,8 +129,11 @@ static float *run(const char *bundle, int ranks, size_t *n)
     for (int r = 0; r < ranks; r++)
         CHECK_MSG(a[r].st == SPARQ_OK, "%d ranks, rank %d: %s", ranks, r, a[r].err);
     *n = a[0].n_logits;
+    if (engram) memcpy(engram, a[0].engram, sizeof a[0].engram);
     return a[0].logits;
 }
+
+static float *run(const char *bundle, int ranks, size_t *n) { return run_stats(bundle, ranks, n, NULL); }
 
 /* The fixture packed for 1..max_boxes boxes: every rank count gives the
  * logits of one rank, bit for bit, and one rank the logits of the model
@@ -150,15 +157,29 @@ static void check_fixture(const char *name, int max_boxes)
         CHECK_MSG(st == SPARQ_OK, "%s: pack %d boxes: %s", name, b, sparq_errmsg());
     }
     size_t n1 = 0, nd = 0;
-    float *l1 = run(bundle[1], 1, &n1);
+    sq_model_engram_stats e1[4] = {{0}};
+    float *l1 = run_stats(bundle[1], 1, &n1, e1);
     CHECK(l1 && n1 == (size_t)vocab * (3 * N_PROMPT + 3 * N_STEPS + 1 + 17));
     for (int b = 2; b <= max_boxes; b++) {
         size_t nb = 0;
-        float *lb = run(bundle[b], b, &nb);
+        sq_model_engram_stats eb[4] = {{0}};
+        float *lb = run_stats(bundle[b], b, &nb, eb);
         CHECK_MSG(lb && nb == n1 && l1 && memcmp(l1, lb, n1 * sizeof(float)) == 0,
                   "%s: %s: %d ranks: logits differ from one rank", name, device == SQ_DEVICE_CUDA ? "cuda" : "cpu", b);
+        /* the Engram reads of all ranks add up to one rank's; with V4.1 on 2 boxes each holds one of the two
+         * Engram layers (1 and 14), so each reads half of them */
+        uint64_t rows = 0, uniq = 0;
+        for (int r = 0; r < b; r++) rows += eb[r].rows, uniq += eb[r].unique;
+        CHECK_MSG(rows == e1[0].rows && uniq == e1[0].unique, "%s: %d ranks read %llu rows (%llu distinct), one rank %llu (%llu)",
+                  name, b, (unsigned long long)rows, (unsigned long long)uniq, (unsigned long long)e1[0].rows,
+                  (unsigned long long)e1[0].unique);
+        for (int r = 0; e1[0].rows && r < b; r++)
+            CHECK_MSG(eb[r].rows == e1[0].rows / 2, "%s: rank %d of %d read %llu Engram rows, expected %llu", name, r, b,
+                      (unsigned long long)eb[r].rows, (unsigned long long)e1[0].rows / 2);
         sparq_free(lb);
     }
+    if (!strcmp(name, "tiny-dsv41")) CHECK_MSG(e1[0].rows > 0, "%s: no Engram rows read", name);
+    else CHECK_EQ_INT(e1[0].rows, 0);
     if (device == SQ_DEVICE_CPU) {
         float *ld = run(fixture, 1, &nd);
         CHECK_MSG(ld && nd == n1 && l1 && memcmp(l1, ld, n1 * sizeof(float)) == 0,

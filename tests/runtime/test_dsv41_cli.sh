@@ -61,6 +61,20 @@ rows=$(sed -n 's/^stats: engram_rows=//p' "$T/sb")
 [ "$rows" = 912 ] && ok || bad "--stats engram_rows=$rows, expected 912 (19 positions x 2 layers x 24)"
 grep -q "^stats: engram_unique_rows=[0-9]" "$T/sb" && grep -q "^stats: engram_rows_per_s=[0-9]" "$T/sb" &&
   grep -q "^stats: engram_hidden_fraction=[0-9.]" "$T/sb" && ok || bad "--stats Engram lines: $(grep engram "$T/sb")"
+# the plan's Engram row cache (the manifest's engram_cache, 2 GiB by default: here every row of the tables): rows
+# of the earlier steps are found in it, only the misses are read, and both continuations are the folder's text
+"$SPARQ" run "$T/b1" -p "The SQLite library" -n 16 --temp 0 --parallel 2 --stats >"$T/rp" 2>"$T/sp" && ok ||
+  bad "run --parallel 2: $(cat "$T/sp")"
+python3 - "$T/r1" "$T/rp" <<'PY' && ok || bad "--parallel 2 with the row cache: '$(cat "$T/rp")' vs '$(cat "$T/r1")'"
+import sys
+want = open(sys.argv[1], encoding="utf-8").read()[len("The SQLite library"):].strip("\n")
+got = [p.split("\n", 1)[1].strip("\n") for p in open(sys.argv[2], encoding="utf-8").read().split("--- continuation ")[1:]]
+sys.exit(0 if len(got) == 2 and all(g == want for g in got) else 1)
+PY
+u=$(sed -n 's/^stats: engram_unique_rows=//p' "$T/sp"); h=$(sed -n 's/^stats: engram_cache_hits=//p' "$T/sp")
+m=$(sed -n 's/^stats: engram_cache_misses=//p' "$T/sp")
+[ -n "$h" ] && [ "$h" -gt 0 ] && [ $((h + m)) = "$u" ] && grep -q "^stats: engram_cache_bytes=[1-9]" "$T/sp" && ok ||
+  bad "--stats row cache: hits $h + misses $m = distinct rows $u: $(grep engram "$T/sp")"
 cp -r "$T/b1" "$T/flip"
 python3 -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(20000); c=f.read(1); f.seek(20000); f.write(bytes([c[0]^0x5A]))" \
   "$T/flip/engram/engram-node-0.bin"

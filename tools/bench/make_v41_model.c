@@ -3,7 +3,7 @@
  * run and quantize can be exercised at the sizes users have without a
  * download (and, with --sparse, at full size without the disk).
  *
- *   make_v41_model OUT [--preset real|q128] [--layers N] [--hidden N] [--heads N]
+ *   make_v41_model OUT [--preset real|q128|qtest] [--layers N] [--hidden N] [--heads N]
  *                  [--experts N] [--topk N] [--inter N] [--vocab N] [--tokenizer DIR]
  *                  [--sparse] [--shard-mb N] [--seed N]
  *
@@ -17,7 +17,8 @@
  * group of 32, Engram tables FP8 + per-row-group scales, BF16 norms,
  * embedding, head, router, compressor and indexer projections, F32 hc_*,
  * attention sinks, router biases and Engram q/k weights. Not written: the
- * MTP stages (mtp.*) and the vision tower, which sparq skips.
+ * MTP stages (mtp.*; preset qtest writes one tensor of them) and the vision
+ * tower, which sparq skips.
  *
  * Values: each linear is N(0, σ²)-like with σ = c/√fan_in, so every sublayer
  * output is O(1) whatever the shape; the UE8M0 block exponent is the
@@ -33,7 +34,9 @@
  * top-2 + 1 shared, indexer 4 × 32) with the layer kinds of
  * tests/data/tiny-dsv41 (compress ratios 0/2/1, kv sources 2, 6, 10, index
  * sources 2, 6, 10, 12, 14, candidates from 10, Engram on layers 1 and 14
- * with 14,032 and 17,774 rows of 32) and the real vocabulary (129,280).
+ * with 14,032 and 17,774 rows of 32) and the real vocabulary (129,280);
+ * qtest = the 3-layer fixture of sparq quantize's V4.1 test (preset_qtest
+ * says what it covers: FP8 router and head, an mtp.0 tensor, vocabulary 256).
  * --layers trims (or extends, repeating the last layer's kind) the layer
  * lists; the other overrides change one size.
  * --sparse writes every header and leaves the tensor data a hole (ftruncate):
@@ -62,6 +65,10 @@ typedef struct v41_shape {
     int ratio[MAX_LAYERS];
     bool kv[MAX_LAYERS], index[MAX_LAYERS];
     int candidate;                   /* -1: none */
+    int vocab;
+    bool fp8_router, fp8_head;       /* FP8 + block scales instead of the release's BF16 (preset qtest) */
+    bool mtp;                        /* one mtp.0.* tensor, which sparq skips (preset qtest) */
+    float head_c;                    /* the head's σ·√hidden: logits of deviation ~head_c */
     int engram_layer[2], n_engram;   /* the layers of the tables (in order) */
     int ehd;                         /* engram_head_dim */
     long long evocab;                /* engram_vocab_size */
@@ -76,6 +83,8 @@ static void preset_real(v41_shape *s)
                      .idx_dim = 128, .idx_topk = 512, .window = 128, .cand_blocks = 2048, .cand_size = 8,
                      .max_pos = 1048576, .rope_orig = 65536, .candidate = 20, .engram_layer = {1, 14},
                      .n_engram = 2, .ehd = 256, .evocab = 16000000, .erows = {384006168ull, 384016682ull}};
+    s->vocab = 129280;
+    s->head_c = 2.8f;
     for (int L = 0; L < 40; L++) s->ratio[L] = L < 2 ? 0 : L < 20 ? 2 : 1;
     for (int L = 2; L <= 20; L += 6) s->kv[L] = s->index[L] = true;
     for (int L = 24; L <= 36; L += 4) s->index[L] = true;
@@ -89,9 +98,31 @@ static void preset_q128(v41_shape *s)
                      .idx_dim = 32, .idx_topk = 8, .window = 16, .cand_blocks = 4, .cand_size = 4, .max_pos = 4096,
                      .rope_orig = 256, .candidate = 10, .engram_layer = {1, 14}, .n_engram = 2, .ehd = 32,
                      .evocab = 500, .erows = {14032ull, 17774ull}};
+    s->vocab = 129280;
+    s->head_c = 2.8f;
     for (int L = 0; L < 16; L++) s->ratio[L] = L < 2 ? 0 : L < 10 ? 2 : 1;
     s->kv[2] = s->kv[6] = s->kv[10] = true;
     s->index[2] = s->index[6] = s->index[10] = s->index[12] = s->index[14] = true;
+}
+
+/* The fixture of sparq quantize's V4.1 test (tests/quantize/test_v41.c): 3
+ * layers of compress ratios 0, 2, 2 (layer 1 the kv, index and candidate
+ * source whose pool and selection layer 2 reads), every linear 128 wide (2
+ * heads, 2 experts top-2 + 1 shared), no Engram (its hash needs the layers 1
+ * and 14 and the real vocabulary), vocabulary 256 (a byte tokenizer), the
+ * router and head FP8 with block scales and one mtp.0 tensor, so that the
+ * test sees FP8 tensors kept byte-exact beside quantized ones and a dropped
+ * stage. */
+static void preset_qtest(v41_shape *s)
+{
+    memset(s, 0, sizeof *s);
+    *s = (v41_shape){.layers = 3, .hidden = 128, .heads = 2, .head_dim = 128, .rope = 64, .q_lora = 128,
+                     .o_lora = 128, .o_groups = 2, .experts = 2, .topk = 2, .inter = 128, .idx_heads = 2,
+                     .idx_dim = 64, .idx_topk = 8, .window = 16, .cand_blocks = 4, .cand_size = 4, .max_pos = 4096,
+                     .rope_orig = 256, .candidate = 1, .vocab = 256, .fp8_router = true, .fp8_head = true,
+                     .mtp = true, .head_c = 1.0f, .ehd = 32, .evocab = 500};
+    s->ratio[1] = s->ratio[2] = 2;
+    s->kv[1] = s->index[1] = true;
 }
 
 /* Trim or extend the layer lists to n layers: sources, candidates and Engram
@@ -314,7 +345,8 @@ static sparq_status layer(const gen *g, const v41_shape *s, int L)
             FORWARD_IF(bf16(g, K("layers.%d.attn.indexer.k_norm.weight", L), id, 0, 1.0f, 0.05f));
         }
     }
-    FORWARD_IF(bf16(g, K("layers.%d.ffn.gate.weight", L), E, d, 0.0f, 2.4f * isq(d)));
+    if (s->fp8_router) FORWARD_IF(fp8(g, K("layers.%d.ffn.gate", L), E, d, 2.4f * isq(d)));
+    else FORWARD_IF(bf16(g, K("layers.%d.ffn.gate.weight", L), E, d, 0.0f, 2.4f * isq(d)));
     FORWARD_IF(f32(g, K("layers.%d.ffn.gate.bias", L), E, 0, 0.0f, 0.1f));
     FORWARD_IF(f32(g, K("layers.%d.ffn.gate.bias_vl", L), E, 0, 0.0f, 0.1f));
     for (uint64_t e = 0; e < E; e++) {
@@ -373,8 +405,9 @@ static void tlist(text *t, const char *key, const long long *v, int n, bool last
     tput(t, n ? "\n    ]%s\n" : "]%s\n", last ? "" : ",");
 }
 
-static char *config_json(const v41_shape *s, int vocab)
+static char *config_json(const v41_shape *s)
 {
+    const int vocab = s->vocab;
     text t = {0};
     long long v[MAX_LAYERS];
     int n;
@@ -448,8 +481,9 @@ static sparq_status copy_file(const char *from_dir, const char *out, const char 
     return st;
 }
 
-static sparq_status make(mw_job *j, const v41_shape *s, int vocab)
+static sparq_status make(mw_job *j, const v41_shape *s)
 {
+    const int vocab = s->vocab;
     const gen g = {j, j->sparse};
     const uint64_t d = (uint64_t)s->hidden;
     sparq_progress pb;
@@ -462,10 +496,12 @@ static sparq_status make(mw_job *j, const v41_shape *s, int vocab)
         sparq_progress_add(&pb, 1);
     }
     FORWARD_IF(bf16(&g, "norm.weight", d, 0, 1.0f, 0.05f));
-    FORWARD_IF(bf16(&g, "head.weight", (uint64_t)vocab, d, 0.0f, 2.8f * isq(d)));
+    if (s->fp8_head) FORWARD_IF(fp8(&g, "head", (uint64_t)vocab, d, s->head_c * isq(d)));
+    else FORWARD_IF(bf16(&g, "head.weight", (uint64_t)vocab, d, 0.0f, s->head_c * isq(d)));
+    if (s->mtp) FORWARD_IF(bf16(&g, "mtp.0.norm.weight", d, 0, 1.0f, 0.0f));
     sparq_progress_add(&pb, 1);
     sparq_progress_end(&pb);
-    char *cfg = config_json(s, vocab);
+    char *cfg = config_json(s);
     sparq_status st = mw_write_text(j->out, "config.json", cfg);
     sparq_free(cfg);
     return st;
@@ -473,7 +509,7 @@ static sparq_status make(mw_job *j, const v41_shape *s, int vocab)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: make_v41_model OUT [--preset real|q128] [--layers N] [--hidden N] [--heads N] "
+    fprintf(stderr, "usage: make_v41_model OUT [--preset real|q128|qtest] [--layers N] [--hidden N] [--heads N] "
                     "[--experts N] [--topk N] [--inter N] [--vocab N] [--tokenizer DIR] [--sparse] "
                     "[--shard-mb N] [--seed N]\n");
 }
@@ -484,7 +520,7 @@ int main(int argc, char **argv)
     v41_shape s;
     preset_real(&s);
     const char *out = NULL, *tok = NULL;
-    int shard_mb = 4096, vocab = 129280, layers = 0;
+    int shard_mb = 4096, vocab = 0, layers = 0;
     bool sparse = false;
     mw_seed(1);
     for (int i = 1; i < argc; i++) {
@@ -492,9 +528,10 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--preset") && i + 1 < argc) {
             const char *p = argv[++i];
             if (!strcmp(p, "q128")) preset_q128(&s);
+            else if (!strcmp(p, "qtest")) preset_qtest(&s);
             else if (!strcmp(p, "real")) preset_real(&s);
             else {
-                fprintf(stderr, "%s: unknown preset '%s' (real, q128)\n", prog, p);
+                fprintf(stderr, "%s: unknown preset '%s' (real, q128, qtest)\n", prog, p);
                 return 2;
             }
         } else if (!strcmp(a, "--layers")) layers = mw_arg_int(prog, argc, argv, &i, 1, MAX_LAYERS);
@@ -515,6 +552,7 @@ int main(int argc, char **argv)
         }
     }
     if (layers) set_layers(&s, layers);
+    if (vocab) s.vocab = vocab;
     if (!out || s.hidden % 32 || s.inter % 32 || (s.heads * s.head_dim) % s.o_groups || s.topk > s.experts) {
         fprintf(stderr, "%s: OUT missing, hidden / inter not a multiple of 32, or inconsistent heads / experts\n",
                 prog);
@@ -523,7 +561,7 @@ int main(int argc, char **argv)
     }
     mw_job j;
     sparq_status st = mw_begin(&j, out, (uint64_t)shard_mb << 20, sparse);
-    if (st == SPARQ_OK) st = make(&j, &s, vocab);
+    if (st == SPARQ_OK) st = make(&j, &s);
     st = mw_end(&j, st);
     if (st == SPARQ_OK && tok) st = copy_file(tok, out, "tokenizer.json", true);
     if (st == SPARQ_OK && tok) st = copy_file(tok, out, "tokenizer_config.json", false);
@@ -534,6 +572,6 @@ int main(int argc, char **argv)
     char total[32];
     sparq_format_bytes(total, sizeof total, (double)j.total_bytes);
     printf("%s: %d layers, hidden %d, %d experts top-%d of width %d, vocab %d; %s of tensors in %d shards%s\n", out,
-           s.layers, s.hidden, s.experts, s.topk, s.inter, vocab, total, j.n_shards, sparse ? " (sparse)" : "");
+           s.layers, s.hidden, s.experts, s.topk, s.inter, s.vocab, total, j.n_shards, sparse ? " (sparse)" : "");
     return 0;
 }

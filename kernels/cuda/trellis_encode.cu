@@ -286,6 +286,9 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
             sw[p] = w ? w[t * 256 + p] : 1.0f;
         }
         for (int e = tid; e < S::NODES; e += S::THREADS) cost0[e] = 0.0f;
+        /* the first step reads sx[128] before its own barrier (for the dd table):
+         * every thread's loads of this tile must be visible first */
+        __syncthreads();
 
         /* pass 1: rotated by 128, free start, trace back to the wrap point */
         const float *fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 128);

@@ -162,6 +162,8 @@ void qz_ldlq_opts(const qjob *j, const char *key, int K, ldlq_opts *lo);
  * (as the CPU loop would); *psum / *pmax get the proxies' sum and maximum. */
 sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, const lin_ref *refs, int n_lin,
                                     qlin *ql, sparq_progress *pb, double *psum, double *pmax);
+/* The host bytes a GPU batch may hold: a quarter of --max-mem (at least 1 GiB), else 8 GiB. */
+uint64_t qz_cuda_host_budget(const qjob *j);
 /* Quantize one linear on the GPU with prepared Hessian hs (the head). */
 sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey, int K, const ldlq_hessian *hs,
                                      qlin *q);

@@ -69,7 +69,7 @@ static uint64_t host_bytes(int k, int n, int K, int n_hess, int n_items, bool gp
            (uint64_t)n_hess * (2 * 4ull * k * k + 24ull * k);
 }
 
-static uint64_t host_budget(const qjob *j)
+uint64_t qz_cuda_host_budget(const qjob *j)
 {
     const uint64_t floor = 1ull << 30;
     if (!j->o->max_mem) return 8ull << 30;
@@ -92,7 +92,7 @@ static sparq_status batch_size(qjob *j, const gitem *it, int avail, int *out)
     FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
     const size_t margin = (size_t)512 << 20;
     const size_t dev = fr > margin ? fr - margin : 0;
-    const uint64_t host = host_budget(j);
+    const uint64_t host = qz_cuda_host_budget(j);
     const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
     const bool gh = gpu_hessians();
     int m = 0, n_hess = 0;

@@ -203,6 +203,16 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
             }
         }
         uint64_t prep = rtn ? 0 : 2 * 4 * kmax * kmax + 16 * kmax;
+        if (o->device == QZ_DEVICE_CUDA && !rtn) {
+            /* a GPU batch holds several linears' fp32 weights and regularised copies at once
+             * (layer_cuda.c), up to its host budget; the Hessians are prepared on the device */
+            uint64_t all = 0;
+            for (int s = 0; s < ld->n_slots; s++)
+                if (ld->slot[s].quantize)
+                    all += 8ull * (uint64_t)ld->slot[s].in * (uint64_t)ld->slot[s].out * (uint64_t)ld->slot[s].instances;
+            const uint64_t cap = qz_cuda_host_budget(j);
+            work = all < cap ? all : cap;
+        }
         uint64_t quant = hess + prep + work + outputs;
         uint64_t peak = (fwd + hess > quant ? fwd + hess : quant);
         if (peak > worst_layer) worst_layer = peak;

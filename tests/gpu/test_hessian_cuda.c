@@ -37,16 +37,8 @@
 
 extern void spotrf_(const char *uplo, const int *n, float *a, const int *lda, int *info);
 
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd32(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 16);
-}
-static double unif(void) { return ((double)(rnd32() >> 8) + 0.5) / 16777216.0; }
-static float gauss(void) { return (float)(sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); }
+#define GPU_RAND_SEED 0x2545F4914F6CDD1Dull
+#include "gpu/gpu_rand.h"
 
 static double now_ms(void)
 {

@@ -152,21 +152,11 @@ static void test_golden(void)
     int n_cases = 0;
     for (char *save = NULL, *c = strtok_r(cases, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
         int k = 0, n = 0, K = 0;
-        char cbname[16] = {0};
-        trellis_codebook cb;
-        if (sscanf(c, "%dx%d.K%d.%15s", &k, &n, &K, cbname) != 4 || !trellis_cb_parse(cbname, &cb)) continue;
-        char name[128];
-        snprintf(name, sizeof name, "%dx%d.weight", k, n);
-        float *w = load_f32(name, NULL);
-        snprintf(name, sizeof name, "%dx%d.hessian_sum", k, n);
-        float *h = load_f32(name, NULL);
-        snprintf(name, sizeof name, "%dx%d.count", k, n);
-        const char *cnt = sf_metadata(g_cases, name);
-        if (!cnt) cnt = sf_metadata(g_extra, name);
-        CHECK_MSG(w && h && cnt, "%s: missing weight / Hessian / count", c);
-        if (w && h && cnt) {
-            const double count = atof(cnt);
-            for (size_t i = 0; i < (size_t)k * k; i++) h[i] = (float)(h[i] / count);
+        trellis_codebook cb = TRELLIS_CB_MUL1;
+        float *w = NULL, *h = NULL;
+        const bool have = exl3_case_load(c, &k, &n, &K, &cb, &w, &h);
+        CHECK_MSG(have, "%s: missing weight / Hessian / count", c);
+        if (have) {
             both b;
             sparq_status st = run_both(h, w, k, n, K, cb, 1234, &b);
             CHECK_MSG(st == SPARQ_OK, "%s: %s", c, sparq_errmsg());

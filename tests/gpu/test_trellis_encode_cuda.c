@@ -33,16 +33,8 @@
 #include "quantize/viterbi.h"
 #include "t.h"
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd32(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 16);
-}
-static double unif(void) { return ((double)(rnd32() >> 8) + 0.5) / 16777216.0; }
-static float gauss(void) { return (float)(sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); }
+#define GPU_RAND_SEED 0x9E3779B97F4A7C15ull
+#include "gpu/gpu_rand.h"
 
 static sparq_pool *pool;
 static long tiles_checked, err_bit_exact;

@@ -6,10 +6,13 @@
 #ifndef SPARQ_TESTS_QUANTIZE_EXL3_CASES_H
 #define SPARQ_TESTS_QUANTIZE_EXL3_CASES_H
 
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/alloc.h"
 #include "formats/safetensors.h"
+#include "kernels/cpu/trellis.h"
 
 static sf_model *g_cases, *g_extra;
 
@@ -55,6 +58,31 @@ static float *load_f32(const char *name, uint64_t *numel)
     }
     if (numel) *numel = t->numel;
     return v;
+}
+
+/* Golden case c ("KxN.K<bits>.<codebook>", an entry of the "cases" list): its shape, bits,
+ * codebook, the weight w (k×n) and the MEAN Hessian h (k×k: the stored sum ÷ the count), both
+ * allocated. False (nothing allocated) when the name does not parse or data is missing. */
+static bool exl3_case_load(const char *c, int *k, int *n, int *K, trellis_codebook *cb, float **w, float **h)
+{
+    char cbname[16] = {0}, name[128];
+    *w = *h = NULL;
+    if (sscanf(c, "%dx%d.K%d.%15s", k, n, K, cbname) != 4 || !trellis_cb_parse(cbname, cb)) return false;
+    snprintf(name, sizeof name, "%dx%d.weight", *k, *n);
+    *w = load_f32(name, NULL);
+    snprintf(name, sizeof name, "%dx%d.hessian_sum", *k, *n);
+    *h = load_f32(name, NULL);
+    snprintf(name, sizeof name, "%dx%d.count", *k, *n);
+    const char *cnt = sf_metadata(g_cases, name);
+    if (!cnt) cnt = sf_metadata(g_extra, name);
+    if (!*w || !*h || !cnt) {
+        sparq_free(*w), sparq_free(*h);
+        *w = *h = NULL;
+        return false;
+    }
+    const double count = atof(cnt);
+    for (size_t i = 0; i < (size_t)*k * *k; i++) (*h)[i] = (float)((*h)[i] / count);
+    return true;
 }
 
 #endif

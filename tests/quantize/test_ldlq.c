@@ -115,28 +115,19 @@ static void test_golden_cases(void)
         if (n_listed++ % g_parts != g_part) continue;
         n_chosen++;
         int k = 0, n = 0, K = 0;
-        char cbname[16] = {0};
-        CHECK(sscanf(c, "%dx%d.K%d.%15s", &k, &n, &K, cbname) == 4);
-        trellis_codebook cb;
-        CHECK(trellis_cb_parse(cbname, &cb));
+        trellis_codebook cb = TRELLIS_CB_MUL1;
+        float *w = NULL, *h = NULL;
+        const bool have = exl3_case_load(c, &k, &n, &K, &cb, &w, &h);
+        float *theirs = have ? decode_theirs(c, k, n, K, cb) : NULL;
         char name[128];
-        snprintf(name, sizeof name, "%dx%d.weight", k, n);
-        float *w = load_f32(name, NULL);
-        snprintf(name, sizeof name, "%dx%d.hessian_sum", k, n);
-        float *h = load_f32(name, NULL);
-        snprintf(name, sizeof name, "%dx%d.count", k, n);
-        const char *cnt = sf_metadata(g_cases, name);
-        if (!cnt) cnt = sf_metadata(g_extra, name);
-        float *theirs = decode_theirs(c, k, n, K, cb);
         snprintf(name, sizeof name, "%s.proxy_err", c);
         const char *gp = sf_metadata(g_cases, name);
-        CHECK_MSG(w && h && cnt && theirs && gp, "case %s: missing weight/hessian/count/golden", c);
-        if (!(w && h && cnt && theirs && gp)) {
+        CHECK_MSG(have && theirs && gp, "case %s: missing weight/hessian/count/golden", c);
+        if (!(have && theirs && gp)) {
             sparq_free(w), sparq_free(h), sparq_free(theirs);
             continue;
         }
-        double count = atof(cnt), golden = atof(gp);
-        for (size_t i = 0; i < (size_t)k * k; i++) h[i] = (float)(h[i] / count);
+        const double golden = atof(gp);
 
         qrun q;
         sparq_status st = quantize_case(h, w, k, n, K, cb, 1234, g_pool, false, &q);

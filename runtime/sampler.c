@@ -3,6 +3,7 @@
  * Top-k uses a partial selection (a small binary heap) so a 150k vocabulary
  * costs O(V log k) per token; without top-k the candidates are fully sorted.
  * Probabilities are computed in double. */
+#include "kernels/cpu/ops.h"
 #include "runtime/sampler.h"
 
 #include <math.h>
@@ -129,20 +130,6 @@ static int cmp_cand(const void *pa, const void *pb, void *ctx)
     return before(l, a, b) ? -1 : before(l, b, a) ? 1 : 0;
 }
 
-/* Min-heap (worst candidate at the root) of the best k ids. */
-static void heap_down(const float *l, int32_t *h, int n, int i)
-{
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && before(l, h[c], h[c + 1])) c++;
-        if (!before(l, h[i], h[c])) return;
-        int32_t t = h[i];
-        h[i] = h[c];
-        h[c] = t;
-        i = c;
-    }
-}
 
 /* The distinct ids of the history in [0, V), each once, in s->pen. */
 static int distinct_history(sq_sampler *s)
@@ -185,20 +172,11 @@ int32_t sq_sampler_sample(sq_sampler *s, const float *logits)
     }
     const int n = n_candidates(s);
     if (n < V) {
-        /* keep the k best in a heap whose root is the worst kept */
-        const int k = n;
-        int32_t *h = s->cand;
-        for (int i = 0; i < k; i++) h[i] = i;
-        for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, h, k, i);
-        for (int32_t i = k; i < V; i++)
-            if (before(l, i, h[0])) {
-                h[0] = i;
-                heap_down(l, h, k, 0);
-            }
+        sq_cpu_topk(l, V, n, s->cand); /* the n best, already in order */
     } else {
         for (int32_t i = 0; i < V; i++) s->cand[i] = i;
+        qsort_r(s->cand, (size_t)n, sizeof(int32_t), cmp_cand, l);
     }
-    qsort_r(s->cand, (size_t)n, sizeof(int32_t), cmp_cand, l);
     for (int i = 0; i < n; i++) s->cval[i] = l[s->cand[i]];
     return sq_sampler_finish(s, s->cand, s->cval, n);
 }

@@ -86,6 +86,9 @@ sparq_status sq_cpu_linear_exl3_bind(sq_linear *l, const trellis_linear *t, cons
  * says what it does). */
 sparq_status sq_cpu_sample_select(sq_exec *ex, float *logits, int rows, int ld, const sq_sample_req *req,
                                   int32_t *const *ids, float *const *vals, uint8_t *bad);
+/* The k (1 ≤ k ≤ V) best ids of logits l[0..V) into o, best first: higher logit, then lower id
+ * (the sampler's order; a heap of k, O(V log k)). */
+void sq_cpu_topk(const float *l, int32_t V, int k, int32_t *o);
 /* l[pen[j]] > 0 ? divided by penalty : multiplied, for j < n_pen (distinct ids); 1 = none. */
 void sq_cpu_penalise(float *l, float penalty, int n_pen, const int32_t *pen);
 

@@ -29,6 +29,24 @@ static void heap_down(const float *l, int32_t *h, int n, int i)
     }
 }
 
+void sq_cpu_topk(const float *l, int32_t V, int k, int32_t *o)
+{
+    for (int i = 0; i < k; i++) o[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, o, k, i);
+    for (int32_t i = k; i < V; i++)
+        if (before(l, i, o[0])) {
+            o[0] = i;
+            heap_down(l, o, k, 0);
+        }
+    /* pop the worst to the back: the heap sorted best first */
+    for (int n = k - 1; n > 0; n--) {
+        const int32_t t = o[0];
+        o[0] = o[n];
+        o[n] = t;
+        heap_down(l, o, n, 0);
+    }
+}
+
 void sq_cpu_penalise(float *l, float penalty, int n_pen, const int32_t *pen)
 {
     if (penalty == 1.0f) return;
@@ -63,20 +81,7 @@ sparq_status sq_cpu_sample_select(sq_exec *ex, float *logits, int rows, int ld, 
             continue;
         }
         const int k = q->k;
-        for (int i = 0; i < k; i++) o[i] = i;
-        for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, o, k, i);
-        for (int32_t i = k; i < V; i++)
-            if (before(l, i, o[0])) {
-                o[0] = i;
-                heap_down(l, o, k, 0);
-            }
-        /* pop the worst to the back: the heap sorted best first */
-        for (int n = k - 1; n > 0; n--) {
-            const int32_t t = o[0];
-            o[0] = o[n];
-            o[n] = t;
-            heap_down(l, o, n, 0);
-        }
+        sq_cpu_topk(l, V, k, o);
         for (int i = 0; i < k; i++) ov[i] = l[o[i]];
     }
     return SPARQ_OK;

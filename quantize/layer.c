@@ -419,9 +419,9 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     const hess_acc *hs_for = NULL;
     double psum = 0, pmax = 0;
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}}; /* per expert slot × K, from expert 0 */
-    if (st == SPARQ_OK && j->gctx && j->o->method != QZ_METHOD_RTN)
-        st = qz_quantize_layer_cuda(j, L, desc, refs, n_lin, ql, &pb, &psum, &pmax);
-    for (int i = 0; i < n_lin && st == SPARQ_OK && !(j->gctx && j->o->method != QZ_METHOD_RTN); i++) {
+    /* j->gctx: --device cuda with a trellis method (the driver makes none for RTN) */
+    if (st == SPARQ_OK && j->gctx) st = qz_quantize_layer_cuda(j, L, desc, refs, n_lin, ql, &pb, &psum, &pmax);
+    for (int i = 0; i < n_lin && st == SPARQ_OK && !j->gctx; i++) {
         sq_linear *l = sq_model_linear(j->m, L, refs[i].slot, refs[i].inst);
         if (!l) {
             st = sparq_err(SPARQ_E_STATE, "layer %d: linear %s/%d missing", L, desc->slot[refs[i].slot].name,

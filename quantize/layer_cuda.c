@@ -110,6 +110,30 @@ static sparq_status batch_size(qjob *j, const gitem *it, int avail, int *out)
     return SPARQ_OK;
 }
 
+/* q's key and output arrays for a k×n linear at K bits. */
+static sparq_status qlin_alloc(qlin *q, const char *key, int K, int k, int n)
+{
+    q->key = sparq_strdup(key);
+    q->K = K, q->k = k, q->n = n;
+    q->trellis = sparq_malloc((size_t)k * n / 256 * 16 * K * sizeof(uint16_t));
+    q->suh = sparq_malloc((size_t)k * sizeof(uint16_t));
+    q->svh = sparq_malloc((size_t)n * sizeof(uint16_t));
+    RETURN_IF(!q->key || !q->trellis || !q->suh || !q->svh, SPARQ_E_NOMEM, "%s: out of memory", key);
+    return SPARQ_OK;
+}
+
+/* After the GPU wrote q->trellis: the fp16 scales, the proxy the GPU computed, the runnable linear. */
+static sparq_status qlin_finish(qjob *j, qlin *q, const ldlq_hessian *hs, const ldlq_reg *reg, double proxy)
+{
+    ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
+    FORWARD_IF(ldlq_finish(hs, reg, NULL, proxy, q->key, &res));
+    q->proxy = res.proxy_err;
+    q->tl = (trellis_linear){.k = q->k, .n = q->n, .K = q->K, .cb = j->o->cb, .trellis = q->trellis, .suh = q->suh,
+                             .svh = q->svh};
+    j->rep->n_weights += (uint64_t)q->k * q->n;
+    return SPARQ_OK;
+}
+
 /* The regularisation of a batch's weights, one per pool task. */
 typedef struct reg_task {
     qjob *j;
@@ -196,14 +220,7 @@ static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_share
         st = qz_load_weight(j, it->key, &out, &in, &w[i], true);
         if (st == SPARQ_OK && (in != k || out != n))
             st = sparq_err(SPARQ_E_STATE, "%s: %d -> %d, expected %d -> %d", it->key, in, out, k, n);
-        qlin *q = &ql[it->ref];
-        q->key = sparq_strdup(it->key);
-        q->K = K, q->k = k, q->n = n;
-        q->trellis = sparq_malloc((size_t)k * n / 256 * 16 * K * sizeof(uint16_t));
-        q->suh = sparq_malloc((size_t)k * sizeof(uint16_t));
-        q->svh = sparq_malloc((size_t)n * sizeof(uint16_t));
-        if (st == SPARQ_OK && (!q->key || !q->trellis || !q->suh || !q->svh))
-            st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", it->key);
+        if (st == SPARQ_OK) st = qlin_alloc(&ql[it->ref], it->key, K, k, n);
     }
     /* the global scales: fixed, the searched one of the slot's first expert (searched here first
      * when this batch holds it), or a search per weight */
@@ -233,14 +250,8 @@ static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_share
     }
     j->t_gpu += sparq_now() - t1;
     for (int i = 0; i < m && st == SPARQ_OK; i++) {
-        qlin *q = &ql[items[i].ref];
-        ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
         /* the identity Hessian's proxy comes from the GPU too (plain sums of squares) */
-        st = ldlq_finish(hs[gi[i].hess], &reg[i], NULL, gi[i].proxy_err, items[i].key, &res);
-        q->proxy = res.proxy_err;
-        q->tl = (trellis_linear){.k = k, .n = n, .K = K, .cb = j->o->cb, .trellis = q->trellis, .suh = q->suh,
-                                 .svh = q->svh};
-        j->rep->n_weights += (uint64_t)k * n;
+        st = qlin_finish(j, &ql[items[i].ref], hs[gi[i].hess], &reg[i], gi[i].proxy_err);
         sparq_progress_add(pb, 1);
     }
     j->t_quant += sparq_now() - t0;
@@ -324,26 +335,14 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     sparq_status st = ldlq_regularize(hs, w, out, &lo, &coder, wkey, &reg);
     sparq_free(w);
     FORWARD_IF(st);
-    q->key = sparq_strdup(key);
-    q->K = K, q->k = in, q->n = out;
-    q->trellis = sparq_malloc((size_t)in * out / 256 * 16 * K * sizeof(uint16_t));
-    q->suh = sparq_malloc((size_t)in * sizeof(uint16_t));
-    q->svh = sparq_malloc((size_t)out * sizeof(uint16_t));
-    if (!q->key || !q->trellis || !q->suh || !q->svh) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", key);
+    st = qlin_alloc(q, key, K, in, out);
     ldlq_cuda_item gi = {.hess = 0, .wr = reg.wr, .trellis = q->trellis};
     const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs), 0};
     const ldlq_cuda_shape s = {in, out, K, j->o->cb, 0};
     const double t1 = sparq_now();
     if (st == SPARQ_OK) st = j->gops->batch(j->gctx, &s, &gh, 1, &gi, 1, key);
     j->t_gpu += sparq_now() - t1;
-    if (st == SPARQ_OK) {
-        ldlq_result res = {.trellis = q->trellis, .suh = q->suh, .svh = q->svh};
-        st = ldlq_finish(hs, &reg, NULL, gi.proxy_err, key, &res);
-        q->proxy = res.proxy_err;
-        q->tl = (trellis_linear){.k = in, .n = out, .K = K, .cb = j->o->cb, .trellis = q->trellis, .suh = q->suh,
-                                 .svh = q->svh};
-        j->rep->n_weights += (uint64_t)in * out;
-    }
+    if (st == SPARQ_OK) st = qlin_finish(j, q, hs, &reg, gi.proxy_err);
     ldlq_reg_free(&reg);
     j->t_quant += sparq_now() - t0;
     return st;

@@ -74,11 +74,16 @@ void trellis_cb_table(trellis_codebook cb, float *out);
 /* Row / column inside the tile of stream position p (0..255): lane t = p/8
  * owns rows {2(t%4), 2(t%4)+1, 2(t%4)+8, 2(t%4)+9} at columns t/4 (p%8 < 4)
  * and t/4+8 (p%8 ≥ 4). */
-static inline int trellis_pos_row(int p)
+#ifdef __CUDACC__
+#define TRELLIS_HD __host__ __device__ /* the CUDA kernels use the same layout functions */
+#else
+#define TRELLIS_HD
+#endif
+static inline TRELLIS_HD int trellis_pos_row(int p)
 {
     return 2 * ((p >> 3) & 3) + (p & 1) + 8 * ((p >> 1) & 1);
 }
-static inline int trellis_pos_col(int p) { return (p >> 5) + 8 * ((p >> 2) & 1); }
+static inline TRELLIS_HD int trellis_pos_col(int p) { return (p >> 5) + 8 * ((p >> 2) & 1); }
 /* Inverse: stream position of (row, col). */
 int trellis_rc_pos(int row, int col);
 

@@ -20,9 +20,6 @@ extern "C" {
 
 namespace {
 
-__device__ __forceinline__ int pos_row(int p) { return 2 * ((p >> 3) & 3) + (p & 1) + 8 * ((p >> 1) & 1); }
-__device__ __forceinline__ int pos_col(int p) { return (p >> 5) + 8 * ((p >> 2) & 1); }
-
 /* t[i] (16×n) = w[i] rows b..b+15, for every item i (grid-stride over items × 16n). */
 __global__ void k_strip_copy(float *const *t, const float *const *w, int n_items, int n, int b)
 {
@@ -53,7 +50,7 @@ __global__ void k_gather(float *tiles, float *tw, float *const *t, const float *
         const int p = (int)(x & 255);
         const size_t tile = x >> 8;
         const int i = (int)(tile / tn), tj = (int)(tile % tn);
-        const int r = pos_row(p), col = tj * 16 + pos_col(p);
+        const int r = trellis_pos_row(p), col = tj * 16 + trellis_pos_col(p);
         tiles[x] = t[i][(size_t)r * n + col];
         if (tw) tw[x] = d[i] ? d[i][b + r] : 1.0f;
     }
@@ -69,7 +66,7 @@ __global__ void k_scatter(float *const *err, float *const *wq, const float *cons
         const int p = (int)(x & 255);
         const size_t tile = x >> 8;
         const int i = (int)(tile / tn), tj = (int)(tile % tn);
-        const size_t o = (size_t)(b + pos_row(p)) * n + tj * 16 + pos_col(p);
+        const size_t o = (size_t)(b + trellis_pos_row(p)) * n + tj * 16 + trellis_pos_col(p);
         const float v = dec[x];
         err[i][o] = __fsub_rn(w[i][o], v);
         if (wq) wq[i][o] = v;
@@ -206,27 +203,22 @@ extern "C" sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codeb
     return trellis_cuda_encode_tiles_host(c->enc, x, NULL, n_tiles, states, decoded, NULL, NULL);
 }
 
-/* The layout of one batch's device memory, in the order it is carved. */
-struct batch_layout {
-    size_t hess, w, strip, trellis, total;
-};
-
-static batch_layout layout_of(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq)
+/* Device bytes of one batch, in the order run_batch carves them (each piece
+ * rounded up to 64 bytes: the 64·16 at the end). */
+static size_t batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq)
 {
     const size_t k = (size_t)s->k, n = (size_t)s->n, kn = k * n, tiles = kn / 256;
-    batch_layout b;
-    b.hess = (size_t)n_hess * (2 * k * k + k) * sizeof(float);
-    b.w = (size_t)n_items * kn * sizeof(float) * (want_wq ? 3 : 2);         /* wr, err (, wq) */
-    b.strip = (size_t)n_items * 16 * n * (sizeof(float) * 4 + sizeof(uint16_t)); /* t, tiles, tw, dec, states */
-    b.trellis = (size_t)n_items * tiles * 16 * s->K * sizeof(uint16_t);
+    const size_t hess = (size_t)n_hess * (2 * k * k + k) * sizeof(float);
+    const size_t w = (size_t)n_items * kn * sizeof(float) * (want_wq ? 3 : 2);             /* wr, err (, wq) */
+    const size_t strip = (size_t)n_items * 16 * n * (sizeof(float) * 4 + sizeof(uint16_t)); /* t, tiles, tw, dec, states */
+    const size_t trellis = (size_t)n_items * tiles * 16 * s->K * sizeof(uint16_t);
     const size_t ptrs = (size_t)n_items * 12 * sizeof(void *), proxy = kn * sizeof(float) + DOT_BLOCKS * 8;
-    b.total = b.hess + b.w + b.strip + b.trellis + ptrs + proxy + 64 * 16;
-    return b;
+    return hess + w + strip + trellis + ptrs + proxy + 64 * 16;
 }
 
 extern "C" size_t ldlq_cuda_batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq)
 {
-    return layout_of(s, n_hess, n_items, want_wq).total;
+    return batch_bytes(s, n_hess, n_items, want_wq);
 }
 
 /* Carves aligned pieces out of one allocation. */
@@ -271,7 +263,7 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
     const size_t kn = (size_t)k * n, kk = (size_t)k * k, words = (size_t)tk * tn * 16 * K;
     int want_wq = 0;
     for (int i = 0; i < n_items; i++) want_wq |= items[i].wq != NULL;
-    const batch_layout lay = layout_of(s, n_host, n_items, want_wq);
+    const size_t total = batch_bytes(s, n_host, n_items, want_wq);
     carver cv = {base};
     float *hbuf = cv.take<float>((size_t)n_host * (2 * kk + k));
     float *wbuf = cv.take<float>((size_t)n_items * kn);
@@ -286,7 +278,7 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
     void **ptrs = cv.take<void *>((size_t)n_items * 12);
     float *tmp = cv.take<float>(kn);
     double *partial = cv.take<double>(DOT_BLOCKS);
-    if ((size_t)(cv.p - base) > lay.total) return sparq_err(SPARQ_E_STATE, "%s: ldlq batch layout overflow", name);
+    if ((size_t)(cv.p - base) > total) return sparq_err(SPARQ_E_STATE, "%s: ldlq batch layout overflow", name);
 
     /* Uploads: the Hessians, then each weight. */
     const float **hr_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *hr_dev);

@@ -34,6 +34,7 @@
 #include "kernels/cpu/trellis_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -205,17 +206,29 @@ __device__ __forceinline__ bool cand_less(float v, int i, float ov, int oi)
     return v < ov || (v == ov && i < oi);
 }
 
+/* The barrier of one tile's T threads: the block's when a block runs one
+ * tile (G = 1), the warp's when a tile has one warp, else named barrier g + 1
+ * over the group's T threads (bar.sync orders shared memory like
+ * __syncthreads, among the threads it counts). */
+template <int T, int G>
+__device__ __forceinline__ void tile_sync(int g)
+{
+    if constexpr (G == 1) __syncthreads();
+    else if constexpr (T == 32) __syncwarp();
+    else asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(T) : "memory");
+}
+
 /* The serial scan's `for i: if (fin[i] < fin[e]) e = i` from e = 0: the
  * first index of the minimum over the non-NaN costs, or 0 if fin[0] is NaN
- * (a NaN at e blocks every update). Result in *out (shared), visible to all. */
-template <int K>
-__device__ __forceinline__ void block_argmin(const float *fin, float *rv, int *ri, int *out)
+ * (a NaN at e blocks every update), by the T threads (tid 0..T−1) of tile
+ * group g. Result in *out (shared), visible to the group. */
+template <int NODES, int T, int G>
+__device__ __forceinline__ void tile_argmin(const float *fin, float *rv, int *ri, int *out, int tid, int g)
 {
-    using S = vshape<K>;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int lane = tid & 31, warp = tid >> 5;
     float cv = INFINITY;
     int ci = 0x7FFFFFFF; /* no candidate yet: loses every tie */
-    for (int e = tid; e < S::NODES; e += S::THREADS) {
+    for (int e = tid; e < NODES; e += T) {
         const float v = fin[e];
         if (v == v && cand_less(v, e, cv, ci)) {
             cv = v;
@@ -235,16 +248,16 @@ __device__ __forceinline__ void block_argmin(const float *fin, float *rv, int *r
         rv[warp] = cv;
         ri[warp] = ci;
     }
-    __syncthreads();
+    tile_sync<T, G>(g);
     if (tid == 0) {
-        for (int w = 1; w < S::THREADS / 32; w++)
+        for (int w = 1; w < T / 32; w++)
             if (cand_less(rv[w], ri[w], cv, ci)) {
                 cv = rv[w];
                 ci = ri[w];
             }
         *out = isnan(fin[0]) ? 0 : ci;
     }
-    __syncthreads();
+    tile_sync<T, G>(g);
 }
 
 /* One block per tile slot (blockIdx.x), looping over tiles. back_ws and
@@ -254,8 +267,9 @@ template <int K, int CB, bool GCOST>
 __global__ void __launch_bounds__(vshape<K>::THREADS)
     k_viterbi(const float *__restrict__ x, const float *__restrict__ w, size_t n_tiles, uint16_t *__restrict__ states,
               float *__restrict__ decoded, float *__restrict__ err, uint8_t *back_ws, float *cost_ws,
-              const float *__restrict__ mul1_tab)
+              const float *__restrict__ mul1_tab, int nslots)
 {
+    (void)nslots; /* one tile a block: the grid is the slot count */
     using S = vshape<K>;
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
@@ -292,7 +306,7 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
 
         /* pass 1: rotated by 128, free start, trace back to the wrap point */
         const float *fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 128);
-        block_argmin<K>(fin, rv, ri, swrap);
+        tile_argmin<S::NODES, S::THREADS, 1>(fin, rv, ri, swrap, tid, 0);
         if (tid == 0) {
             uint32_t e = (uint32_t)*swrap;
             for (int i = 255; i >= 128; i--) { /* steps 255..128 are positions 127..0 */
@@ -327,6 +341,178 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
     }
 }
 
+/* --- mul1 at K ≥ 3: the codebook in a per-lane table ------------------------------
+ *
+ * The kernel above looks each branch's d² up in a 1024-entry table by the
+ * byte sum b: 32 lanes at random b hit ~3.3 distinct words a bank, so the
+ * shared-memory pipe, not issue, bounds it (~54 k tiles/s on an H200 at
+ * every K ≥ 3, trellis_encode_bench). Here every lane has its own copy of
+ * mul1's 1024 values, vt[b·32 + lane] (128 KB), so lane l always reads bank l
+ * and every lookup is one wavefront; one __dp4a forms the byte address
+ * b·128 + 4·lane from the hashed state. d, d² and the weight are then computed
+ * per branch in the roundings of trellis_viterbi_step (the table held exactly
+ * those numbers). The table leaves room for the node costs of one tile at
+ * K = 3 (64 KB), so a block runs G = 2^(K−3) tiles (8 at K = 7, 16 at K = 8)
+ * of T = 2^(13−K) threads (one chunk a thread; 512 threads of two chunks at
+ * K = 3), each tile with its own barrier. */
+template <int K>
+struct lshape {
+    using S = vshape<K>;
+    /* a thread's chunks a step: 2 at K = 3 (at 1024 threads its 64 registers spill), else 1 */
+    static constexpr int T = K == 3 ? S::CHUNKS / 2 : S::CHUNKS;    /* 512 at K = 3, 4 .. 32 at K = 8 */
+    static constexpr int G = K <= 6 ? 1 << (K - 3) : K == 7 ? 8 : 16; /* tiles a block */
+    static constexpr int THREADS = T * G;
+    static constexpr int GROUP_FLOATS = 2 * S::NODES + 708;         /* costs, sx, sw, states, reduction */
+};
+constexpr int LANE_TAB_FLOATS = 1024 * 32;
+
+/* lshape's figures for a run-time K (3..8) */
+inline int lane_groups(int K) { return K <= 6 ? 1 << (K - 3) : K == 7 ? 8 : 16; }
+inline int lane_threads(int K) { return (1 << (13 - K)) / (K == 3 ? 2 : 1) * lane_groups(K); }
+inline size_t lane_smem_bytes(int K)
+{
+    return ((size_t)LANE_TAB_FLOATS + (size_t)lane_groups(K) * (2 * (1 << (16 - K)) + 708)) * sizeof(float);
+}
+
+/* One chunk (nodes e0..e0+7 of one group) of one step; vt: the lane's table
+ * base in bytes (vt + 4·lane). keep: store the back-pointers. */
+template <int K, bool WEIGHTED>
+__device__ __forceinline__ void step_chunk_lane(int c, const float *cin, float *cout, uint8_t *bk, const char *vt,
+                                                float target, float weight, bool keep)
+{
+    using S = vshape<K>;
+    constexpr int R = 8;
+    constexpr uint32_t M = TRELLIS_MUL1_MUL, JINC = TRELLIS_MUL1_MUL << S::SHIFT;
+    const int e0 = c * R, g = e0 >> K;
+    uint32_t base[R];
+    float best[R];
+    int arg[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        base[r] = (uint32_t)(e0 + r) * M;
+        best[r] = INFINITY;
+        arg[r] = 0;
+    }
+#pragma unroll(S::G <= 8 ? S::G : 4)
+    for (int j = 0; j < S::G; j++) {
+        const float ci = cin[(j << S::PSHIFT) | g];
+        const uint32_t off = (uint32_t)j * JINC;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            /* the byte sum b of the hashed state, times 128 (one row of 32 lanes) */
+            const float v = *reinterpret_cast<const float *>(vt + __dp4a(base[r] + off, 0x80808080u, 0u));
+            const float d = __fsub_rn(v, target);
+            float dd = __fmul_rn(d, d);
+            if constexpr (WEIGHTED) dd = __fmul_rn(dd, weight); /* ·1 is exact: the CPU's skip */
+            const float cc = __fadd_rn(ci, dd);
+            if (cc < best[r]) {
+                best[r] = cc;
+                arg[r] = j;
+            }
+        }
+    }
+    if (keep) store_chunk<R>(cout, bk, e0, best, arg);
+    else {
+        reinterpret_cast<float4 *>(cout + e0)[0] = make_float4(best[0], best[1], best[2], best[3]);
+        reinterpret_cast<float4 *>(cout + e0)[1] = make_float4(best[4], best[5], best[6], best[7]);
+    }
+}
+
+/* forward() for the lane kernel: 256 steps of tile group g; pass 1 (roll 128)
+ * keeps only the back-pointers its trace reads (steps 128..255). */
+template <int K, bool WEIGHTED>
+__device__ __forceinline__ float *forward_lane(float *cin, float *cout, uint8_t *back, const float *sx,
+                                               const float *sw, const char *vt, int roll, int tid, int g)
+{
+    using S = vshape<K>;
+    using L = lshape<K>;
+    for (int i = 0; i < 256; i++) {
+        const int p = (i + roll) & 255;
+        const float target = sx[p], weight = WEIGHTED ? sw[p] : 1.0f;
+        tile_sync<L::T, L::G>(g); /* the previous step's costs, and every read of cout, are behind it */
+        for (int c = tid; c < S::CHUNKS; c += L::T)
+            step_chunk_lane<K, WEIGHTED>(c, cin, cout, back + (size_t)i * S::NODES, vt, target, weight,
+                                         roll == 0 || i >= 128);
+        float *t = cin;
+        cin = cout;
+        cout = t;
+    }
+    tile_sync<L::T, L::G>(g);
+    return cin;
+}
+
+/* G tile groups a block; group g of block b is slot b·G + g (< nslots), looping
+ * over tiles t ≡ slot (mod nslots). Same passes and trace-backs as k_viterbi. */
+template <int K, bool WEIGHTED>
+__global__ void __launch_bounds__(lshape<K>::THREADS, 1)
+    k_viterbi_lane(const float *__restrict__ x, const float *__restrict__ w, size_t n_tiles,
+                   uint16_t *__restrict__ states, float *__restrict__ decoded, float *__restrict__ err,
+                   uint8_t *back_ws, float *cost_ws, const float *__restrict__ mul1_tab, int nslots)
+{
+    (void)cost_ws;
+    using S = vshape<K>;
+    using L = lshape<K>;
+    extern __shared__ float4 smem4[];
+    float *vt = reinterpret_cast<float *>(smem4);
+    const int g = threadIdx.x / L::T, tid = threadIdx.x % L::T, lane = threadIdx.x & 31;
+    float *gs = vt + LANE_TAB_FLOATS + (size_t)g * L::GROUP_FLOATS;
+    float *cost0 = gs, *cost1 = gs + S::NODES;
+    float *sx = gs + 2 * S::NODES, *sw = sx + 256;
+    uint16_t *sst = reinterpret_cast<uint16_t *>(sw + 256);
+    float *rv = sw + 256 + 128;
+    int *ri = reinterpret_cast<int *>(rv + 32);
+    int *swrap = ri + 32;
+    const int slot = blockIdx.x * L::G + g;
+    uint8_t *back = back_ws + (size_t)slot * 256 * S::NODES;
+
+    for (int i = threadIdx.x; i < LANE_TAB_FLOATS; i += L::THREADS) vt[i] = mul1_tab[i >> 5];
+    __syncthreads();
+    const char *vl = reinterpret_cast<const char *>(vt) + 4 * lane;
+    if (slot >= nslots) return; /* past the workspace: no barrier of the block follows */
+    for (size_t t = (size_t)slot; t < n_tiles; t += (size_t)nslots) {
+        for (int p = tid; p < 256; p += L::T) {
+            sx[p] = x[t * 256 + p];
+            if constexpr (WEIGHTED) sw[p] = w[t * 256 + p];
+        }
+        for (int e = tid; e < S::NODES; e += L::T) cost0[e] = 0.0f;
+        tile_sync<L::T, L::G>(g);
+
+        const float *fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 128, tid, g);
+        tile_argmin<S::NODES, L::T, L::G>(fin, rv, ri, swrap, tid, g);
+        if (tid == 0) {
+            uint32_t e = (uint32_t)*swrap;
+            for (int i = 255; i >= 128; i--) {
+                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
+                e = st >> K;
+            }
+            *swrap = (int)e;
+        }
+        tile_sync<L::T, L::G>(g);
+        const int wrap = *swrap;
+
+        for (int e = tid; e < S::NODES; e += L::T) cost0[e] = e == wrap ? 0.0f : INFINITY;
+        fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 0, tid, g);
+        if (tid == 0) {
+            if (err) err[t] = fin[wrap];
+            uint32_t e = (uint32_t)wrap;
+            for (int i = 255; i >= 0; i--) {
+                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
+                sst[i] = (uint16_t)st;
+                e = st >> K;
+            }
+        }
+        tile_sync<L::T, L::G>(g);
+        for (int p = tid; p < 256; p += L::T) {
+            const uint32_t st = sst[p];
+            states[t * 256 + p] = (uint16_t)st;
+            if (decoded)
+                decoded[t * 256 + p] =
+                    *reinterpret_cast<const float *>(vl + __dp4a(st * TRELLIS_MUL1_MUL, 0x80808080u, 0u));
+        }
+        tile_sync<L::T, L::G>(g); /* sx, sw, sst and cost0 are reused by the next tile */
+    }
+}
+
 template <int CB>
 __global__ void k_cb_values(float *out, const float *__restrict__ mul1_tab)
 {
@@ -339,13 +525,23 @@ __global__ void k_cb_values(float *out, const float *__restrict__ mul1_tab)
 }
 
 typedef void (*viterbi_fn)(const float *, const float *, size_t, uint16_t *, float *, float *, uint8_t *, float *,
-                           const float *);
+                           const float *, int);
 
 viterbi_fn pick_kernel(int K, int cb, bool gcost)
 {
     return with_k_cb(K, cb, [gcost](auto k, auto c) -> viterbi_fn {
         return gcost ? k_viterbi<decltype(k)::value, decltype(c)::value, true>
                      : k_viterbi<decltype(k)::value, decltype(c)::value, false>;
+    });
+}
+
+/* The lane kernel for K (3..8), weighted or not. */
+viterbi_fn pick_lane_kernel(int K, bool weighted)
+{
+    return with_k_cb(K, CB_MUL1, [weighted](auto k, auto) -> viterbi_fn {
+        constexpr int KK = decltype(k)::value;
+        if constexpr (KK >= 3) return weighted ? k_viterbi_lane<KK, true> : k_viterbi_lane<KK, false>;
+        else return nullptr;
     });
 }
 
@@ -361,13 +557,15 @@ void mul1_by_bytesum(float *tab)
     }
 }
 
-/* Whether the node costs go to global memory on the current device. */
-cudaError_t costs_global(int K, int cb, bool *gcost)
+/* Whether the node costs go to global memory on the current device, and
+ * whether the lane kernel (mul1, K ≥ 3) fits its shared memory. */
+cudaError_t costs_global(int K, int cb, bool *gcost, bool *lane = nullptr)
 {
     int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     *gcost = smem_bytes(K, cb, false) > (size_t)optin;
+    if (lane) *lane = cb == CB_MUL1 && K >= 3 && lane_smem_bytes(K) <= (size_t)optin && !getenv("SPARQ_VITERBI_NO_LANE");
     return e;
 }
 
@@ -376,9 +574,10 @@ cudaError_t costs_global(int K, int cb, bool *gcost)
 struct trellis_cuda_enc {
     int K, cb;
     bool gcost;
+    int group;           /* tiles a block: 1, or lane_groups(K) for the lane kernel */
     int slots, threads;
     size_t smem;
-    viterbi_fn fn;
+    viterbi_fn fn, fn_w; /* unweighted and weighted (the same for k_viterbi) */
     uint8_t *back; /* slots × 256 × 2^(16−K) */
     float *cost;   /* slots × 2 × 2^(16−K) when gcost */
     float *tab;    /* mul1 values by byte sum (1024) */
@@ -413,8 +612,8 @@ extern "C" sparq_status trellis_cuda_enc_create(int K, trellis_codebook cb, size
     *out = NULL;
     RETURN_IF(K < 1 || K > TRELLIS_K_MAX, SPARQ_E_ARG, "cuda viterbi: %d bits per weight, expected 1..8", K);
     RETURN_IF((unsigned)cb >= TRELLIS_CB_COUNT_, SPARQ_E_ARG, "cuda viterbi: unknown codebook %d", (int)cb);
-    bool gcost = true;
-    CUDA_RETURN_IF(costs_global(K, (int)cb, &gcost), "viterbi: device attributes");
+    bool gcost = true, lane = false;
+    CUDA_RETURN_IF(costs_global(K, (int)cb, &gcost, &lane), "viterbi: device attributes");
     if (workspace_bytes == 0) {
         size_t free_b = 0, total_b = 0;
         CUDA_RETURN_IF(cudaMemGetInfo(&free_b, &total_b), "viterbi: memory info");
@@ -429,18 +628,29 @@ extern "C" sparq_status trellis_cuda_enc_create(int K, trellis_codebook cb, size
     enc->K = K;
     enc->cb = (int)cb;
     enc->gcost = gcost;
-    enc->threads = threads_of(K);
-    enc->smem = smem_bytes(K, (int)cb, gcost);
-    enc->fn = pick_kernel(K, (int)cb, gcost);
+    if (lane) {
+        enc->group = lane_groups(K);
+        enc->threads = lane_threads(K);
+        enc->smem = lane_smem_bytes(K);
+        enc->fn = pick_lane_kernel(K, false);
+        enc->fn_w = pick_lane_kernel(K, true);
+    } else {
+        enc->group = 1;
+        enc->threads = threads_of(K);
+        enc->smem = smem_bytes(K, (int)cb, gcost);
+        enc->fn = enc->fn_w = pick_kernel(K, (int)cb, gcost);
+    }
     sparq_status rc = SPARQ_OK;
     int per_sm = 0;
-    cudaError_t e = cudaFuncSetAttribute((const void *)enc->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)enc->smem);
+    cudaError_t e = cudaSuccess;
+    for (viterbi_fn f : {enc->fn, enc->fn_w})
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)enc->smem);
     if (e == cudaSuccess)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)enc->fn, enc->threads, enc->smem);
     if (e != cudaSuccess) rc = cuda_status(e, "viterbi: kernel attributes");
     if (rc == SPARQ_OK) {
-        long long slots = (long long)(per_sm < 1 ? 1 : per_sm) * sm_count();
+        long long slots = (long long)(per_sm < 1 ? 1 : per_sm) * sm_count() * enc->group;
         const size_t fit = workspace_bytes / sb;
         if ((size_t)slots > fit) slots = (long long)fit;
         enc->slots = (int)slots;
@@ -473,9 +683,11 @@ extern "C" sparq_status trellis_cuda_encode_tiles(trellis_cuda_enc *enc, const f
 {
     if (n_tiles == 0) return SPARQ_OK;
     RETURN_IF(!x || !states, SPARQ_E_ARG, "cuda viterbi: no input or no output for %zu tiles", n_tiles);
-    const unsigned grid = (size_t)enc->slots < n_tiles ? (unsigned)enc->slots : (unsigned)n_tiles;
-    enc->fn<<<grid, enc->threads, enc->smem, (cudaStream_t)stream>>>(x, weight, n_tiles, states, decoded, err,
-                                                                     enc->back, enc->cost, enc->tab);
+    /* slots in use: one per tile up to the workspace's; a block holds enc->group of them */
+    const int used = (size_t)enc->slots < n_tiles ? enc->slots : (int)n_tiles;
+    const unsigned grid = (unsigned)((used + enc->group - 1) / enc->group);
+    (weight ? enc->fn_w : enc->fn)<<<grid, enc->threads, enc->smem, (cudaStream_t)stream>>>(
+        x, weight, n_tiles, states, decoded, err, enc->back, enc->cost, enc->tab, used);
     CUDA_RETURN_IF(cudaGetLastError(), "viterbi K=%d %s: launch of %zu tiles", enc->K,
                    trellis_cb_name((trellis_codebook)enc->cb), n_tiles);
     return SPARQ_OK;

@@ -54,10 +54,10 @@ static int bench_k(int K, trellis_codebook cb, size_t gpu_tiles, size_t cpu_tile
     const size_t nv = gpu_tiles * 256;
     float *x = malloc(nv * sizeof(float)), *w = weighted ? malloc(nv * sizeof(float)) : NULL;
     uint16_t *st_g = malloc(nv * sizeof(uint16_t)), *st_c = malloc(cpu_tiles * 256 * sizeof(uint16_t));
-    float *dx = NULL, *dw = NULL;
+    float *dx = NULL, *dw = NULL, *derr = NULL, *herr = malloc(gpu_tiles * sizeof(float));
     uint16_t *dst = NULL;
     int rc = 1;
-    if (!x || (weighted && !w) || !st_g || !st_c) {
+    if (!x || (weighted && !w) || !st_g || !st_c || !herr) {
         fprintf(stderr, "trellis_encode_bench: no memory for %zu tiles\n", gpu_tiles);
         goto out;
     }
@@ -66,6 +66,7 @@ static int bench_k(int K, trellis_codebook cb, size_t gpu_tiles, size_t cpu_tile
     if (trellis_cuda_alloc((void **)&dx, nv * sizeof(float)) != SPARQ_OK ||
         (w && trellis_cuda_alloc((void **)&dw, nv * sizeof(float)) != SPARQ_OK) ||
         trellis_cuda_alloc((void **)&dst, nv * sizeof(uint16_t)) != SPARQ_OK ||
+        trellis_cuda_alloc((void **)&derr, gpu_tiles * sizeof(float)) != SPARQ_OK ||
         trellis_cuda_upload(dx, x, nv * sizeof(float)) != SPARQ_OK ||
         (w && trellis_cuda_upload(dw, w, nv * sizeof(float)) != SPARQ_OK)) {
         fail("device buffers");
@@ -79,13 +80,14 @@ static int bench_k(int K, trellis_codebook cb, size_t gpu_tiles, size_t cpu_tile
         goto out;
     }
     double t0 = now();
-    if (trellis_cuda_encode_tiles(ge, dx, dw, gpu_tiles, dst, NULL, NULL, NULL) != SPARQ_OK ||
+    if (trellis_cuda_encode_tiles(ge, dx, dw, gpu_tiles, dst, NULL, derr, NULL) != SPARQ_OK ||
         trellis_cuda_sync(NULL) != SPARQ_OK) {
         fail("GPU encode");
         goto out;
     }
     const double t_gpu = now() - t0;
-    if (trellis_cuda_download(st_g, dst, nv * sizeof(uint16_t)) != SPARQ_OK) {
+    if (trellis_cuda_download(st_g, dst, nv * sizeof(uint16_t)) != SPARQ_OK ||
+        trellis_cuda_download(herr, derr, gpu_tiles * sizeof(float)) != SPARQ_OK) {
         fail("download");
         goto out;
     }
@@ -98,9 +100,11 @@ static int bench_k(int K, trellis_codebook cb, size_t gpu_tiles, size_t cpu_tile
     size_t same = 0;
     for (size_t t = 0; t < cpu_tiles; t++) same += memcmp(st_c + t * 256, st_g + t * 256, 512) == 0;
     const double r_gpu = (double)gpu_tiles / t_gpu, r_cpu = (double)cpu_tiles / t_cpu;
-    printf("%2d  %6s  %-6s  %7d  %8zu  %11.0f  %10.3g  %6zu  %10.1f  %8.1f  %zu/%zu\n", K,
+    double sq = 0; /* the tiles' squared errors (weighted, if so), per weight */
+    for (size_t t = 0; t < gpu_tiles; t++) sq += herr[t];
+    printf("%2d  %6s  %-6s  %7d  %8zu  %11.0f  %10.3g  %6zu  %10.1f  %8.1f  %5zu/%-5zu  %.5f\n", K,
            trellis_cuda_enc_costs_in_shared(ge) ? "shared" : "global", trellis_cb_name(cb), slots, gpu_tiles, r_gpu,
-           r_gpu * 256, cpu_tiles, r_cpu, r_gpu / r_cpu, same, cpu_tiles);
+           r_gpu * 256, cpu_tiles, r_cpu, r_gpu / r_cpu, same, cpu_tiles, sq / (double)nv);
     fflush(stdout);
     rc = same == cpu_tiles ? 0 : 1;
     if (rc) fprintf(stderr, "trellis_encode_bench: K=%d: GPU states differ from the CPU's\n", K);
@@ -108,6 +112,8 @@ out:
     trellis_cuda_free(dx);
     trellis_cuda_free(dw);
     trellis_cuda_free(dst);
+    trellis_cuda_free(derr);
+    free(herr);
     free(x);
     free(w);
     free(st_g);
@@ -145,7 +151,7 @@ int main(int argc, char **argv)
     if (sparq_pool_create(&pool, threads) != SPARQ_OK) return fail("thread pool");
     printf("trellis encoder, i.i.d. N(0,1) tiles%s: GPU (encode only) vs CPU viterbi_encode_tiles, %d threads\n",
            weighted ? ", weighted" : "", threads);
-    printf(" K  costs   cb        slots  gpu tiles  gpu tiles/s  weights/s  cpu tiles  cpu tiles/s  gpu/cpu  same states\n");
+    printf(" K  costs   cb        slots  gpu tiles  gpu tiles/s  weights/s  cpu tiles  cpu tiles/s  gpu/cpu  same states  mse/weight\n");
     int rc = 0;
     char buf[64];
     snprintf(buf, sizeof buf, "%s", klist);

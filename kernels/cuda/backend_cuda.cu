@@ -1711,7 +1711,7 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     for (int i = 0; i < 5 && s == SPARQ_OK; i++)
         s = cuda_status(cudaFuncSetAttribute(split_fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, ATTN_SMEM_MAX),
                         "attention shared memory");
-    st->graph.max_rows = 8;
+    st->graph.max_rows = 16; /* the fused MoE's limit; prepare_moe lowers it for other experts */
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)

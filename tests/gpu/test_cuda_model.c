@@ -247,7 +247,7 @@ static void test_graphs(void)
 /* Sampling in the decode step (sq_model_decode_sample, issue 21): greedy
  * text on the GPU, sampled on the device, equals the CPU's (one sequence, 32
  * tokens); and on the bf16 fixture (deterministic on the GPU) 4 and 12
- * sequences (a graph step, and one past the 8-row graphs) with top-k
+ * sequences (both graph steps: up to 16 rows) with top-k
  * sampling and a penalty draw the same tokens sampled on the device as with
  * SPARQ_DEVICE_SAMPLING=0 (the logits downloaded), step by step. */
 static void decode_sample_case(const char *rel, int users, const sq_sampler_params *sp, bool vs_cpu)

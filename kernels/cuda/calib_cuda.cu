@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
+extern "C" {
 #include "common/alloc.h"
+}
 #include "kernels/cuda/calib_cuda.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/hessian_cuda.h"

@@ -91,17 +91,24 @@ void qz_capture_finish(layer_capture *c)
 
 /* Members of a group report the same input: only the leader's is counted,
  * and only instance 0's unless each instance has its own. */
+hess_acc *qz_capture_target(layer_capture *c, int layer, int slot, int inst, int in)
+{
+    if (layer != c->layer || slot < 0 || slot >= c->desc->n_slots || !c->h[slot]) return NULL;
+    const sq_lin_desc *s = &c->desc->slot[slot];
+    if (s->group != slot || (!s->own_input && inst > 0)) return NULL;
+    const int i = s->own_input ? inst : 0;
+    if (i < 0 || i >= c->n_h[slot]) return NULL;
+    hess_acc *h = &c->h[slot][i];
+    if (!h->h && c->st == SPARQ_OK) c->st = qz_hess_init(h, in);
+    return h->h ? h : NULL;
+}
+
 void qz_capture_cb(void *user, int layer, int slot, int inst, const float *x, int rows, int in)
 {
     layer_capture *c = user;
-    if (layer != c->layer || slot < 0 || slot >= c->desc->n_slots || !c->h[slot]) return;
-    const sq_lin_desc *s = &c->desc->slot[slot];
-    if (s->group != slot || (!s->own_input && inst > 0)) return;
-    const int i = s->own_input ? inst : 0;
-    if (i < 0 || i >= c->n_h[slot]) return;
-    hess_acc *h = &c->h[slot][i];
-    if (!h->h && c->st == SPARQ_OK) c->st = qz_hess_init(h, in);
-    qz_hess_add(h, x, rows, in);
+    if (c->pass > 0) return; /* counted in pass 0 */
+    hess_acc *h = qz_capture_target(c, layer, slot, inst, in);
+    if (h) qz_hess_add(h, x, rows, in);
 }
 
 void qz_capture_free(layer_capture *c)

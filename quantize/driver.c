@@ -103,7 +103,8 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK) st = qz_check_job(&j, o->resume);
     if (st == SPARQ_OK) st = sparq_pool_create(&j.pool, o->threads);
     if (st == SPARQ_OK && o->device == QZ_DEVICE_CUDA && o->method != QZ_METHOD_RTN) {
-        /* the GPU recursion (layer_cuda.c); the calibration forward stays on the CPU */
+        /* the GPU recursion (layer_cuda.c) and the MoE all-experts capture (calib_gpu.c); the rest of the
+         * calibration forward stays on the CPU */
         j.gops = sq_cuda_ldlq_ops();
         st = j.gops ? j.gops->create(0, &j.gctx) : SPARQ_E_UNSUPPORTED;
         if (st != SPARQ_OK) st = sparq_err_context(st, "--device cuda: no usable GPU");

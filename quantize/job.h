@@ -60,13 +60,81 @@ typedef struct hess_acc {
 
 /* A layer's Hessians while its capture forward runs (the observer's user data);
  * st keeps the first failure, which the callback cannot return. */
+typedef struct calib_moe calib_moe;
 typedef struct layer_capture {
     int layer;
     const sq_layer_desc *desc;
     hess_acc *h[SQ_LAYER_MAX_SLOTS]; /* by group-leading slot: n_h[s] Hessians (one, or one per instance) */
     int n_h[SQ_LAYER_MAX_SLOTS];
     sparq_status st;
+    int pass;       /* > 0: a later pass of a MoE capture in passes (calib_moe.c): linear_input counts nothing */
+    calib_moe *moe; /* the all-experts hook's state (sq_observer.moe_all), or NULL */
 } layer_capture;
+
+/* --- the all-experts MoE capture through sq_observer.moe_all (calib_moe.c) ---
+ * The hook groups the routed rows, resolves the Hessians the CPU loop's
+ * linear_input reports would feed (qz_capture_target), and hands each call to
+ * an engine: the GPU's (calib_gpu.c) or the CPU reference (the runtime's loop,
+ * operation for operation, for tests). A layer whose experts do not fit the
+ * device at once is captured in passes: the capture forward runs again for
+ * each range [e0, e1) of experts, only pass 0 feeds the other Hessians, and
+ * the routed outputs of each call are summed over the passes in expert order
+ * (host buffers), so the last pass's output is the whole, in-order one
+ * (earlier passes' outputs lack the later experts; the quantizer discards the
+ * capture forward's output anyway). */
+typedef struct qz_calib_call {
+    const sq_calib_moe *job;
+    int e0, e1;               /* the experts this pass accumulates */
+    bool first;               /* the pass's first call (the GPU loads the pass's experts) */
+    int n_hx;                 /* Hessians fed with xn this call (pass 0 only; else 0) */
+    hess_acc *const *hx;
+    hess_acc *const *hd;      /* [n_exp]: expert e's down Hessian, NULL: none */
+    const int *cnt, *pairs;   /* the routed pairs by expert (sq_calib_moe_group) */
+    float *out;               /* host [rows, d]: += the routed outputs of e0 .. e1 - 1, in expert order */
+} qz_calib_call;
+
+typedef struct qz_calib_engine {
+    void *ctx;
+    sparq_status (*run)(void *ctx, const qz_calib_call *c);
+    /* the pass is over: its accumulators (c->hx[0..n_hx), c->hd[e0..e1)) into the host hess_acc */
+    sparq_status (*end_pass)(void *ctx, const qz_calib_call *c);
+    void (*free)(void *ctx);
+} qz_calib_engine;
+
+struct calib_moe {
+    layer_capture *cap;
+    qz_calib_engine eng;
+    int n_exp, per_pass, n_pass, pass, e0, e1;
+    int call;                  /* calls of the current pass so far */
+    int n_calls;               /* calls of pass 0 (later passes must make the same) */
+    float **acc;               /* passes > 1: per call, its output so far [rows, d] */
+    int *acc_rows;
+    int *cnt, *pairs, cap_pairs;
+    bool resolved;             /* the targets below are set (first call) */
+    int n_hx;
+    hess_acc *hx[2];
+    hess_acc **hd;             /* [n_exp] */
+};
+
+/* cm for layer capture cap (cap->moe = cm): n_exp experts, at most per_pass
+ * at a time (≥ 1), run by eng (owned by cm from here, freed with it: call
+ * qz_calib_moe_free whatever this returns). */
+sparq_status qz_calib_moe_init(calib_moe *cm, layer_capture *cap, int n_exp, int per_pass, const qz_calib_engine *eng);
+/* Before pass p's capture forward (0 ≤ p < cm->n_pass). */
+void qz_calib_moe_pass(calib_moe *cm, int p);
+/* After it: the pass's accumulators into the host Hessians. */
+sparq_status qz_calib_moe_pass_end(calib_moe *cm);
+void qz_calib_moe_free(calib_moe *cm);
+/* The sq_observer.moe_all hook; user is the layer_capture. */
+sparq_status qz_calib_moe_cb(void *user, int layer, const sq_calib_moe *job);
+/* The CPU engine: the runtime's loop (runtime/models/blocks.c) on ex, for tests. */
+sparq_status qz_calib_engine_cpu(sq_exec *ex, qz_calib_engine *out);
+/* calib_gpu.c: the GPU engine on ops (kernels/cuda/calib_cuda.h) for dims dm (dm->slots experts resident),
+ * dequantising over pool. */
+struct calib_cuda_ops;
+struct calib_cuda_dims;
+sparq_status qz_calib_engine_gpu(const struct calib_cuda_ops *ops, const struct calib_cuda_dims *dm, sparq_pool *pool,
+                                 qz_calib_engine *out);
 
 /* The job: set up by qz_run, read and advanced by every stage. */
 typedef struct qjob {
@@ -140,6 +208,9 @@ void qz_hess_finish(hess_acc *h);
 sparq_status qz_capture_init(layer_capture *c, int layer, const sq_layer_desc *d, bool calibrated);
 /* The Hessian instance `inst` of slot `slot` quantizes against (NULL if none). */
 hess_acc *qz_capture_hessian(layer_capture *c, int slot, int inst);
+/* The Hessian an input reported for (slot, inst) feeds, as qz_capture_cb counts it (made on first use,
+ * in = its size), or NULL when that report counts nothing. */
+hess_acc *qz_capture_target(layer_capture *c, int layer, int slot, int inst, int in);
 void qz_capture_finish(layer_capture *c);
 void qz_capture_cb(void *user, int layer, int slot, int inst, const float *x, int rows, int in);
 void qz_capture_free(layer_capture *c);
@@ -156,6 +227,14 @@ typedef struct lin_ref {
 sparq_status qz_load_weight(qjob *j, const char *key, int *out_n, int *in_n, float **w, bool transpose);
 /* The ldlq_opts quantize gives tensor `key` at K bits (the global scale left to the caller). */
 void qz_ldlq_opts(const qjob *j, const char *key, int K, ldlq_opts *lo);
+
+/* calib_gpu.c: for --device cuda, set up cm (and cap->moe) for layer L when it has routed experts and
+ * the GPU capture is on (SPARQ_QUANT_GPU_CALIB unset or not 0): the device memory planned against the free
+ * memory, experts per pass from it (at most SPARQ_QUANT_CALIB_PASS_EXPERTS when set). *on: whether it
+ * did. */
+sparq_status qz_calib_gpu_setup(qjob *j, int L, const sq_layer_desc *desc, layer_capture *cap, calib_moe *cm, bool *on);
+/* The host bytes the GPU capture holds for a layer (the pinned staging, the pass buffers), for the plan. */
+uint64_t qz_calib_gpu_host_bytes(const qjob *j, const sq_layer_desc *desc);
 
 /* layer_cuda.c */
 /* Quantize the n_lin linears refs of layer L on the GPU, batched by shape and K, into ql

@@ -379,12 +379,22 @@ sparq_status qz_do_layer(qjob *j, int L, int n_total)
     if (st == SPARQ_OK) layer_refs(desc, &cap, refs);
     if (st == SPARQ_OK) st = bind_source(j, L, refs, n_lin, bound);
     if (calibrated && st == SPARQ_OK) {
-        {
+        /* --device cuda: the routed experts' all-experts loop on the GPU (calib_gpu.c), in passes when
+         * their weights and Hessians do not fit at once */
+        calib_moe cm;
+        bool gpu_moe = false;
+        st = qz_calib_gpu_setup(j, L, desc, &cap, &cm, &gpu_moe);
+        const int n_pass = gpu_moe ? cm.n_pass : 1;
+        for (int p = 0; p < n_pass && st == SPARQ_OK; p++) {
+            if (gpu_moe) qz_calib_moe_pass(&cm, p);
             memcpy(j->tmp, j->hq, nh * sizeof(float));
-            sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .all_experts = true};
+            sq_observer obs = {.user = &cap, .linear_input = qz_capture_cb, .moe_all = gpu_moe ? qz_calib_moe_cb : NULL,
+                               .all_experts = true};
             st = forward_all(j, L, j->tmp, true, &obs);
             if (st == SPARQ_OK) st = cap.st;
+            if (st == SPARQ_OK && gpu_moe) st = qz_calib_moe_pass_end(&cm);
         }
+        if (gpu_moe) qz_calib_moe_free(&cm);
         qz_capture_finish(&cap);
     }
     qz_memdbg("after capture", L);

@@ -214,7 +214,9 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
             work = all < cap ? all : cap;
         }
         uint64_t quant = hess + prep + work + outputs;
-        uint64_t peak = (fwd + hess > quant ? fwd + hess : quant);
+        /* --device cuda: the GPU capture's pinned staging and per-call outputs (calib_gpu.c) */
+        uint64_t peak = (fwd + hess + qz_calib_gpu_host_bytes(j, ld) > quant ? fwd + hess + qz_calib_gpu_host_bytes(j, ld)
+                                                                             : quant);
         if (peak > worst_layer) worst_layer = peak;
     }
     /* per thread: 256 back-pointer bytes and two fp32 costs per state; one 64K-entry table */

@@ -169,7 +169,20 @@ void sq_model_seq_truncate(sq_model *m, int seq, int n);
  *    (gate/up) is reported as the whole layer input (all rows), and its down
  *    input as that expert's activation on all rows; the layer OUTPUT still
  *    uses the normal top-k routing. Costs n_experts/top_k times the MoE
- *    compute. */
+ *    compute.
+ *  moe_all: with all_experts, the whole all-experts loop of a routed MoE
+ *    layer handed to the observer instead of run (the quantizer's GPU
+ *    capture, quantize/calib_moe.c): the router, its linear_input and
+ *    router reports, and V4.1's shared experts stay the runtime's; gate, up
+ *    and down of the routed experts are then NOT reported through
+ *    linear_input (the hook sees their inputs itself). It must do what the
+ *    runtime's loop (runtime/models/blocks.c, sq_block_moe_all) does: add
+ *    every routed row's output to job->out (sq_calib_moe below). A status
+ *    other than SPARQ_OK fails the forward_layer call with it (no fallback
+ *    to the CPU loop: a quantizer asked for the GPU should not silently take
+ *    hours instead). NULL: the runtime's loop, with the reports above. Dense
+ *    MLP layers (no router) never call it. */
+typedef struct sq_calib_moe sq_calib_moe;
 typedef struct sq_observer {
     void *user;
     void (*linear_input)(void *user, int layer, int slot, int inst, const float *x, int rows, int in);
@@ -179,8 +192,32 @@ typedef struct sq_observer {
      * [rows, k] with -1 padding): data holds rows × width floats (kind 'f'),
      * int32 (kind 'i') or int64 (kind 'l'). NULL: not reported. */
     void (*probe)(void *user, int layer, const char *name, char kind, const void *data, int rows, int width);
+    sparq_status (*moe_all)(void *user, int layer, const sq_calib_moe *job);
     bool all_experts;
 } sq_observer;
+
+/* One all-experts MoE step (sq_observer.moe_all): every expert e of n_exp on
+ * every row of xn, a_e = act(xn·gate_eᵀ, xn·up_eᵀ), y_e = a_e·down_eᵀ, and
+ *   out[r] += w[r, k] · y_e[r]  for each routed pair idx[r, k] = e,
+ * expert by expert in ascending e (the rows of one expert in ascending r),
+ * each add as the backend's axpy (y += a·x). act is silu(g)·u, or with
+ * limit > 0 silu(min(g, limit))·clamp(u, −limit, limit) (DeepSeek V4.1's
+ * swiglu_limit), in the formulas of runtime/models/blocks.h's sq_swiglu_limit.
+ * The observer's Hessians: gate and up read xn (all rows), down reads a_e
+ * (all rows); the slots name them as linear_input's would. The linears are
+ * the model's (any kind the CPU runs: f32, bf16, f16, fp8, mxfp4, exl3),
+ * xn / idx / w / out host memory valid for the call only. */
+struct sq_calib_moe {
+    int rows, d, inter;                 /* xn [rows, d]; inter = gate/up out = down in */
+    int n_exp, top_k;
+    const float *xn;                    /* [rows, d] */
+    const sq_linear *gate, *up, *down;  /* [n_exp] each: [inter, d], [inter, d], [d, inter] */
+    int slot_gate, slot_up, slot_down;  /* their slots in the layer description (runtime/arch.h) */
+    const int *idx;                     /* [rows, top_k] expert ids, distinct in a row */
+    const float *w;                     /* [rows, top_k] their weights */
+    float limit;                        /* the activation's clamp (≤ 0: none) */
+    float *out;                         /* [rows, d], added to */
+};
 
 /* hidden[n, hidden_size] = embedding rows of tokens (fp32). */
 sparq_status sq_model_embed(const sq_model *m, const int32_t *tokens, int n, float *hidden);

@@ -22,12 +22,14 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/calib_cuda.h"
 #include "kernels/cuda/ldlq_cuda.h"
 #include "sparq_version.h"
 
 /* Defined when the program links kernels/cuda statically. */
 extern sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads) __attribute__((weak));
 extern const ldlq_cuda_ops *ldlq_cuda_get_ops(void) __attribute__((weak));
+extern const calib_cuda_ops *calib_cuda_get_ops(void) __attribute__((weak));
 
 sparq_status sq_device_parse(const char *s, sq_device *out)
 {
@@ -109,6 +111,24 @@ const ldlq_cuda_ops *sq_cuda_ldlq_ops(void)
     char why[1024];
     typedef const ldlq_cuda_ops *(*get_fn)(void);
     get_fn f = (get_fn)load_module_symbol("ldlq_cuda_get_ops", why, sizeof why);
+    if (!f) {
+        sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA module: %s", why);
+        return NULL;
+    }
+    return f();
+#else
+    sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: this sparq was built without CUDA (meson -Dcuda=enabled)");
+    return NULL;
+#endif
+}
+
+const calib_cuda_ops *sq_cuda_calib_ops(void)
+{
+#if SPARQ_HAVE_CUDA
+    if (calib_cuda_get_ops) return calib_cuda_get_ops();
+    char why[1024];
+    typedef const calib_cuda_ops *(*get_fn)(void);
+    get_fn f = (get_fn)load_module_symbol("calib_cuda_get_ops", why, sizeof why);
     if (!f) {
         sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA module: %s", why);
         return NULL;

@@ -34,9 +34,33 @@ typedef struct sq_block_moe_slots {
  * with a `moe` op runs it there (no observers). On the CPU the rows are
  * grouped by expert (counting sort), each expert runs once on its gathered
  * rows, and the weighted outputs are added in expert order, as transformers
- * does. obs->all_experts: every expert on every row (calibration), the
- * output still from the routed rows only. */
+ * does. obs->all_experts (a routed layer): sq_block_moe_all below, every
+ * expert on every row (calibration), the output still from the routed rows
+ * only. */
 void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int layer, const sq_block_moe_slots *sl, int d,
                   const float *xn, int rows, const sq_block_moe_bufs *b, const sq_observer *obs);
+
+/* out[i] = silu(g[i])·u[i], or with limit > 0 silu(min(g[i], limit))·clamp(u[i], −limit, limit)
+ * (DeepSeek V4.1's swiglu_limit): a / (1 + expf(−a)) · u in fp32. out may equal g. */
+void sq_swiglu_limit(const float *g, const float *u, size_t n, float limit, float *out);
+
+/* The routed (row, k) pairs of job grouped by expert (a stable counting sort):
+ * pairs[cnt[e] .. cnt[e+1]) are the flat indices r·top_k + k with idx = e, in
+ * ascending r. cnt [n_exp + 1], pairs [rows·top_k]. SPARQ_E_RANGE for an id
+ * outside [0, n_exp) (cnt and pairs then undefined). */
+sparq_status sq_calib_moe_group(const sq_calib_moe *job, int *cnt, int *pairs);
+
+/* The all-experts step of a routed MoE layer (model.h, sq_calib_moe): handed
+ * to obs->moe_all when the observer has one, else run here — each expert on
+ * all rows, gate/up/down inputs reported to obs, the routed rows' outputs
+ * added in expert order with the backend's axpy. Scratch: g, u [rows, inter],
+ * dn [rows, d], cnt [n_exp + 1], pairs [rows·top_k]. The hook's failure is
+ * returned. */
+typedef struct sq_calib_moe_ws {
+    float *g, *u, *dn;
+    int *cnt, *pairs;
+} sq_calib_moe_ws;
+sparq_status sq_block_moe_all(sq_exec *ex, int layer, const sq_calib_moe *job, const sq_observer *obs,
+                              const sq_calib_moe_ws *ws);
 
 #endif

@@ -1458,18 +1458,6 @@ static void attention(v41 *m, int L, int rows, const int *seqs, const int *pos, 
 
 /* --- MoE ----------------------------------------------------------------------------- */
 
-static void swiglu_clamped(float *gt, const float *up, size_t n, float limit)
-{
-    for (size_t i = 0; i < n; i++) {
-        float a = gt[i], u = up[i];
-        if (limit > 0) {
-            a = a < limit ? a : limit;
-            u = u < -limit ? -limit : u > limit ? limit : u;
-        }
-        gt[i] = a / (1.0f + expf(-a)) * u;
-    }
-}
-
 static float softplusf(float x) { return x > 20 ? x : log1pf(expf(x)); }
 
 static void moe(v41 *m, int L, int rows, const sq_observer *obs)
@@ -1508,39 +1496,42 @@ static void moe(v41 *m, int L, int rows, const sq_observer *obs)
         }
     }
     if (obs && obs->router) obs->router(obs->user, L, rows, K, b->ridx, b->rw);
-    /* rows grouped by expert (counting sort) */
-    memset(b->cnt, 0, (size_t)(E + 1) * sizeof(int));
-    for (int i = 0; i < rows * K; i++) b->cnt[b->ridx[i] + 1]++;
-    for (int e = 0; e < E; e++) b->cnt[e + 1] += b->cnt[e];
-    memcpy(b->off, b->cnt, (size_t)(E + 1) * sizeof(int));
-    for (int i = 0; i < rows * K; i++) b->rows_of[b->off[b->ridx[i]]++] = i;
     memset(b->out, 0, (size_t)rows * d * sizeof(float));
     const int s1 = sq_layer_find(desc, N_W1), s3 = sq_layer_find(desc, N_W3), s2 = sq_layer_find(desc, N_W2);
-    /* calibration (all_experts): every expert on every row, its inputs observed; the output still
-     * sums the routed rows only */
-    const bool all = obs && obs->all_experts;
-    for (int e = 0; e < E; e++) {
+    if (obs && obs->all_experts) {
+        /* calibration: every expert on every row, its inputs observed (or a hook's, runtime/model.h); the
+         * output still sums the routed rows only */
+        const sq_calib_moe job = {.rows = rows, .d = d, .inter = I, .n_exp = E, .top_k = K, .xn = b->yn,
+                                  .gate = w->w1, .up = w->w3, .down = w->w2, .slot_gate = s1, .slot_up = s3,
+                                  .slot_down = s2, .idx = b->ridx, .w = b->rw, .limit = limit, .out = b->out};
+        const sq_calib_moe_ws ws = {b->g, b->u, b->dn, b->cnt, b->rows_of};
+        const sparq_status st = sq_block_moe_all(ex, L, &job, obs, &ws);
+        if (st != SPARQ_OK && m->err == SPARQ_OK) m->err = st;
+    } else {
+        /* rows grouped by expert (counting sort) */
+        memset(b->cnt, 0, (size_t)(E + 1) * sizeof(int));
+        for (int i = 0; i < rows * K; i++) b->cnt[b->ridx[i] + 1]++;
+        for (int e = 0; e < E; e++) b->cnt[e + 1] += b->cnt[e];
+        memcpy(b->off, b->cnt, (size_t)(E + 1) * sizeof(int));
+        for (int i = 0; i < rows * K; i++) b->rows_of[b->off[b->ridx[i]]++] = i;
+    }
+    for (int e = 0; e < E && !(obs && obs->all_experts); e++) {
         const int n0 = b->cnt[e], n = b->cnt[e + 1] - n0;
-        if (!n && !all) continue;
-        const float *xin = b->yn;
-        int nr = rows;
-        if (!all) {
-            for (int j = 0; j < n; j++)
-                memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
-            xin = b->xg, nr = n;
-        }
-        sq_observe(obs, L, s1, e, xin, nr, d);
-        sq_observe(obs, L, s3, e, xin, nr, d);
-        sq_linear_forward(ex, &w->w1[e], xin, nr, b->g);
-        sq_linear_forward(ex, &w->w3[e], xin, nr, b->u);
-        swiglu_clamped(b->g, b->u, (size_t)nr * I, limit);
-        sq_observe(obs, L, s2, e, b->g, nr, I);
-        sq_linear_forward(ex, &w->w2[e], b->g, nr, b->dn);
+        if (!n) continue;
+        for (int j = 0; j < n; j++)
+            memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
+        sq_observe(obs, L, s1, e, b->xg, n, d);
+        sq_observe(obs, L, s3, e, b->xg, n, d);
+        sq_linear_forward(ex, &w->w1[e], b->xg, n, b->g);
+        sq_linear_forward(ex, &w->w3[e], b->xg, n, b->u);
+        sq_swiglu_limit(b->g, b->u, (size_t)n * I, limit, b->g);
+        sq_observe(obs, L, s2, e, b->g, n, I);
+        sq_linear_forward(ex, &w->w2[e], b->g, n, b->dn);
         for (int j = 0; j < n; j++) {
             const int slot = b->rows_of[n0 + j];
             const float wt = b->rw[slot];
             float *o = b->out + (size_t)(slot / K) * d;
-            const float *x = b->dn + (size_t)(all ? slot / K : j) * d;
+            const float *x = b->dn + (size_t)j * d;
             for (int k = 0; k < d; k++) o[k] += wt * x[k];
         }
     }
@@ -1550,7 +1541,7 @@ static void moe(v41 *m, int L, int rows, const sq_observer *obs)
         sq_observe(obs, L, sq_layer_find(desc, N_SW3), 0, b->yn, rows, d);
         sq_linear_forward(ex, w->sw1, b->yn, rows, b->g);
         sq_linear_forward(ex, w->sw3, b->yn, rows, b->u);
-        swiglu_clamped(b->g, b->u, (size_t)rows * Is, limit);
+        sq_swiglu_limit(b->g, b->u, (size_t)rows * Is, limit, b->g);
         sq_observe(obs, L, sq_layer_find(desc, N_SW2), 0, b->g, rows, Is);
         sq_linear_forward(ex, w->sw2, b->g, rows, b->dn);
         for (size_t i = 0; i < (size_t)rows * d; i++) b->out[i] += b->dn[i];

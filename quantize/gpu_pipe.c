@@ -1,9 +1,30 @@
 /* quantize/gpu_pipe.c — the two-stage GPU pipeline (gpu_pipe.h). */
 #include "quantize/gpu_pipe.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "common/progress.h"
+
+int qz_pipe_fit(const qz_pipe_room *r, int avail, void (*cost)(void *ctx, int m, qz_pipe_cost *c), void *ctx)
+{
+    const size_t room = r->dev_free + r->dev_held;
+    for (int alone = 0; alone < 2 && !(alone && r->busy); alone++) {
+        const size_t dcap = alone ? room : room / 2;
+        const uint64_t hcap = alone ? r->host : r->host / 2;
+        int m = 0;
+        while (m < avail) {
+            qz_pipe_cost c;
+            cost(ctx, m + 1, &c);
+            bool fits = c.dev <= dcap && c.host <= hcap;
+            if (r->busy) fits = fits && c.dev_early <= r->dev_free && c.host + r->host_held <= r->host;
+            if (!fits) break;
+            m++;
+        }
+        if (m > 0) return m;
+    }
+    return 0;
+}
 
 /* Wait for *busy, finish it (if waiting went well) and release it. */
 static sparq_status collect(const qz_pipe_ops *o, void **busy, qz_pipe_stats *z)

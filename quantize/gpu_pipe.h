@@ -16,6 +16,9 @@
 #ifndef SPARQ_QUANTIZE_GPU_PIPE_H
 #define SPARQ_QUANTIZE_GPU_PIPE_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "common/status.h"
 
 typedef struct qz_pipe_ops {
@@ -45,6 +48,34 @@ typedef struct qz_pipe_stats {
     double waited;          /* the host blocked in wait */
     int batches;
 } qz_pipe_stats;
+
+/* The batch-size rule both callers use. Two batches must fit at once — one
+ * on the GPU, the next being prepared beside it — so a batch takes at most
+ * half of the device room (free device memory, after the encoders, plus
+ * what the batch in flight holds) and half of the host budget; beside a
+ * batch in flight, what the next one holds while it is prepared (its
+ * Hessians on the device) must fit in what is free now, and its host bytes
+ * in what the budget has left. */
+typedef struct qz_pipe_cost {
+    size_t dev;       /* device bytes a batch holds once submitted (its allocation and Hessians) */
+    size_t dev_early; /* of which it holds from its preparation on */
+    uint64_t host;    /* host bytes it holds */
+} qz_pipe_cost;
+
+typedef struct qz_pipe_room {
+    size_t dev_free;    /* free device memory now, less the caller's margin */
+    size_t dev_held;    /* device bytes of the batch in flight (0: none) */
+    uint64_t host;      /* the host budget */
+    uint64_t host_held; /* host bytes of the batch in flight */
+    int busy;           /* a batch is in flight */
+} qz_pipe_room;
+
+/* How many of the next avail items one batch takes under the rule; cost(ctx,
+ * m, &c) gives what a batch of the first m holds (growing with m). With
+ * nothing in flight and not even one item fitting in half, a batch may take
+ * the whole room alone (no overlap for it). 0: nothing fits (beside the
+ * batch in flight: wait for it and ask again; alone: too large). */
+int qz_pipe_fit(const qz_pipe_room *r, int avail, void (*cost)(void *ctx, int m, qz_pipe_cost *c), void *ctx);
 
 /* Runs n_items through the pipeline. overlap = 0: each batch is waited for
  * right after its submit (the sequential driver, for comparisons; the same

@@ -176,6 +176,7 @@ typedef struct glayer {
     double (*g_shared)[TRELLIS_K_MAX + 1];
     bool gpu_hess;
     pthread_mutex_t enc_lock;
+    int plan_first; /* the item plan_batch sizes a batch from */
 } glayer;
 
 /* Device bytes a batch of m items reading nh Hessians holds (its allocation and its Hessians). */
@@ -185,13 +186,22 @@ static size_t dev_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m
     return L->gpu_hess ? g->batch_bytes(s, 0, m, 0) + (size_t)nh * g->hess_bytes(s->k) : g->batch_bytes(s, nh, m, 0);
 }
 
-/* The batch sizes (docs/cli-quantize.md, "On the GPU"): two batches must fit at once — one
- * on the GPU, the next being prepared — so each takes at most half of the device memory for
- * batches (free memory, after the encoders, plus what the batch in flight holds, less a
- * margin) and half of the host budget (qz_cuda_host_budget); beside a batch in flight the
- * next one's Hessians must also fit in what is free now, and its host bytes in what the
- * budget has left. What does not fit beside the batch in flight waits for it (count 0);
- * a single weight too large for half runs alone, with the whole of both. */
+/* What a batch of the first m items from L->plan_first holds (qz_pipe_fit's cost). */
+static void batch_cost(void *ctx, int m, qz_pipe_cost *c)
+{
+    const glayer *L = ctx;
+    const gitem *it = L->it + L->plan_first;
+    int nh = 0;
+    for (int i = 0; i < m; i++) nh += i == 0 || it[i].leader != it[i - 1].leader;
+    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, L->j->o->cb, 0};
+    c->dev = dev_bytes(L, &s, nh, m);
+    c->dev_early = L->gpu_hess ? (size_t)nh * L->j->gops->hess_bytes(s.k) : 0;
+    c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess);
+}
+
+/* The batch sizes: qz_pipe_fit's rule (two batches at once; docs/cli-quantize.md, "On the
+ * GPU") over the device's free memory after the encoders, less a margin, and the host
+ * budget qz_cuda_host_budget, within the group of items[first] (one shape and K). */
 static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *out)
 {
     glayer *L = ctx;
@@ -205,33 +215,15 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
     FORWARD_IF(j->gops->encoder_bytes(j->gctx, it[0].K, j->o->cb, &enc));
     FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
     const size_t margin = (size_t)512 << 20;
-    const size_t held = busy ? busy->dev_bytes : 0;
-    const size_t room = fr + held > margin ? fr + held - margin : 0; /* for batches, nothing in flight */
-    const size_t now = fr > margin ? fr - margin : 0;
-    const uint64_t host = qz_cuda_host_budget(j), host_held = busy ? busy->host_bytes : 0;
+    const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev_bytes : 0,
+                            .host = qz_cuda_host_budget(j), .host_held = busy ? busy->host_bytes : 0,
+                            .busy = busy != NULL};
+    L->plan_first = first;
+    *out = qz_pipe_fit(&r, avail, batch_cost, L);
+    if (*out > 0 || busy) return SPARQ_OK;
     const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
-    const ldlq_cuda_ops *g = j->gops;
-    for (int alone = 0; alone < 2; alone++) {
-        const size_t dcap = alone ? room : room / 2;
-        const uint64_t hcap = alone ? host : host / 2;
-        int m = 0, n_hess = 0;
-        while (m < avail) {
-            const int nh = n_hess + (m == 0 || it[m].leader != it[m - 1].leader);
-            const uint64_t hb = host_bytes(s.k, s.n, s.K, nh, m + 1, L->gpu_hess);
-            bool fits = dev_bytes(L, &s, nh, m + 1) <= dcap && hb <= hcap;
-            if (busy)
-                fits = fits && (L->gpu_hess ? (size_t)nh * g->hess_bytes(s.k) : 0) <= now && hb + host_held <= host;
-            if (!fits) break;
-            n_hess = nh;
-            m++;
-        }
-        if (m > 0 || busy) {
-            *out = m;
-            return SPARQ_OK;
-        }
-    }
     return sparq_err(SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free", it[0].key,
-                     s.k, s.n, dev_bytes(L, &s, 1, 1) / 1e9, room / 1e9);
+                     s.k, s.n, dev_bytes(L, &s, 1, 1) / 1e9, r.dev_free / 1e9);
 }
 
 static void release_batch(void *ctx, void *bv)

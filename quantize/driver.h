@@ -175,7 +175,8 @@ typedef struct qz_report {
     int n_layers;
     uint64_t n_weights;      /* weights quantized in this run (not restored ones) */
     double quant_seconds;    /* time spent inside the quantizer in this run */
-    double gpu_seconds;      /* of which in the GPU recursion (--device cuda) */
+    double gpu_seconds;      /* --device cuda: the GPU's busy time in the batches (uploads, recursion and
+                              * proxies by CUDA events, downloads); it overlaps the CPU's part */
     double total_seconds;
     uint64_t peak_rss;       /* bytes: the process's measured peak resident set (VmHWM), file-backed
                                 pages of the mapped checkpoint included */

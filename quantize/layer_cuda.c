@@ -5,16 +5,18 @@
  *
  * The linears are grouped by (in, out, K) — in a MoE layer: every expert's
  * gate, every expert's up, every expert's down — keeping the quantizer's
- * order inside a group, and each group runs in batches sized by memory: the
- * device's free memory (after the encoder's workspace, less a margin) and a
- * host bound (a quarter of --max-mem, else 8 GiB) on the regularised weights
- * and prepared Hessians a batch holds. Per batch the CPU prepares each
- * distinct Hessian (on the GPU, kernels/cuda/hessian_cuda.h, or with
- * SPARQ_QUANT_GPU_HESSIAN=0 ldlq_hessian_prepare on the CPU; seeded by the first
- * linear that reads it, as the CPU loop) and regularises each weight (ldlq_regularize;
- * the scale search's tiles are encoded on the GPU; with --scale-search shared
- * the first expert's scale is reused, as on the CPU); the GPU runs the
- * recursion and the proxy; the CPU stores the fp16 scales. */
+ * order inside a group, and each group runs in batches sized by memory
+ * (plan_batch: two batches must fit at once, see there). Per batch the CPU
+ * prepares each distinct Hessian (on the GPU, kernels/cuda/hessian_cuda.h,
+ * or with SPARQ_QUANT_GPU_HESSIAN=0 ldlq_hessian_prepare on the CPU; seeded
+ * by the first linear that reads it, as the CPU loop) and regularises each
+ * weight (ldlq_regularize; the scale search's tiles are encoded on the GPU;
+ * with --scale-search shared the first expert's scale is reused, as on the
+ * CPU); the GPU runs the recursion and the proxy; the CPU stores the fp16
+ * scales. The batches go through quantize/gpu_pipe.h's pipeline, so the CPU
+ * prepares batch b+1 while the GPU runs batch b (SPARQ_QUANT_GPU_OVERLAP=0:
+ * one after the other); the batches, and so the output, are the same either
+ * way, and a weight's words do not depend on its batch (ldlq_cuda.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 #include "common/alloc.h"
 #include "common/progress.h"
 #include "kernels/cuda/ldlq_cuda.h"
+#include "quantize/gpu_pipe.h"
 #include "quantize/job.h"
 
 typedef struct gpu_coder {
@@ -82,32 +85,6 @@ static bool gpu_hessians(void)
 {
     const char *e = getenv("SPARQ_QUANT_GPU_HESSIAN");
     return !(e && strcmp(e, "0") == 0);
-}
-
-/* How many items from it[0] (avail of one shape and K) one batch takes. */
-static sparq_status batch_size(qjob *j, const gitem *it, int avail, int *out)
-{
-    size_t fr = 0, tot = 0, enc = 0;
-    FORWARD_IF(j->gops->encoder_bytes(j->gctx, it[0].K, j->o->cb, &enc));
-    FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
-    const size_t margin = (size_t)512 << 20;
-    const size_t dev = fr > margin ? fr - margin : 0;
-    const uint64_t host = qz_cuda_host_budget(j);
-    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
-    const bool gh = gpu_hessians();
-    int m = 0, n_hess = 0;
-    while (m < avail) {
-        const int nh = n_hess + (m == 0 || it[m].leader != it[m - 1].leader);
-        const size_t dbytes = gh ? j->gops->batch_bytes(&s, 0, m + 1, 0) + (size_t)nh * j->gops->hess_bytes(s.k)
-                                 : j->gops->batch_bytes(&s, nh, m + 1, 0);
-        if (dbytes > dev || host_bytes(s.k, s.n, s.K, nh, m + 1, gh) > host) break;
-        n_hess = nh;
-        m++;
-    }
-    RETURN_IF(m == 0, SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free",
-              it[0].key, s.k, s.n, j->gops->batch_bytes(&s, 1, 1, 0) / 1e9, dev / 1e9);
-    *out = m;
-    return SPARQ_OK;
 }
 
 /* q's key and output arrays for a k×n linear at K bits. */
@@ -171,109 +148,228 @@ static void reg_one(void *ctx, size_t i, int tid)
     }
 }
 
-/* Quantize items[0..m) (one shape and K) as one GPU batch into ql: the Hessians prepared
- * and the weights read in order, regularised over the pool, then the GPU recursion. */
-static sparq_status run_batch(qjob *j, const gitem *items, int m, double g_shared[][TRELLIS_K_MAX + 1], qlin *ql,
-                              sparq_progress *pb)
+/* One GPU batch of a layer: items[0..m), one shape and K, from prepare to release. */
+typedef struct gbatch {
+    const gitem *items;
+    int m, n_hess;
+    ldlq_hessian **hs;
+    ldlq_cuda_dhess **dh;
+    ldlq_cuda_hess *gh;
+    ldlq_reg *reg;
+    ldlq_cuda_item *gi;
+    float **w;
+    int *hidx;
+    double *gfix;
+    ldlq_cuda_pending *pend;
+    size_t dev_bytes;    /* device memory it holds from its preparation (Hessians) and submit to its release */
+    uint64_t host_bytes; /* host memory it holds (host_bytes()) */
+    char what[300];
+} gbatch;
+
+/* A layer's run through the pipeline (quantize/gpu_pipe.h). */
+typedef struct glayer {
+    qjob *j;
+    const gitem *it;
+    int n;
+    qlin *ql;
+    sparq_progress *pb;
+    double (*g_shared)[TRELLIS_K_MAX + 1];
+    bool gpu_hess;
+    pthread_mutex_t enc_lock;
+    int plan_first; /* the item plan_batch sizes a batch from */
+} glayer;
+
+/* Device bytes a batch of m items reading nh Hessians holds (its allocation and its Hessians). */
+static size_t dev_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
 {
+    const ldlq_cuda_ops *g = L->j->gops;
+    return L->gpu_hess ? g->batch_bytes(s, 0, m, 0) + (size_t)nh * g->hess_bytes(s->k) : g->batch_bytes(s, nh, m, 0);
+}
+
+/* What a batch of the first m items from L->plan_first holds (qz_pipe_fit's cost). */
+static void batch_cost(void *ctx, int m, qz_pipe_cost *c)
+{
+    const glayer *L = ctx;
+    const gitem *it = L->it + L->plan_first;
+    int nh = 0;
+    for (int i = 0; i < m; i++) nh += i == 0 || it[i].leader != it[i - 1].leader;
+    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, L->j->o->cb, 0};
+    c->dev = dev_bytes(L, &s, nh, m);
+    c->dev_early = L->gpu_hess ? (size_t)nh * L->j->gops->hess_bytes(s.k) : 0;
+    c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess);
+}
+
+/* The batch sizes: qz_pipe_fit's rule (two batches at once; docs/cli-quantize.md, "On the
+ * GPU") over the device's free memory after the encoders, less a margin, and the host
+ * budget qz_cuda_host_budget, within the group of items[first] (one shape and K). */
+static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *out)
+{
+    glayer *L = ctx;
+    qjob *j = L->j;
+    const gbatch *busy = busy_v;
+    const gitem *it = L->it + first;
+    int avail = 1;
+    while (first + avail < L->n && it[avail].k == it[0].k && it[avail].n == it[0].n && it[avail].K == it[0].K)
+        avail++;
+    size_t fr = 0, tot = 0, enc = 0;
+    FORWARD_IF(j->gops->encoder_bytes(j->gctx, it[0].K, j->o->cb, &enc));
+    FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
+    const size_t margin = (size_t)512 << 20;
+    const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev_bytes : 0,
+                            .host = qz_cuda_host_budget(j), .host_held = busy ? busy->host_bytes : 0,
+                            .busy = busy != NULL};
+    L->plan_first = first;
+    *out = qz_pipe_fit(&r, avail, batch_cost, L);
+    if (*out > 0 || busy) return SPARQ_OK;
+    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
+    return sparq_err(SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free", it[0].key,
+                     s.k, s.n, dev_bytes(L, &s, 1, 1) / 1e9, r.dev_free / 1e9);
+}
+
+static void release_batch(void *ctx, void *bv)
+{
+    glayer *L = ctx;
+    gbatch *b = bv;
+    if (!b) return;
+    for (int i = 0; i < b->m; i++) {
+        if (b->hs) ldlq_hessian_free(b->hs[i]);
+        if (b->dh && b->dh[i]) L->j->gops->hess_free(b->dh[i]);
+        if (b->reg) ldlq_reg_free(&b->reg[i]);
+        if (b->w) sparq_free(b->w[i]);
+    }
+    sparq_free(b->hs);
+    sparq_free(b->dh);
+    sparq_free(b->gh);
+    sparq_free(b->reg);
+    sparq_free(b->gi);
+    sparq_free(b->w);
+    sparq_free(b->hidx);
+    sparq_free(b->gfix);
+    sparq_free(b);
+}
+
+/* The CPU stage: the Hessians prepared and the weights read in order, then regularised over
+ * the pool (a shared scale's search first, by the slot's first expert). */
+static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
+{
+    glayer *L = ctx;
+    qjob *j = L->j;
+    const gitem *items = L->it + first;
     const int k = items[0].k, n = items[0].n, K = items[0].K;
-    ldlq_hessian **hs = sparq_calloc((size_t)m, sizeof *hs);
-    ldlq_cuda_dhess **dh = sparq_calloc((size_t)m, sizeof *dh);
-    ldlq_cuda_hess *gh = sparq_calloc((size_t)m, sizeof *gh);
+    gbatch *b = sparq_calloc(1, sizeof *b);
+    RETURN_IF(!b, SPARQ_E_NOMEM, "out of memory");
+    *out = b;
+    b->items = items;
+    b->m = m;
+    b->hs = sparq_calloc((size_t)m, sizeof *b->hs);
+    b->dh = sparq_calloc((size_t)m, sizeof *b->dh);
+    b->gh = sparq_calloc((size_t)m, sizeof *b->gh);
+    b->reg = sparq_calloc((size_t)m, sizeof *b->reg);
+    b->gi = sparq_calloc((size_t)m, sizeof *b->gi);
+    b->w = sparq_calloc((size_t)m, sizeof *b->w);
+    b->hidx = sparq_calloc((size_t)m, sizeof *b->hidx);
+    b->gfix = sparq_calloc((size_t)m, sizeof *b->gfix);
     float *su = sparq_malloc((size_t)k * sizeof(float)), *hdiag = sparq_malloc((size_t)k * sizeof(float));
-    const bool on_gpu = gpu_hessians();
-    ldlq_reg *reg = sparq_calloc((size_t)m, sizeof *reg);
-    ldlq_cuda_item *gi = sparq_calloc((size_t)m, sizeof *gi);
-    float **w = sparq_calloc((size_t)m, sizeof *w);
-    int *hidx = sparq_calloc((size_t)m, sizeof *hidx);
-    double *gfix = sparq_calloc((size_t)m, sizeof *gfix);
-    sparq_status st = hs && dh && gh && su && hdiag && reg && gi && w && hidx && gfix
+    sparq_status st = b->hs && b->dh && b->gh && b->reg && b->gi && b->w && b->hidx && b->gfix && su && hdiag
                           ? SPARQ_OK
                           : sparq_err(SPARQ_E_NOMEM, "out of memory");
-    int n_hess = 0;
-    pthread_mutex_t enc_lock = PTHREAD_MUTEX_INITIALIZER;
-    gpu_coder gc = {j, K, &enc_lock};
-    const ldlq_coder coder = {gpu_encode, &gc};
-    const double t0 = sparq_now();
+    const bool on_gpu = L->gpu_hess;
     for (int i = 0; i < m && st == SPARQ_OK; i++) {
         const gitem *it = &items[i];
         if (i == 0 || it->leader != items[i - 1].leader) {
             char hname[600];
             snprintf(hname, sizeof hname, "%s (input Hessian)", it->leader_key);
             const uint64_t seed = qz_hash_str(j->o->seed, hname);
+            const int h = b->n_hess++; /* freed by release whatever happened */
             if (on_gpu) {
                 int ident = 0;
                 float damp = 0;
-                st = j->gops->hess_prepare(j->gctx, it->h, k, 0.0f, seed, hname, &dh[n_hess], su, hdiag, &ident, &damp);
-                if (st == SPARQ_OK) st = ldlq_hessian_wrap(&hs[n_hess], k, su, hdiag, ident != 0, damp);
-                if (st == SPARQ_OK) gh[n_hess] = j->gops->hess_of(dh[n_hess]);
+                st = j->gops->hess_prepare(j->gctx, it->h, k, 0.0f, seed, hname, &b->dh[h], su, hdiag, &ident, &damp);
+                if (st == SPARQ_OK) st = ldlq_hessian_wrap(&b->hs[h], k, su, hdiag, ident != 0, damp);
+                if (st == SPARQ_OK) b->gh[h] = j->gops->hess_of(b->dh[h]);
             } else {
-                st = ldlq_hessian_prepare(&hs[n_hess], it->h, k, 0.0f, seed, hname);
-                const ldlq_hessian *p = hs[n_hess];
-                if (st == SPARQ_OK) gh[n_hess] = (ldlq_cuda_hess){ldlq_hessian_hr(p), ldlq_hessian_l(p), ldlq_hessian_d(p), 0};
+                st = ldlq_hessian_prepare(&b->hs[h], it->h, k, 0.0f, seed, hname);
+                const ldlq_hessian *p = b->hs[h];
+                if (st == SPARQ_OK)
+                    b->gh[h] = (ldlq_cuda_hess){ldlq_hessian_hr(p), ldlq_hessian_l(p), ldlq_hessian_d(p), 0};
             }
-            n_hess++; /* freed below whatever happened */
             if (st != SPARQ_OK) break;
         }
-        hidx[i] = n_hess - 1;
-        int out, in;
-        st = qz_load_weight(j, it->key, &out, &in, &w[i], true);
-        if (st == SPARQ_OK && (in != k || out != n))
-            st = sparq_err(SPARQ_E_STATE, "%s: %d -> %d, expected %d -> %d", it->key, in, out, k, n);
-        if (st == SPARQ_OK) st = qlin_alloc(&ql[it->ref], it->key, K, k, n);
+        b->hidx[i] = b->n_hess - 1;
+        int o, in;
+        st = qz_load_weight(j, it->key, &o, &in, &b->w[i], true);
+        if (st == SPARQ_OK && (in != k || o != n))
+            st = sparq_err(SPARQ_E_STATE, "%s: %d -> %d, expected %d -> %d", it->key, in, o, k, n);
+        if (st == SPARQ_OK) st = qlin_alloc(&L->ql[it->ref], it->key, K, k, n);
     }
+    sparq_free(su);
+    sparq_free(hdiag);
+    const ldlq_cuda_shape s = {k, n, K, j->o->cb, 0};
+    b->dev_bytes = dev_bytes(L, &s, b->n_hess, m);
+    b->host_bytes = host_bytes(k, n, K, b->n_hess, m, on_gpu);
+    gpu_coder gc = {j, K, &L->enc_lock};
+    const ldlq_coder coder = {gpu_encode, &gc};
     /* the global scales: fixed, the searched one of the slot's first expert (searched here first
      * when this batch holds it), or a search per weight */
-    reg_task rt = {.j = j, .items = items, .w = w, .hidx = hidx, .hs = hs, .reg = reg, .g_fixed = gfix,
-                   .coder = &coder, .st = SPARQ_OK, .lock = PTHREAD_MUTEX_INITIALIZER};
+    reg_task rt = {.j = j, .items = items, .w = b->w, .hidx = b->hidx, .hs = b->hs, .reg = b->reg,
+                   .g_fixed = b->gfix, .coder = &coder, .st = SPARQ_OK, .lock = PTHREAD_MUTEX_INITIALIZER};
     if (st == SPARQ_OK && j->o->scale_search == QZ_SCALE_SHARED) {
         for (int i = 0; i < m && rt.st == SPARQ_OK; i++) {
             if (items[i].role != SQ_ROLE_EXPERT) continue;
-            double *gs = &g_shared[items[i].slot][K];
+            double *gs = &L->g_shared[items[i].slot][K];
             if (!(*gs > 0)) { /* this slot's first expert: its search, before the others */
                 reg_one(&rt, (size_t)i, 0);
-                if (rt.st == SPARQ_OK) *gs = reg[i].g;
+                if (rt.st == SPARQ_OK) *gs = b->reg[i].g;
             }
-            gfix[i] = *gs;
+            b->gfix[i] = *gs;
         }
     }
     if (st == SPARQ_OK && rt.st == SPARQ_OK) sparq_pool_for(j->pool, (size_t)m, reg_one, &rt);
     if (st == SPARQ_OK && rt.st != SPARQ_OK) st = sparq_err(rt.st, "%s", rt.msg);
-    for (int i = 0; i < m && st == SPARQ_OK; i++)
-        gi[i] = (ldlq_cuda_item){.hess = hidx[i], .wr = reg[i].wr, .trellis = ql[items[i].ref].trellis};
-    const double t1 = sparq_now();
-    if (st == SPARQ_OK) {
-        const ldlq_cuda_shape s = {k, n, K, j->o->cb, 0};
-        char what[300];
-        snprintf(what, sizeof what, "%s .. (%d weights of %d x %d, K = %d)", items[0].key, m, k, n, K);
-        st = j->gops->batch(j->gctx, &s, gh, n_hess, gi, m, what);
-    }
-    j->t_gpu += sparq_now() - t1;
-    for (int i = 0; i < m && st == SPARQ_OK; i++) {
-        /* the identity Hessian's proxy comes from the GPU too (plain sums of squares) */
-        st = qlin_finish(j, &ql[items[i].ref], hs[gi[i].hess], &reg[i], gi[i].proxy_err);
-        sparq_progress_add(pb, 1);
-    }
-    j->t_quant += sparq_now() - t0;
-    for (int i = 0; i < m; i++) {
-        if (hs) ldlq_hessian_free(hs[i]);
-        if (dh && dh[i]) j->gops->hess_free(dh[i]);
-        if (reg) ldlq_reg_free(&reg[i]);
-        if (w) sparq_free(w[i]);
-    }
-    sparq_free(dh);
-    sparq_free(su);
-    sparq_free(hdiag);
     pthread_mutex_destroy(&rt.lock);
-    pthread_mutex_destroy(&enc_lock);
-    sparq_free(hs);
-    sparq_free(gh);
-    sparq_free(reg);
-    sparq_free(gi);
-    sparq_free(w);
-    sparq_free(hidx);
-    sparq_free(gfix);
+    for (int i = 0; i < m && st == SPARQ_OK; i++)
+        b->gi[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = b->reg[i].wr, .trellis = L->ql[items[i].ref].trellis};
+    snprintf(b->what, sizeof b->what, "%s .. (%d weights of %d x %d, K = %d)", items[0].key, m, k, n, K);
     return st;
+}
+
+static sparq_status submit_batch(void *ctx, void *bv)
+{
+    glayer *L = ctx;
+    gbatch *b = bv;
+    const ldlq_cuda_shape s = {b->items[0].k, b->items[0].n, b->items[0].K, L->j->o->cb, 0};
+    return L->j->gops->batch_submit(L->j->gctx, &s, b->gh, b->n_hess, b->gi, b->m, b->what, &b->pend);
+}
+
+static sparq_status wait_batch(void *ctx, void *bv, double *gpu_seconds)
+{
+    glayer *L = ctx;
+    gbatch *b = bv;
+    const sparq_status st = L->j->gops->batch_wait(b->pend, gpu_seconds);
+    b->pend = NULL;
+    return st;
+}
+
+/* The CPU stage after the GPU: the fp16 scales and the runnable linears, in order. */
+static sparq_status finish_batch(void *ctx, void *bv)
+{
+    glayer *L = ctx;
+    gbatch *b = bv;
+    sparq_status st = SPARQ_OK;
+    for (int i = 0; i < b->m && st == SPARQ_OK; i++) {
+        /* the identity Hessian's proxy comes from the GPU too (plain sums of squares) */
+        st = qlin_finish(L->j, &L->ql[b->items[i].ref], b->hs[b->gi[i].hess], &b->reg[i], b->gi[i].proxy_err);
+        sparq_progress_add(L->pb, 1);
+    }
+    return st;
+}
+
+/* Whether the CPU's part overlaps the GPU's (SPARQ_QUANT_GPU_OVERLAP=0: each batch waited for
+ * right after its submit; the same batches, so the same output). */
+static int gpu_overlap(void)
+{
+    const char *e = getenv("SPARQ_QUANT_GPU_OVERLAP");
+    return !(e && strcmp(e, "0") == 0);
 }
 
 sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, const lin_ref *refs, int n_lin,
@@ -300,17 +396,14 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     }
     if (st == SPARQ_OK) qsort(it, (size_t)n_lin, sizeof *it, cmp_gitem);
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}};
-    for (int g0 = 0; g0 < n_lin && st == SPARQ_OK;) {
-        int g1 = g0 + 1;
-        while (g1 < n_lin && it[g1].k == it[g0].k && it[g1].n == it[g0].n && it[g1].K == it[g0].K) g1++;
-        for (int b0 = g0; b0 < g1 && st == SPARQ_OK;) {
-            int m = 0;
-            st = batch_size(j, it + b0, g1 - b0, &m);
-            if (st == SPARQ_OK) st = run_batch(j, it + b0, m, g_shared, ql, pb);
-            b0 += m;
-        }
-        g0 = g1;
-    }
+    glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians(),
+                 .enc_lock = PTHREAD_MUTEX_INITIALIZER};
+    const qz_pipe_ops ops = {&gl, plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch, release_batch};
+    qz_pipe_stats ps = {0};
+    if (st == SPARQ_OK) st = qz_pipe_run(&ops, n_lin, gpu_overlap(), &ps);
+    pthread_mutex_destroy(&gl.enc_lock);
+    j->t_gpu += ps.gpu;
+    j->t_quant += ps.wall;
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
         *psum += ql[i].proxy;
         if (ql[i].proxy > *pmax) *pmax = ql[i].proxy;
@@ -339,9 +432,11 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     ldlq_cuda_item gi = {.hess = 0, .wr = reg.wr, .trellis = q->trellis};
     const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs), 0};
     const ldlq_cuda_shape s = {in, out, K, j->o->cb, 0};
-    const double t1 = sparq_now();
-    if (st == SPARQ_OK) st = j->gops->batch(j->gctx, &s, &gh, 1, &gi, 1, key);
-    j->t_gpu += sparq_now() - t1;
+    ldlq_cuda_pending *pend = NULL;
+    double gpu_s = 0;
+    if (st == SPARQ_OK) st = j->gops->batch_submit(j->gctx, &s, &gh, 1, &gi, 1, key, &pend);
+    if (st == SPARQ_OK) st = j->gops->batch_wait(pend, &gpu_s);
+    j->t_gpu += gpu_s;
     if (st == SPARQ_OK) st = qlin_finish(j, q, hs, &reg, gi.proxy_err);
     ldlq_reg_free(&reg);
     j->t_quant += sparq_now() - t0;

@@ -12,7 +12,10 @@
 #include "kernels/cuda/ldlq_cuda.h"
 #include "kernels/cuda/trellis_encode.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" {
 #include "common/alloc.h"
@@ -131,44 +134,136 @@ inline sparq_status cublas_status(cublasStatus_t s, const char *what)
 
 } // namespace
 
-struct ldlq_cuda {
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    size_t enc_ws;
+/* A batch encoder for one (K, codebook): pins counts the batches in flight that use it. */
+struct enc_slot {
     trellis_cuda_enc *enc;
-    int enc_K, enc_cb;
+    int K, cb, pins;
 };
+#define BATCH_ENCODERS 4
+
+/* Streams: a batch's uploads and downloads go on `copy`, its recursion and proxies on
+ * `stream` (cuBLAS handle `blas`); the Hessian preparation has `prep` and `pblas`; the
+ * scale search's encodes `estream` with their own encoder and buffers behind `elock`.
+ * So a batch in flight never waits for a preparation or an encode, nor they for it. */
+struct ldlq_cuda {
+    cudaStream_t stream, copy, prep, estream;
+    cublasHandle_t blas, pblas;
+    size_t enc_ws;             /* every encoder's workspace (fixed at create) */
+    enc_slot benc[BATCH_ENCODERS];
+    int in_flight;             /* batches submitted and not yet waited */
+    int pools;                 /* stream-ordered allocation (cudaMallocAsync) available */
+    pthread_mutex_t elock;     /* encode_host: the search encoder and its buffers */
+    trellis_cuda_enc *senc;
+    int senc_K, senc_cb;
+    float *ex, *edec;
+    uint16_t *est;
+    size_t ecap;               /* tiles the three buffers hold */
+};
+
+/* A batch in flight (ldlq_cuda_batch_submit .. _wait). */
+struct ldlq_cuda_pending {
+    ldlq_cuda *c;
+    char name[320];
+    ldlq_cuda_shape s;
+    ldlq_cuda_item *items;     /* the caller's, written by wait */
+    int n_items, want_wq;
+    size_t words, kn;
+    char *base;                /* the batch's one device allocation */
+    void **hp;                 /* the host copy of the device pointer tables */
+    double *dpart;             /* device: per item the proxy's numerator and denominator block sums */
+    enc_slot *enc;             /* pinned */
+    cudaEvent_t ev[4];         /* uploads start / end (copy), recursion start / end (stream) */
+    int n_ev;
+};
+
+static double host_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Device memory in stream order where the device has memory pools (so that freeing
+ * waits for nothing else on the device), else cudaMalloc / cudaFree. */
+static cudaError_t dev_alloc(ldlq_cuda *c, void **p, size_t bytes, cudaStream_t s)
+{
+    *p = NULL;
+    const cudaError_t e = c->pools ? cudaMallocAsync(p, bytes, s) : cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+    }
+    return e;
+}
+
+static void dev_free(ldlq_cuda *c, void *p, cudaStream_t s)
+{
+    if (!p) return;
+    if (c->pools) cudaFreeAsync(p, s);
+    else cudaFree(p);
+}
+
+extern "C" void ldlq_cuda_free(ldlq_cuda *c)
+{
+    if (!c) return;
+    /* batches still in flight (a caller's error) finish before their memory goes */
+    cudaStream_t ss[4] = {c->stream, c->copy, c->prep, c->estream};
+    for (int i = 0; i < 4; i++)
+        if (ss[i]) cudaStreamSynchronize(ss[i]);
+    for (int i = 0; i < BATCH_ENCODERS; i++) trellis_cuda_enc_free(c->benc[i].enc);
+    trellis_cuda_enc_free(c->senc);
+    dev_free(c, c->ex, c->estream);
+    dev_free(c, c->edec, c->estream);
+    dev_free(c, c->est, c->estream);
+    if (c->estream) cudaStreamSynchronize(c->estream);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->pblas) cublasDestroy(c->pblas);
+    for (int i = 0; i < 4; i++)
+        if (ss[i]) cudaStreamDestroy(ss[i]);
+    pthread_mutex_destroy(&c->elock);
+    sparq_free(c);
+}
 
 extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
 {
     *out = NULL;
     ldlq_cuda *c = (ldlq_cuda *)sparq_calloc(1, sizeof *c);
     RETURN_IF(!c, SPARQ_E_NOMEM, "cuda ldlq: out of memory");
+    pthread_mutex_init(&c->elock, NULL);
+    c->senc_K = -1;
+    sparq_status st = SPARQ_OK;
+    if (enc_workspace == 0) { /* fixed now, so that encoders made later do not depend on what is in flight */
+        size_t fr = 0, tot = 0;
+        st = cuda_status(cudaMemGetInfo(&fr, &tot), "ldlq: memory info");
+        enc_workspace = fr / 4 < ((size_t)4 << 30) ? fr / 4 : ((size_t)4 << 30);
+        if (enc_workspace == 0) enc_workspace = 1;
+    }
     c->enc_ws = enc_workspace;
-    c->enc_K = -1;
-    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (e != cudaSuccess) {
-        sparq_free(c);
-        return cuda_status(e, "ldlq: stream");
+    cudaStream_t *ss[4] = {&c->stream, &c->copy, &c->prep, &c->estream};
+    for (int i = 0; i < 4 && st == SPARQ_OK; i++)
+        st = cuda_status(cudaStreamCreateWithFlags(ss[i], cudaStreamNonBlocking), "ldlq: stream");
+    cublasHandle_t *hh[2] = {&c->blas, &c->pblas};
+    cudaStream_t hs[2] = {c->stream, c->prep};
+    for (int i = 0; i < 2 && st == SPARQ_OK; i++) {
+        if (cublasCreate(hh[i]) != CUBLAS_STATUS_SUCCESS) {
+            *hh[i] = nullptr;
+            st = sparq_err(SPARQ_E_STATE, "cuda ldlq: cublasCreate failed");
+            break;
+        }
+        cublasSetStream(*hh[i], hs[i]);
+        cublasSetMathMode(*hh[i], CUBLAS_DEFAULT_MATH); /* fp32 FMA, never TF32 */
     }
-    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        cudaStreamDestroy(c->stream);
-        sparq_free(c);
-        return sparq_err(SPARQ_E_STATE, "cuda ldlq: cublasCreate failed");
+    int dev = 0, pools = 0;
+    if (st == SPARQ_OK && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess)
+        c->pools = pools != 0;
+    cudaGetLastError();
+    if (st != SPARQ_OK) {
+        ldlq_cuda_free(c);
+        return st;
     }
-    cublasSetStream(c->blas, c->stream);
-    cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* fp32 FMA, never TF32 */
     *out = c;
     return SPARQ_OK;
-}
-
-extern "C" void ldlq_cuda_free(ldlq_cuda *c)
-{
-    if (!c) return;
-    trellis_cuda_enc_free(c->enc);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    sparq_free(c);
 }
 
 extern "C" sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes)
@@ -178,32 +273,114 @@ extern "C" sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, siz
     return SPARQ_OK;
 }
 
-static sparq_status get_enc(ldlq_cuda *c, int K, trellis_codebook cb)
+/* The batch encoder for K / cb, made if needed. Encoders of another K or codebook that
+ * no batch in flight uses are freed (cudaFree: only while nothing is in flight, so that
+ * it waits for nothing), and one in use is never rebuilt. */
+static sparq_status batch_enc(ldlq_cuda *c, int K, trellis_codebook cb, enc_slot **out)
 {
-    if (c->enc && c->enc_K == K && c->enc_cb == (int)cb) return SPARQ_OK;
-    trellis_cuda_enc_free(c->enc);
-    c->enc = NULL;
-    c->enc_K = -1;
-    FORWARD_IF(trellis_cuda_enc_create(K, cb, c->enc_ws, &c->enc));
-    c->enc_K = K, c->enc_cb = (int)cb;
+    *out = NULL;
+    enc_slot *hit = NULL, *empty = NULL;
+    for (int i = 0; i < BATCH_ENCODERS; i++) {
+        enc_slot *e = &c->benc[i];
+        if (e->enc && e->K == K && e->cb == (int)cb) hit = e;
+        else if (e->enc && e->pins == 0 && c->in_flight == 0) {
+            trellis_cuda_enc_free(e->enc);
+            memset(e, 0, sizeof *e);
+        }
+        if (!e->enc && !empty) empty = e;
+    }
+    if (!hit) {
+        RETURN_IF(!empty, SPARQ_E_STATE, "cuda ldlq: %d encoders of other bit widths are in use by batches in flight",
+                  BATCH_ENCODERS);
+        FORWARD_IF(trellis_cuda_enc_create(K, cb, c->enc_ws, &empty->enc));
+        empty->K = K, empty->cb = (int)cb, empty->pins = 0;
+        hit = empty;
+    }
+    *out = hit;
     return SPARQ_OK;
+}
+
+/* The scale search's encoder for K / cb (under elock). */
+static sparq_status search_enc(ldlq_cuda *c, int K, trellis_codebook cb)
+{
+    if (c->senc && c->senc_K == K && c->senc_cb == (int)cb) return SPARQ_OK;
+    trellis_cuda_enc_free(c->senc);
+    c->senc = NULL;
+    c->senc_K = -1;
+    const size_t ws = c->enc_ws < ((size_t)1 << 30) ? c->enc_ws : ((size_t)1 << 30);
+    FORWARD_IF(trellis_cuda_enc_create(K, cb, ws, &c->senc));
+    c->senc_K = K, c->senc_cb = (int)cb;
+    return SPARQ_OK;
+}
+
+static size_t enc_bytes_of(const trellis_cuda_enc *e, int K, trellis_codebook cb)
+{
+    return e ? (size_t)trellis_cuda_enc_slots(e) * trellis_cuda_enc_slot_bytes(K, cb) : 0;
 }
 
 extern "C" sparq_status ldlq_cuda_encoder_bytes(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes)
 {
-    FORWARD_IF(get_enc(c, K, cb));
-    *bytes = (size_t)trellis_cuda_enc_slots(c->enc) * trellis_cuda_enc_slot_bytes(K, cb);
+    enc_slot *e = NULL;
+    FORWARD_IF(batch_enc(c, K, cb, &e));
+    pthread_mutex_lock(&c->elock);
+    const sparq_status st = search_enc(c, K, cb);
+    const size_t sb = st == SPARQ_OK ? enc_bytes_of(c->senc, K, cb) : 0;
+    pthread_mutex_unlock(&c->elock);
+    FORWARD_IF(st);
+    *bytes = enc_bytes_of(e->enc, K, cb) + sb;
+    return SPARQ_OK;
+}
+
+/* As trellis_cuda_encode_tiles_host (the same chunks, so the same tiles per launch), on
+ * the context's own stream and buffers. */
+static sparq_status encode_host_locked(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
+                                       uint16_t *states, float *decoded)
+{
+    FORWARD_IF(search_enc(c, K, cb));
+    size_t chunk = (size_t)trellis_cuda_enc_slots(c->senc) * 4;
+    if (chunk < 4096) chunk = 4096;
+    if (chunk > n_tiles) chunk = n_tiles;
+    if (chunk > c->ecap) {
+        dev_free(c, c->ex, c->estream), dev_free(c, c->edec, c->estream), dev_free(c, c->est, c->estream);
+        c->ex = c->edec = NULL, c->est = NULL, c->ecap = 0;
+        cudaError_t e = dev_alloc(c, (void **)&c->ex, chunk * 256 * sizeof(float), c->estream);
+        if (e == cudaSuccess) e = dev_alloc(c, (void **)&c->edec, chunk * 256 * sizeof(float), c->estream);
+        if (e == cudaSuccess) e = dev_alloc(c, (void **)&c->est, chunk * 256 * sizeof(uint16_t), c->estream);
+        if (e != cudaSuccess) {
+            dev_free(c, c->ex, c->estream), dev_free(c, c->edec, c->estream), dev_free(c, c->est, c->estream);
+            c->ex = c->edec = NULL, c->est = NULL;
+            return cuda_status(e, "viterbi: search buffers");
+        }
+        c->ecap = chunk;
+    }
+    const cudaStream_t s = c->estream;
+    for (size_t t0 = 0; t0 < n_tiles; t0 += chunk) {
+        const size_t n = n_tiles - t0 < chunk ? n_tiles - t0 : chunk;
+        CUDA_RETURN_IF(cudaMemcpyAsync(c->ex, x + t0 * 256, n * 256 * sizeof(float), cudaMemcpyHostToDevice, s),
+                       "viterbi: upload");
+        FORWARD_IF(trellis_cuda_encode_tiles(c->senc, c->ex, NULL, n, c->est, decoded ? c->edec : NULL, NULL, s));
+        CUDA_RETURN_IF(cudaMemcpyAsync(states + t0 * 256, c->est, n * 256 * sizeof(uint16_t), cudaMemcpyDeviceToHost,
+                                       s), "viterbi: download");
+        if (decoded)
+            CUDA_RETURN_IF(cudaMemcpyAsync(decoded + t0 * 256, c->edec, n * 256 * sizeof(float),
+                                           cudaMemcpyDeviceToHost, s), "viterbi: download");
+        CUDA_RETURN_IF(cudaStreamSynchronize(s), "viterbi: encode");
+    }
     return SPARQ_OK;
 }
 
 extern "C" sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
                                               uint16_t *states, float *decoded)
 {
-    FORWARD_IF(get_enc(c, K, cb));
-    return trellis_cuda_encode_tiles_host(c->enc, x, NULL, n_tiles, states, decoded, NULL, NULL);
+    if (n_tiles == 0) return SPARQ_OK;
+    pthread_mutex_lock(&c->elock);
+    const sparq_status st = encode_host_locked(c, K, cb, x, n_tiles, states, decoded);
+    if (st != SPARQ_OK) cudaStreamSynchronize(c->estream); /* nothing of this call left in flight */
+    pthread_mutex_unlock(&c->elock);
+    return st;
 }
 
-/* Device bytes of one batch, in the order run_batch carves them (each piece
+/* Device bytes of one batch, in the order enqueue carves them (each piece
  * rounded up to 64 bytes: the 64·16 at the end). */
 static size_t batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq)
 {
@@ -212,7 +389,8 @@ static size_t batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int
     const size_t w = (size_t)n_items * kn * sizeof(float) * (want_wq ? 3 : 2);             /* wr, err (, wq) */
     const size_t strip = (size_t)n_items * 16 * n * (sizeof(float) * 4 + sizeof(uint16_t)); /* t, tiles, tw, dec, states */
     const size_t trellis = (size_t)n_items * tiles * 16 * s->K * sizeof(uint16_t);
-    const size_t ptrs = (size_t)n_items * 12 * sizeof(void *), proxy = kn * sizeof(float) + DOT_BLOCKS * 8;
+    const size_t ptrs = (size_t)n_items * 12 * sizeof(void *);
+    const size_t proxy = kn * sizeof(float) + (size_t)n_items * 2 * DOT_BLOCKS * sizeof(double);
     return hess + w + strip + trellis + ptrs + proxy + 64 * 16;
 }
 
@@ -233,8 +411,9 @@ struct carver {
     }
 };
 
-static sparq_status proxy_of(ldlq_cuda *c, const float *hr, const float *x, int k, int n, float *tmp,
-                             double *partial, double *host_partial, double *out)
+/* Queues the block sums of x·(Hr·x) (x·x for the identity) into partial[0..DOT_BLOCKS). */
+static sparq_status proxy_enqueue(ldlq_cuda *c, const float *hr, const float *x, int k, int n, float *tmp,
+                                  double *partial)
 {
     const size_t kn = (size_t)k * n;
     const float *y = x;
@@ -247,28 +426,26 @@ static sparq_status proxy_of(ldlq_cuda *c, const float *hr, const float *x, int 
     }
     k_dot<<<DOT_BLOCKS, 256, 0, c->stream>>>(x, y, kn, partial);
     CUDA_RETURN_IF(cudaGetLastError(), "ldlq: proxy sums");
-    CUDA_RETURN_IF(cudaMemcpyAsync(host_partial, partial, DOT_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
-                                   c->stream), "ldlq: proxy download");
-    CUDA_RETURN_IF(cudaStreamSynchronize(c->stream), "ldlq: proxy");
-    double s = 0.0;
-    for (int i = 0; i < DOT_BLOCKS; i++) s += host_partial[i];
-    *out = s;
     return SPARQ_OK;
 }
 
-static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
-                              int n_host, ldlq_cuda_item *items, int n_items, const char *name, char *base)
+/* Everything of batch p after its allocation: the uploads on the copy stream, then on the
+ * batch stream (after them) the recursion and the proxies' block sums. Nothing waits. */
+static sparq_status enqueue(ldlq_cuda_pending *p, const ldlq_cuda_hess *hs, int n_hess, int n_host)
 {
+    ldlq_cuda *c = p->c;
+    const ldlq_cuda_shape *s = &p->s;
+    ldlq_cuda_item *items = p->items;
+    const int n_items = p->n_items;
     const int k = s->k, n = s->n, K = s->K, tk = k / 16, tn = n / 16;
-    const size_t kn = (size_t)k * n, kk = (size_t)k * k, words = (size_t)tk * tn * 16 * K;
-    int want_wq = 0;
-    for (int i = 0; i < n_items; i++) want_wq |= items[i].wq != NULL;
-    const size_t total = batch_bytes(s, n_host, n_items, want_wq);
+    const size_t kn = p->kn, kk = (size_t)k * k, words = p->words;
+    const size_t total = batch_bytes(s, n_host, n_items, p->want_wq);
+    char *base = p->base;
     carver cv = {base};
     float *hbuf = cv.take<float>((size_t)n_host * (2 * kk + k));
     float *wbuf = cv.take<float>((size_t)n_items * kn);
     float *ebuf = cv.take<float>((size_t)n_items * kn);
-    float *qbuf = want_wq ? cv.take<float>((size_t)n_items * kn) : NULL;
+    float *qbuf = p->want_wq ? cv.take<float>((size_t)n_items * kn) : NULL;
     float *tbuf = cv.take<float>((size_t)n_items * 16 * n);
     float *tiles = cv.take<float>((size_t)n_items * 16 * n);
     float *tw = cv.take<float>((size_t)n_items * 16 * n);
@@ -277,18 +454,23 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
     uint16_t *trel = cv.take<uint16_t>((size_t)n_items * words);
     void **ptrs = cv.take<void *>((size_t)n_items * 12);
     float *tmp = cv.take<float>(kn);
-    double *partial = cv.take<double>(DOT_BLOCKS);
-    if ((size_t)(cv.p - base) > total) return sparq_err(SPARQ_E_STATE, "%s: ldlq batch layout overflow", name);
+    p->dpart = cv.take<double>((size_t)n_items * 2 * DOT_BLOCKS);
+    if ((size_t)(cv.p - base) > total) return sparq_err(SPARQ_E_STATE, "ldlq batch layout overflow");
 
-    /* Uploads: the Hessians, then each weight. */
+    for (int i = 0; i < 4; i++) {
+        CUDA_RETURN_IF(cudaEventCreate(&p->ev[i]), "ldlq: event");
+        p->n_ev = i + 1;
+    }
+    CUDA_RETURN_IF(cudaEventRecord(p->ev[0], c->copy), "ldlq: event");
+
+    /* Uploads: the Hessians, then each weight. Device Hessians are read in place; host
+     * ones get a slot of hbuf each, in order. */
     const float **hr_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *hr_dev);
-    void **hp = (void **)sparq_calloc((size_t)n_items * 12, sizeof *hp);
-    double *hpart = (double *)sparq_malloc(DOT_BLOCKS * sizeof(double));
-    sparq_status st = hr_dev && hp && hpart ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
-    /* device Hessians are read in place; host ones get a slot of hbuf each, in order */
     const float **l_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *l_dev);
     const float **d_dev = (const float **)sparq_calloc((size_t)n_hess, sizeof *d_dev);
-    if (st == SPARQ_OK && (!l_dev || !d_dev)) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+    p->hp = (void **)sparq_calloc((size_t)n_items * 12, sizeof *p->hp);
+    sparq_status st = hr_dev && l_dev && d_dev && p->hp ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    const cudaStream_t cs = c->copy;
     for (int h = 0, slot = 0; h < n_hess && st == SPARQ_OK; h++) {
         if (!hs[h].hr) continue;
         if (hs[h].device) {
@@ -296,25 +478,21 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
             continue;
         }
         float *dh = hbuf + (size_t)slot++ * (2 * kk + k);
-        st = cuda_status(cudaMemcpyAsync(dh, hs[h].hr, kk * 4, cudaMemcpyHostToDevice, c->stream), "upload Hr");
+        st = cuda_status(cudaMemcpyAsync(dh, hs[h].hr, kk * 4, cudaMemcpyHostToDevice, cs), "upload Hr");
         if (st == SPARQ_OK)
-            st = cuda_status(cudaMemcpyAsync(dh + kk, hs[h].l, kk * 4, cudaMemcpyHostToDevice, c->stream), "upload L");
+            st = cuda_status(cudaMemcpyAsync(dh + kk, hs[h].l, kk * 4, cudaMemcpyHostToDevice, cs), "upload L");
         if (st == SPARQ_OK)
-            st = cuda_status(cudaMemcpyAsync(dh + 2 * kk, hs[h].d, (size_t)k * 4, cudaMemcpyHostToDevice, c->stream),
+            st = cuda_status(cudaMemcpyAsync(dh + 2 * kk, hs[h].d, (size_t)k * 4, cudaMemcpyHostToDevice, cs),
                              "upload D");
         hr_dev[h] = dh, l_dev[h] = dh + kk, d_dev[h] = dh + 2 * kk;
     }
     /* host pointer tables: [0] t, [1] w, [2] err, [3] wq, [4] d (per item, NULL for identity),
      * [5] trellis; then for the items with a Hessian: [6] err, [7] L, [8] t; [9..11] the GEMM's A, B, C */
     void **P[12];
-    for (int a = 0; a < 12; a++) P[a] = hp + (size_t)a * n_items;
+    for (int a = 0; a < 12; a++) P[a] = p->hp ? p->hp + (size_t)a * n_items : NULL;
     int n_nz = 0;
     for (int i = 0; i < n_items && st == SPARQ_OK; i++) {
         const ldlq_cuda_item *it = &items[i];
-        if (it->hess < 0 || it->hess >= n_hess) {
-            st = sparq_err(SPARQ_E_ARG, "item %d: Hessian %d of %d", i, it->hess, n_hess);
-            break;
-        }
         const bool ident = !hs[it->hess].hr;
         P[0][i] = tbuf + (size_t)i * 16 * n;
         P[1][i] = wbuf + (size_t)i * kn;
@@ -328,15 +506,18 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
             P[8][n_nz] = P[0][i];
             n_nz++;
         }
-        st = cuda_status(cudaMemcpyAsync(P[1][i], it->wr, kn * 4, cudaMemcpyHostToDevice, c->stream), "upload W");
+        st = cuda_status(cudaMemcpyAsync(P[1][i], it->wr, kn * 4, cudaMemcpyHostToDevice, cs), "upload W");
     }
     void **D[12];
     for (int a = 0; a < 12; a++) D[a] = ptrs + (size_t)a * n_items;
     if (st == SPARQ_OK)
-        st = cuda_status(cudaMemcpyAsync(ptrs, hp, (size_t)n_items * 12 * sizeof(void *), cudaMemcpyHostToDevice,
-                                         c->stream), "upload pointers");
-    if (st == SPARQ_OK) st = get_enc(c, K, s->cb);
+        st = cuda_status(cudaMemcpyAsync(ptrs, p->hp, (size_t)n_items * 12 * sizeof(void *), cudaMemcpyHostToDevice,
+                                         cs), "upload pointers");
+    if (st == SPARQ_OK) st = cuda_status(cudaEventRecord(p->ev[1], cs), "ldlq: event");
+    if (st == SPARQ_OK) st = cuda_status(cudaStreamWaitEvent(c->stream, p->ev[1], 0), "ldlq: stream order");
+    if (st == SPARQ_OK) st = cuda_status(cudaEventRecord(p->ev[2], c->stream), "ldlq: event");
 
+    trellis_cuda_enc *enc = p->enc->enc;
     const int weighted = s->weighted;
     const size_t strip_vals = (size_t)n_items * 16 * n;
     const float one = 1.0f;
@@ -356,7 +537,7 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
         }
         k_gather<<<grid_for(strip_vals), 256, 0, c->stream>>>(tiles, weighted ? tw : NULL, (float *const *)D[0],
                                                               (const float *const *)D[4], n_items, n, b);
-        st = trellis_cuda_encode_tiles(c->enc, tiles, weighted ? tw : NULL, (size_t)n_items * tn, states, dec, NULL,
+        st = trellis_cuda_encode_tiles(enc, tiles, weighted ? tw : NULL, (size_t)n_items * tn, states, dec, NULL,
                                        c->stream);
         if (st != SPARQ_OK) break;
         k_scatter<<<grid_for(strip_vals), 256, 0, c->stream>>>((float *const *)D[2], qbuf ? (float *const *)D[3] : NULL,
@@ -365,83 +546,176 @@ static sparq_status run_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq
                                                                               n_items, tn, ti, K);
         st = cuda_status(cudaGetLastError(), "ldlq strip kernels");
     }
-    /* Downloads and the proxy. */
+    /* The proxies' block sums, numerator and denominator per item; added up by wait. */
     for (int i = 0; i < n_items && st == SPARQ_OK; i++) {
-        ldlq_cuda_item *it = &items[i];
-        st = cuda_status(cudaMemcpyAsync(it->trellis, P[5][i], words * 2, cudaMemcpyDeviceToHost, c->stream),
-                         "download trellis");
-        if (st == SPARQ_OK && it->wq)
-            st = cuda_status(cudaMemcpyAsync(it->wq, P[3][i], kn * 4, cudaMemcpyDeviceToHost, c->stream),
-                             "download wq");
-        double num = 0, den = 0;
-        const float *hr = hr_dev[it->hess];
-        if (st == SPARQ_OK) st = proxy_of(c, hr, (const float *)P[2][i], k, n, tmp, partial, hpart, &num);
-        if (st == SPARQ_OK) st = proxy_of(c, hr, (const float *)P[1][i], k, n, tmp, partial, hpart, &den);
-        it->proxy_err = num / (den > 1e-30 ? den : 1e-30);
+        const float *hr = hr_dev[items[i].hess];
+        double *part = p->dpart + (size_t)i * 2 * DOT_BLOCKS;
+        st = proxy_enqueue(c, hr, (const float *)P[2][i], k, n, tmp, part);
+        if (st == SPARQ_OK) st = proxy_enqueue(c, hr, (const float *)P[1][i], k, n, tmp, part + DOT_BLOCKS);
     }
-    if (st == SPARQ_OK) st = cuda_status(cudaStreamSynchronize(c->stream), "ldlq batch");
-    else cudaStreamSynchronize(c->stream);
+    if (st == SPARQ_OK) st = cuda_status(cudaEventRecord(p->ev[3], c->stream), "ldlq: event");
     sparq_free(hr_dev);
     sparq_free(l_dev);
     sparq_free(d_dev);
-    sparq_free(hp);
+    return st;
+}
+
+/* Frees what p holds on the host and the device (all its work finished or never queued). */
+static void pending_free(ldlq_cuda_pending *p)
+{
+    if (!p) return;
+    ldlq_cuda *c = p->c;
+    dev_free(c, p->base, c->copy);
+    for (int i = 0; i < p->n_ev; i++) cudaEventDestroy(p->ev[i]);
+    if (p->enc) p->enc->pins--;
+    sparq_free(p->hp);
+    sparq_free(p);
+}
+
+extern "C" sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs,
+                                               int n_hess, ldlq_cuda_item *items, int n_items, const char *name,
+                                               ldlq_cuda_pending **out)
+{
+    *out = NULL;
+    if (!name) name = "ldlq batch";
+    if (n_items == 0) return SPARQ_OK;
+    RETURN_IF(s->k <= 0 || s->k % 128 || s->n <= 0 || s->n % 128, SPARQ_E_SHAPE,
+              "%s: %d x %d is not a multiple of 128 both ways", name, s->k, s->n);
+    RETURN_IF(s->K < 1 || s->K > TRELLIS_K_MAX, SPARQ_E_ARG, "%s: K = %d is outside 1..8", name, s->K);
+    int want_wq = 0, n_host = 0;
+    for (int i = 0; i < n_items; i++) {
+        RETURN_IF(items[i].hess < 0 || items[i].hess >= n_hess, SPARQ_E_ARG, "%s: item %d: Hessian %d of %d", name, i,
+                  items[i].hess, n_hess);
+        want_wq |= items[i].wq != NULL;
+    }
+    for (int h = 0; h < n_hess; h++) n_host += hs[h].hr && !hs[h].device;
+    ldlq_cuda_pending *p = (ldlq_cuda_pending *)sparq_calloc(1, sizeof *p);
+    RETURN_IF(!p, SPARQ_E_NOMEM, "%s: out of memory", name);
+    p->c = c;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->s = *s;
+    p->items = items;
+    p->n_items = n_items;
+    p->want_wq = want_wq;
+    p->kn = (size_t)s->k * s->n;
+    p->words = (size_t)(s->k / 16) * (s->n / 16) * 16 * s->K;
+    sparq_status st = batch_enc(c, s->K, s->cb, &p->enc);
+    if (st == SPARQ_OK) p->enc->pins++;
+    else p->enc = NULL;
+    const size_t bytes = batch_bytes(s, n_host, n_items, want_wq);
+    if (st == SPARQ_OK) {
+        const cudaError_t e = dev_alloc(c, (void **)&p->base, bytes, c->copy);
+        if (e != cudaSuccess)
+            st = sparq_err(SPARQ_E_NOMEM, "cuda ldlq: cannot allocate %.1f MB for %d weights of %d x %d (%s)",
+                           bytes / 1e6, n_items, s->k, s->n, cudaGetErrorString(e));
+    }
+    if (st == SPARQ_OK) st = enqueue(p, hs, n_hess, n_host);
+    if (st != SPARQ_OK) {
+        /* what was queued finishes before the memory goes */
+        cudaStreamSynchronize(c->copy);
+        cudaStreamSynchronize(c->stream);
+        pending_free(p);
+        return sparq_err_context(st, "%s", name);
+    }
+    c->in_flight++;
+    *out = p;
+    return SPARQ_OK;
+}
+
+extern "C" sparq_status ldlq_cuda_batch_wait(ldlq_cuda_pending *p, double *gpu_seconds)
+{
+    if (gpu_seconds) *gpu_seconds = 0;
+    if (!p) return SPARQ_OK;
+    ldlq_cuda *c = p->c;
+    sparq_status st = cuda_status(cudaEventSynchronize(p->ev[3]), "ldlq batch");
+    const double t0 = host_now();
+    double *hpart = (double *)sparq_malloc((size_t)p->n_items * 2 * DOT_BLOCKS * sizeof(double));
+    if (st == SPARQ_OK && !hpart) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    /* downloads on the copy stream: the batch stream may hold a later batch already */
+    void **trel = p->hp + (size_t)5 * p->n_items, **wq = p->hp + (size_t)3 * p->n_items;
+    for (int i = 0; i < p->n_items && st == SPARQ_OK; i++) {
+        ldlq_cuda_item *it = &p->items[i];
+        st = cuda_status(cudaMemcpyAsync(it->trellis, trel[i], p->words * 2, cudaMemcpyDeviceToHost, c->copy),
+                         "download trellis");
+        if (st == SPARQ_OK && it->wq)
+            st = cuda_status(cudaMemcpyAsync(it->wq, wq[i], p->kn * 4, cudaMemcpyDeviceToHost, c->copy),
+                             "download wq");
+    }
+    if (st == SPARQ_OK)
+        st = cuda_status(cudaMemcpyAsync(hpart, p->dpart, (size_t)p->n_items * 2 * DOT_BLOCKS * sizeof(double),
+                                         cudaMemcpyDeviceToHost, c->copy), "download proxy sums");
+    if (st == SPARQ_OK) st = cuda_status(cudaStreamSynchronize(c->copy), "ldlq downloads");
+    else cudaStreamSynchronize(c->copy);
+    for (int i = 0; i < p->n_items && st == SPARQ_OK; i++) {
+        /* in block order, as ever: the proxy is the same double whatever the batch */
+        const double *part = hpart + (size_t)i * 2 * DOT_BLOCKS;
+        double num = 0, den = 0;
+        for (int b = 0; b < DOT_BLOCKS; b++) num += part[b];
+        for (int b = 0; b < DOT_BLOCKS; b++) den += part[DOT_BLOCKS + b];
+        p->items[i].proxy_err = num / (den > 1e-30 ? den : 1e-30);
+    }
+    float up_ms = 0, run_ms = 0;
+    if (st == SPARQ_OK && gpu_seconds && cudaEventElapsedTime(&up_ms, p->ev[0], p->ev[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&run_ms, p->ev[2], p->ev[3]) == cudaSuccess)
+        *gpu_seconds = (up_ms + run_ms) / 1e3 + (host_now() - t0);
+    cudaGetLastError();
     sparq_free(hpart);
+    char name[320];
+    snprintf(name, sizeof name, "%s", p->name);
+    c->in_flight--;
+    pending_free(p);
     return st == SPARQ_OK ? st : sparq_err_context(st, "%s", name);
 }
 
 extern "C" sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
                                         ldlq_cuda_item *items, int n_items, const char *name)
 {
-    if (n_items == 0) return SPARQ_OK;
-    RETURN_IF(s->k <= 0 || s->k % 128 || s->n <= 0 || s->n % 128, SPARQ_E_SHAPE,
-              "%s: %d x %d is not a multiple of 128 both ways", name, s->k, s->n);
-    RETURN_IF(s->K < 1 || s->K > TRELLIS_K_MAX, SPARQ_E_ARG, "%s: K = %d is outside 1..8", name, s->K);
-    int want_wq = 0, n_host = 0;
-    for (int i = 0; i < n_items; i++) want_wq |= items[i].wq != NULL;
-    for (int h = 0; h < n_hess; h++) n_host += hs[h].hr && !hs[h].device;
-    const size_t bytes = ldlq_cuda_batch_bytes(s, n_host, n_items, want_wq);
-    char *base = NULL;
-    cudaError_t e = cudaMalloc((void **)&base, bytes);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return sparq_err(SPARQ_E_NOMEM, "%s: cuda ldlq: cannot allocate %.1f MB for %d weights of %d x %d", name,
-                         bytes / 1e6, n_items, s->k, s->n);
-    }
-    sparq_status st = run_batch(c, s, hs, n_hess, n_host, items, n_items, name, base);
-    cudaFree(base);
-    return st;
+    ldlq_cuda_pending *p = NULL;
+    FORWARD_IF(ldlq_cuda_batch_submit(c, s, hs, n_hess, items, n_items, name, &p));
+    return ldlq_cuda_batch_wait(p, NULL);
 }
 
 struct ldlq_cuda_dhess {
     hess_cuda h;
+    ldlq_cuda *c;
+    void *mem; /* the allocation h lives in (h.mem: its 256-byte aligned start) */
 };
 
-extern "C" size_t ldlq_cuda_hess_bytes(int k) { return hess_cuda_bytes(k) + (size_t)k * k * sizeof(float); }
+/* The prepared arrays, 256 bytes of alignment slack, and the upload buffer of h. */
+extern "C" size_t ldlq_cuda_hess_bytes(int k) { return hess_cuda_bytes(k) + 256 + (size_t)k * k * sizeof(float); }
 
 extern "C" sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int k, float sigma_reg, uint64_t seed,
                                                const char *name, ldlq_cuda_dhess **out, float *su, float *h_diag,
                                                int *identity, float *damping)
 {
     *out = NULL;
+    if (!name) name = "hessian";
+    RETURN_IF(k <= 0 || k % 128 != 0, SPARQ_E_SHAPE, "%s: input size %d is not a multiple of 128", name, k);
     ldlq_cuda_dhess *d = (ldlq_cuda_dhess *)sparq_calloc(1, sizeof *d);
     RETURN_IF(!d, SPARQ_E_NOMEM, "%s: out of memory", name);
+    d->c = c;
+    const cudaStream_t s = c->prep;
+    const size_t hb = hess_cuda_bytes(k);
     float *dh = NULL;
-    sparq_status st = SPARQ_OK;
-    if (h) {
-        st = cuda_status(cudaMalloc((void **)&dh, (size_t)k * k * sizeof(float)), "Hessian upload buffer");
+    sparq_status st = cuda_status(dev_alloc(c, &d->mem, hb + 256, s), "Hessian memory");
+    if (st == SPARQ_OK && h) {
+        st = cuda_status(dev_alloc(c, (void **)&dh, (size_t)k * k * sizeof(float), s), "Hessian upload buffer");
         if (st == SPARQ_OK)
-            st = cuda_status(cudaMemcpyAsync(dh, h, (size_t)k * k * sizeof(float), cudaMemcpyHostToDevice, c->stream),
+            st = cuda_status(cudaMemcpyAsync(dh, h, (size_t)k * k * sizeof(float), cudaMemcpyHostToDevice, s),
                              "Hessian upload");
     }
-    if (st == SPARQ_OK) st = hess_cuda_prepare(c->blas, c->stream, dh, k, sigma_reg, seed, name, &d->h);
-    cudaFree(dh);
+    void *aligned = d->mem ? (void *)(((uintptr_t)d->mem + 255) & ~(uintptr_t)255) : NULL;
+    if (st == SPARQ_OK) st = hess_cuda_prepare_into(c->pblas, s, dh, k, sigma_reg, seed, name, aligned, hb, &d->h);
+    dev_free(c, dh, s);
     if (st == SPARQ_OK)
-        st = cuda_status(cudaMemcpy(su, d->h.su, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost), "signs");
+        st = cuda_status(cudaMemcpyAsync(su, d->h.su, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost, s), "signs");
     if (st == SPARQ_OK)
-        st = cuda_status(cudaMemcpy(h_diag, d->h.h_diag, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost), "diag");
+        st = cuda_status(cudaMemcpyAsync(h_diag, d->h.h_diag, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost, s),
+                         "diag");
+    if (st == SPARQ_OK) st = cuda_status(cudaStreamSynchronize(s), "Hessian preparation");
     if (st != SPARQ_OK) {
-        hess_cuda_free(&d->h);
-        sparq_free(d);
+        cudaStreamSynchronize(s);
+        ldlq_cuda_hess_free(d);
         return st;
     }
     *identity = d->h.identity;
@@ -453,7 +727,8 @@ extern "C" sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int
 extern "C" void ldlq_cuda_hess_free(ldlq_cuda_dhess *d)
 {
     if (!d) return;
-    hess_cuda_free(&d->h);
+    hess_cuda_free(&d->h); /* caller memory: only clears it */
+    dev_free(d->c, d->mem, d->c->prep);
     sparq_free(d);
 }
 
@@ -466,6 +741,7 @@ extern "C" ldlq_cuda_hess ldlq_cuda_hess_of(const ldlq_cuda_dhess *d)
 static const ldlq_cuda_ops g_ops = {ldlq_cuda_create,      ldlq_cuda_free,        ldlq_cuda_mem_info,
                                     ldlq_cuda_batch_bytes, ldlq_cuda_encoder_bytes, ldlq_cuda_encode_host,
                                     ldlq_cuda_batch,       ldlq_cuda_hess_prepare, ldlq_cuda_hess_free,
-                                    ldlq_cuda_hess_of,     ldlq_cuda_hess_bytes};
+                                    ldlq_cuda_hess_of,     ldlq_cuda_hess_bytes,  ldlq_cuda_batch_submit,
+                                    ldlq_cuda_batch_wait};
 
 extern "C" const ldlq_cuda_ops *ldlq_cuda_get_ops(void) { return &g_ops; }

@@ -23,8 +23,13 @@
  * Hessian (uncalibrated) every tile is the CPU's.
  *
  * Memory: ldlq_cuda_batch_bytes() says what one batch allocates (plus the
- * encoder's workspace, fixed at create); the caller sizes its batches from
- * it and ldlq_cuda_mem_info(). */
+ * encoders' workspaces, fixed at create); the caller sizes its batches from
+ * it and ldlq_cuda_mem_info().
+ *
+ * Asynchronous: ldlq_cuda_batch_submit queues a batch and returns,
+ * ldlq_cuda_batch_wait collects it, so the CPU can prepare the next batch
+ * (ldlq_cuda_hess_prepare and the search's ldlq_cuda_encode_host run beside
+ * it) while the GPU runs this one (quantize/layer_cuda.c's pipeline). */
 #ifndef SPARQ_KERNELS_CUDA_LDLQ_CUDA_H
 #define SPARQ_KERNELS_CUDA_LDLQ_CUDA_H
 
@@ -68,38 +73,77 @@ typedef struct ldlq_cuda_item {
     double proxy_err;    /* out */
 } ldlq_cuda_item;
 
-/* A context on the current device: a stream, a cuBLAS handle and an encoder
- * (rebuilt when K or the codebook changes) with a workspace of enc_workspace
- * bytes (0: a quarter of the free memory, at most 4 GiB). */
+/* A context on the current device: streams, two cuBLAS handles, the batch
+ * encoders (one per K and codebook in use, fixed workspaces of enc_workspace
+ * bytes; 0: a quarter of the free memory at create, at most 4 GiB) and the
+ * scale search's own encoder (the same workspace, at most 1 GiB).
+ *
+ * Threads and overlap: one thread (the submitting one) calls everything but
+ * ldlq_cuda_encode_host, which any number of threads may call at once (the
+ * context serialises them on its own stream and encoder). A batch runs on its
+ * own streams (uploads and downloads on one, the recursion on another), the
+ * Hessian preparation and the search's encodes on theirs, each with its own
+ * device buffers, so both run while batches are in flight and neither waits
+ * for them. Device memory is allocated in stream order (cudaMallocAsync)
+ * where the device supports it, so freeing never waits for the device; a
+ * change of K or codebook for the search frees its encoder with cudaFree,
+ * which does wait for the work in flight. */
 sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out);
+/* Every batch submitted must have been waited for first. */
 void ldlq_cuda_free(ldlq_cuda *c);
-/* Free and total device memory (after the encoder's workspace, if made). */
+/* Free and total device memory (after the encoders' workspaces, if made). */
 sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes);
-/* Device bytes one ldlq_cuda_batch allocates (besides the encoder): n_hess
- * counts the host Hessians it uploads (device ones are used in place). */
+/* Device bytes one batch allocates (besides the encoders) from submit to wait:
+ * n_hess counts the host Hessians it uploads (device ones are used in place). */
 size_t ldlq_cuda_batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq);
-/* The encoder's workspace for K / cb (creating the encoder), for plans. */
+/* The workspaces of the batch encoder and of the search's encoder for K / cb
+ * (creating both), for plans. */
 sparq_status ldlq_cuda_encoder_bytes(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes);
 
 /* Prepare the host mean Hessian h (k×k; NULL: the identity) on the GPU as
  * ldlq_hessian_prepare would (seed, sigma_reg, name as there). Writes the
  * input signs su (k) and diag of the damped H h_diag (k) to the host, and
- * *identity / *damping, for the CPU's regularisation (ldlq_hessian_wrap). */
+ * *identity / *damping, for the CPU's regularisation (ldlq_hessian_wrap).
+ * Synchronous, on the context's preparation stream: it runs while batches are
+ * in flight. Free it only after the batches that read it were waited for. */
 sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int k, float sigma_reg, uint64_t seed,
                                     const char *name, ldlq_cuda_dhess **out, float *su, float *h_diag, int *identity,
                                     float *damping);
 void ldlq_cuda_hess_free(ldlq_cuda_dhess *h);
 ldlq_cuda_hess ldlq_cuda_hess_of(const ldlq_cuda_dhess *h);
-/* Device bytes one prepared Hessian holds. */
+/* Device bytes one prepared Hessian holds (with its upload buffer, held
+ * during the preparation). */
 size_t ldlq_cuda_hess_bytes(int k);
 
 /* Encode n_tiles tiles of host targets (stream order, no weights) on the
- * GPU: the scale search's coder (ldlq_coder). Synchronous. */
+ * GPU: the scale search's coder (ldlq_coder). Synchronous; thread-safe. */
 sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
                                    uint16_t *states, float *decoded);
 
-/* Quantize n_items regularised weights of shape s: uploads, the recursion,
- * the proxy, downloads. Synchronous; `name` is for messages. */
+/* A batch in flight. */
+typedef struct ldlq_cuda_pending ldlq_cuda_pending;
+
+/* Start quantizing n_items regularised weights of shape s: allocates the
+ * batch's device memory, uploads the host Hessians and the weights, queues
+ * the whole recursion and the proxies, and returns without waiting for the
+ * GPU (*out; NULL for n_items = 0). Until ldlq_cuda_batch_wait the caller
+ * keeps valid and unchanged: `items` (the array: wait writes into it), every
+ * item's wr and trellis (and wq), the host Hessians' arrays and the device
+ * Hessians. Uploads from pageable memory return once copied (the call blocks
+ * for the copy itself, never for other GPU work: they have their own
+ * stream); from pinned memory (cudaHostRegister) they run asynchronously too.
+ * Several batches may be in flight; they run in submission order. On error
+ * nothing of it is left in flight and *out is NULL. */
+sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
+                                    ldlq_cuda_item *items, int n_items, const char *name,
+                                    ldlq_cuda_pending **out);
+/* Wait for p, download each item's trellis (and wq) and proxy_err, free the
+ * batch's device memory and p (also on error; p NULL does nothing).
+ * gpu_seconds (may be NULL): the batch's GPU busy time, its uploads and its
+ * recursion and proxies by CUDA events plus its downloads. */
+sparq_status ldlq_cuda_batch_wait(ldlq_cuda_pending *p, double *gpu_seconds);
+
+/* Submit and wait: synchronous; `name` is for messages. */
 sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
                              ldlq_cuda_item *items, int n_items, const char *name);
 
@@ -121,6 +165,9 @@ typedef struct ldlq_cuda_ops {
     void (*hess_free)(ldlq_cuda_dhess *h);
     ldlq_cuda_hess (*hess_of)(const ldlq_cuda_dhess *h);
     size_t (*hess_bytes)(int k);
+    sparq_status (*batch_submit)(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
+                                 ldlq_cuda_item *items, int n_items, const char *name, ldlq_cuda_pending **out);
+    sparq_status (*batch_wait)(ldlq_cuda_pending *p, double *gpu_seconds);
 } ldlq_cuda_ops;
 
 const ldlq_cuda_ops *ldlq_cuda_get_ops(void);

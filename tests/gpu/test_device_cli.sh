@@ -9,9 +9,9 @@
 # (SPARQ_QUANT_GPU_CALIB=0 SPARQ_QUANT_GPU_HESSIAN=0: only the feedback's sum order
 # differs), within 3e-2 (5e-3 on average) with the GPU's own MoE capture and
 # Hessians (its Cholesky flips a few tiles' paths), exactly those with the MoE
-# capture in passes (SPARQ_QUANT_CALIB_PASS_EXPERTS=3), and a run stopped on one device
-# resumes on the other; without one it fails naming the device and leaves no OUT
-# or work dir.
+# capture in passes (SPARQ_QUANT_CALIB_PASS_EXPERTS=3), the overlapped batches give the
+# bytes of SPARQ_QUANT_GPU_OVERLAP=0, and a run stopped on one device resumes on the
+# other; without one it fails naming the device and leaves no OUT or work dir.
 . "$(dirname "$0")/../lib.sh"
 M="$D/tiny-qwen3moe"
 TXT="$D/exl3-model/text.txt"
@@ -70,6 +70,15 @@ assert max(rel) <= worst_bound and sum(rel) / len(rel) <= mean_bound
 assert g["device"] == "cuda" and c["device"] in ("cpu", "cuda")
 PY
   done
+  # the pipeline (CPU stage of batch b+1 beside the GPU's batch b) against one batch after the other:
+  # the same bytes, and the GPU busy time reported
+  SPARQ_QUANT_GPU_OVERLAP=0 "$SPARQ" quantize "$Q" "$T/qs" $QA --device cuda >/dev/null 2>&1 \
+    && ok || bad "quantize --device cuda without overlap"
+  n=0; for f in "$T/qg"/*.safetensors; do cmp -s "$f" "$T/qs/${f##*/}" || n=$((n + 1)); done
+  [ $n -eq 0 ] && [ -n "$(ls "$T/qg"/*.safetensors 2>/dev/null)" ] && ok \
+    || bad "quantize --device cuda: $n output files differ between overlapped and sequential batches"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert 0 < r["gpu_seconds"] <= r["quant_seconds"] * 1.05 + 0.05, r' \
+    "$T/qg.json" && ok || bad "quantize --device cuda: gpu_seconds not within quant_seconds"
   "$SPARQ" quantize "$Q" "$T/qr" $QA --device cuda --stop-after-layer 0 >/dev/null 2>&1
   "$SPARQ" quantize "$Q" "$T/qr" $QA --resume >/dev/null 2>&1 && [ -f "$T/qr/config.json" ] && ok \
     || bad "quantize: a run stopped on the GPU does not resume on the CPU"

@@ -16,6 +16,10 @@
  *    identity / damping / signs as the CPU's; its L differs from spotrf's by
  *    ~1e-5, which flips a few tiles' paths: proxy within 1e-2 per case and
  *    within 2e-3 on average (no bias);
+ *  - two batches in flight at once (submit, submit, wait, wait; other
+ *    shapes and K) give ldlq_cuda_batch's words, wq and proxies bit for bit,
+ *    and a search encode and a Hessian preparation run beside them with
+ *    their results unchanged;
  *  - the scale search's encodes (Gaussian tiles at scales 0.3..1.5, every K):
  *    the GPU's states equal the CPU's; where they differ, whether the GPU's
  *    error is worse, better or equal is printed;
@@ -280,6 +284,124 @@ static void test_batch_invariance(void)
     sparq_free(x);
 }
 
+/* A random calibrated Hessian (rows Gaussian activations with 8 loud channels). */
+static float *random_hessian(int k, int rows)
+{
+    float *x = sparq_malloc((size_t)rows * k * 4), *h = sparq_calloc((size_t)k * k, 4);
+    for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = gauss() * (i % k < 8 ? 4.0f : 1.0f);
+    for (int r = 0; r < rows; r++)
+        for (int a = 0; a < k; a++)
+            for (int c = 0; c < k; c++) h[(size_t)a * k + c] += x[(size_t)r * k + a] * x[(size_t)r * k + c] / rows;
+    sparq_free(x);
+    return h;
+}
+
+/* Two batches in flight at once (submit A, submit B, wait A, wait B), of other shapes and
+ * K, one with host Hessians and wq, one with a Hessian prepared on the GPU and the identity:
+ * every word, wq and proxy equal ldlq_cuda_batch's of the same batch, bit for bit. While
+ * both are in flight, the scale search's encode and a Hessian preparation run (they must
+ * not wait for the batches, nor disturb them) and give what they gave before. */
+static void test_two_in_flight(void)
+{
+    const int ka = 512, na = 256, Ka = 3, kb = 256, nb = 384, Kb = 4;
+    float *ha[2] = {random_hessian(ka, 600), random_hessian(ka, 600)}, *hb = random_hessian(kb, 400);
+    ldlq_hessian *hsa[2] = {0}, *hsb = NULL;
+    for (int q = 0; q < 2; q++) CHECK(ldlq_hessian_prepare(&hsa[q], ha[q], ka, 0.0f, 21 + q, "a") == SPARQ_OK);
+    ldlq_cuda_dhess *dhb = NULL;
+    float *su = sparq_malloc((size_t)kb * 4), *hd = sparq_malloc((size_t)kb * 4);
+    int ident = 0;
+    float damp = 0;
+    CHECK(ldlq_cuda_hess_prepare(g_ctx, hb, kb, 0.0f, 31, "b", &dhb, su, hd, &ident, &damp) == SPARQ_OK);
+    CHECK(dhb && ldlq_hessian_wrap(&hsb, kb, su, hd, ident != 0, damp) == SPARQ_OK);
+    if (!dhb || !hsb) return;
+    const ldlq_cuda_hess gha[2] = {{ldlq_hessian_hr(hsa[0]), ldlq_hessian_l(hsa[0]), ldlq_hessian_d(hsa[0]), 0},
+                                   {ldlq_hessian_hr(hsa[1]), ldlq_hessian_l(hsa[1]), ldlq_hessian_d(hsa[1]), 0}};
+    const ldlq_cuda_hess ghb[2] = {ldlq_cuda_hess_of(dhb), {0}};
+    enum { NA = 3, NB = 2 };
+    ldlq_reg ra[NA] = {0}, rb[NB] = {0};
+    ldlq_cuda_item ia[2][NA], ib[2][NB]; /* [0] ldlq_cuda_batch, [1] in flight together */
+    const size_t wa = (size_t)ka * na / 256 * 16 * Ka, wb = (size_t)kb * nb / 256 * 16 * Kb;
+    float *w = sparq_malloc((size_t)ka * na * 4 > (size_t)kb * nb * 4 ? (size_t)ka * na * 4 : (size_t)kb * nb * 4);
+    ldlq_opts o;
+    for (int i = 0; i < NA; i++) {
+        ldlq_opts_default(&o, Ka);
+        o.g_fixed = ldlq_default_g(Ka, o.cb), o.seed = 300 + i;
+        for (size_t e = 0; e < (size_t)ka * na; e++) w[e] = gauss();
+        CHECK(ldlq_regularize(hsa[i % 2], w, na, &o, NULL, "a", &ra[i]) == SPARQ_OK);
+        for (int v = 0; v < 2; v++)
+            ia[v][i] = (ldlq_cuda_item){.hess = i % 2, .wr = ra[i].wr, .trellis = sparq_malloc(wa * 2),
+                                        .wq = sparq_malloc((size_t)ka * na * 4)};
+    }
+    for (int i = 0; i < NB; i++) {
+        ldlq_opts_default(&o, Kb);
+        o.g_fixed = ldlq_default_g(Kb, o.cb), o.seed = 400 + i;
+        for (size_t e = 0; e < (size_t)kb * nb; e++) w[e] = gauss();
+        CHECK(ldlq_regularize(hsb, w, nb, &o, NULL, "b", &rb[i]) == SPARQ_OK);
+        for (int v = 0; v < 2; v++)
+            ib[v][i] = (ldlq_cuda_item){.hess = i, .wr = rb[i].wr, .trellis = sparq_malloc(wb * 2)};
+    }
+    const ldlq_cuda_shape sa = {ka, na, Ka, TRELLIS_CB_MUL1, 0}, sb = {kb, nb, Kb, TRELLIS_CB_MUL1, 1};
+    CHECK(ldlq_cuda_batch(g_ctx, &sa, gha, 2, ia[0], NA, "a alone") == SPARQ_OK);
+    CHECK(ldlq_cuda_batch(g_ctx, &sb, ghb, 2, ib[0], NB, "b alone") == SPARQ_OK);
+    /* the side work's references, before anything is in flight */
+    const size_t nt = 3000;
+    float *x = sparq_malloc(nt * 256 * 4), *dec0 = sparq_malloc(nt * 256 * 4), *dec1 = sparq_malloc(nt * 256 * 4);
+    uint16_t *st0 = sparq_malloc(nt * 512), *st1 = sparq_malloc(nt * 512);
+    for (size_t i = 0; i < nt * 256; i++) x[i] = gauss() * 0.8f;
+    CHECK(ldlq_cuda_encode_host(g_ctx, Ka, TRELLIS_CB_MUL1, x, nt, st0, dec0) == SPARQ_OK);
+    float *su2 = sparq_malloc((size_t)ka * 4), *hd2 = sparq_malloc((size_t)ka * 4), *su3 = sparq_malloc((size_t)ka * 4),
+          *hd3 = sparq_malloc((size_t)ka * 4);
+    ldlq_cuda_dhess *d2 = NULL, *d3 = NULL;
+    int id2 = 0, id3 = 0;
+    float dm2 = 0, dm3 = 0;
+    CHECK(ldlq_cuda_hess_prepare(g_ctx, ha[0], ka, 0.0f, 41, "side", &d2, su2, hd2, &id2, &dm2) == SPARQ_OK);
+
+    ldlq_cuda_pending *pa = NULL, *pb = NULL;
+    CHECK(ldlq_cuda_batch_submit(g_ctx, &sa, gha, 2, ia[1], NA, "a", &pa) == SPARQ_OK);
+    CHECK(ldlq_cuda_batch_submit(g_ctx, &sb, ghb, 2, ib[1], NB, "b", &pb) == SPARQ_OK);
+    CHECK(pa != NULL && pb != NULL);
+    CHECK(ldlq_cuda_encode_host(g_ctx, Ka, TRELLIS_CB_MUL1, x, nt, st1, dec1) == SPARQ_OK);
+    CHECK(ldlq_cuda_hess_prepare(g_ctx, ha[0], ka, 0.0f, 41, "side", &d3, su3, hd3, &id3, &dm3) == SPARQ_OK);
+    double ga = 0, gb = 0;
+    CHECK(ldlq_cuda_batch_wait(pa, &ga) == SPARQ_OK);
+    CHECK(ldlq_cuda_batch_wait(pb, &gb) == SPARQ_OK);
+    CHECK_MSG(ga > 0 && gb > 0, "GPU seconds %.6f and %.6f", ga, gb);
+    for (int i = 0; i < NA; i++) {
+        CHECK_MSG(memcmp(ia[0][i].trellis, ia[1][i].trellis, wa * 2) == 0, "a %d: words differ in flight", i);
+        CHECK_MSG(memcmp(ia[0][i].wq, ia[1][i].wq, (size_t)ka * na * 4) == 0, "a %d: wq differs in flight", i);
+        CHECK_MSG(ia[0][i].proxy_err == ia[1][i].proxy_err, "a %d: proxy %.17g vs %.17g", i, ia[0][i].proxy_err,
+                  ia[1][i].proxy_err);
+    }
+    for (int i = 0; i < NB; i++) {
+        CHECK_MSG(memcmp(ib[0][i].trellis, ib[1][i].trellis, wb * 2) == 0, "b %d: words differ in flight", i);
+        CHECK_MSG(ib[0][i].proxy_err == ib[1][i].proxy_err, "b %d: proxy %.17g vs %.17g", i, ib[0][i].proxy_err,
+                  ib[1][i].proxy_err);
+    }
+    CHECK_MSG(memcmp(st0, st1, nt * 512) == 0 && memcmp(dec0, dec1, nt * 256 * 4) == 0,
+              "the search's encode beside two batches differs from its encode alone");
+    CHECK_MSG(d3 && id2 == id3 && dm2 == dm3 && memcmp(su2, su3, (size_t)ka * 4) == 0 &&
+                  memcmp(hd2, hd3, (size_t)ka * 4) == 0,
+              "the Hessian prepared beside two batches differs from the one prepared alone");
+    /* errors: a bad item is refused before anything is queued */
+    ldlq_cuda_item bad = ia[1][0];
+    bad.hess = 5;
+    ldlq_cuda_pending *pc = (ldlq_cuda_pending *)&bad;
+    CHECK(ldlq_cuda_batch_submit(g_ctx, &sa, gha, 2, &bad, 1, "bad", &pc) == SPARQ_E_ARG);
+    CHECK(pc == NULL);
+    CHECK(ldlq_cuda_batch_wait(NULL, NULL) == SPARQ_OK);
+    for (int v = 0; v < 2; v++) {
+        for (int i = 0; i < NA; i++) sparq_free(ia[v][i].trellis), sparq_free(ia[v][i].wq);
+        for (int i = 0; i < NB; i++) sparq_free(ib[v][i].trellis);
+    }
+    for (int i = 0; i < NA; i++) ldlq_reg_free(&ra[i]);
+    for (int i = 0; i < NB; i++) ldlq_reg_free(&rb[i]);
+    ldlq_cuda_hess_free(d2), ldlq_cuda_hess_free(d3), ldlq_cuda_hess_free(dhb);
+    for (int q = 0; q < 2; q++) ldlq_hessian_free(hsa[q]), sparq_free(ha[q]);
+    ldlq_hessian_free(hsb);
+    sparq_free(hb), sparq_free(su), sparq_free(hd), sparq_free(su2), sparq_free(hd2), sparq_free(su3), sparq_free(hd3);
+    sparq_free(x), sparq_free(dec0), sparq_free(dec1), sparq_free(st0), sparq_free(st1), sparq_free(w);
+}
+
 /* The scale search's encodes: Gaussian tiles at some of the search's scales, every K, mul1:
  * the GPU's states against the CPU encoder's. Where they differ the tile's squared
  * errors are compared (equal: another path of the same cost; else a real difference). */
@@ -344,6 +466,7 @@ int main(int argc, char **argv)
     if (!only_search) {
         RUN(test_identity);
         RUN(test_batch_invariance);
+        RUN(test_two_in_flight);
         RUN(test_golden);
     }
     ldlq_cuda_free(g_ctx);

@@ -1,23 +1,30 @@
 /* tools/bench/quantize_layer_bench.c — one real-shape MoE layer quantized end
  * to end the way `sparq quantize --device cuda` does it (quantize/layer_cuda.c),
- * from random weights and random calibration activations:
+ * from random weights and random calibration activations, through the same
+ * two-stage pipeline (quantize/gpu_pipe.h: the CPU prepares batch b+1 while
+ * the GPU runs batch b, batches sized by its rule, qz_pipe_fit):
  *   Hessians   H = XᵀX / rows per expert and input (gate/up share one, down
  *              its own), X Gaussian with a few loud channels, on the GPU
- *              (cuBLAS SSYRK, fp32), downloaded as the capture hands them over;
+ *              (cuBLAS SSYRK, fp32, on its own stream), downloaded as the
+ *              capture hands them over; made again for each batch that reads
+ *              them (gate's and up's), as the driver prepares them again;
  *   prepare    ldlq_cuda_hess_prepare on the GPU (or ldlq_hessian_prepare on the CPU);
  *   regularise ldlq_regularize per weight (CPU, over the thread pool; the
  *              scale search's tiles on the GPU unless --scale fixed);
- *   recursion  ldlq_cuda_batch over every expert's gate, then up, then down
- *              (batches sized by free GPU memory as the driver sizes them).
- * Prints seconds per phase, weights/s, GPU memory (the largest batch and the
- * encoder, from their plans, and the peak seen by cudaMemGetInfo), and the
- * layer and whole-model times extrapolated from --run of --experts experts
- * (stated as such). Random weights: the time does not depend on the values.
+ *   recursion  ldlq_cuda_batch_submit / _wait over every expert's gate and up
+ *              (one group, as the driver's), then down.
+ * The first three are the pipeline's CPU stage. Prints seconds per phase,
+ * weights/s, the overlap (wall time against the CPU stage plus the GPU busy
+ * time), GPU memory (the largest two batches and the encoders, from their
+ * plans, and the peak seen by cudaMemGetInfo), and the layer and whole-model
+ * times extrapolated from --run of --experts experts (stated as such).
+ * Random weights: the time does not depend on the values.
  *
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
- *                        [--layers L] [--cpu-check] [--cpu-hessian]
+ *                        [--layers L] [--cpu-check] [--cpu-hessian] [--no-overlap]
  * --cpu-hessian prepares the Hessians on the CPU (SPARQ_QUANT_GPU_HESSIAN=0).
+ * --no-overlap waits for each batch right after its submit (the same batches).
  * --cpu-check also quantizes expert 0's gate on the CPU (one thread per
  * tile over the pool) and prints both times and proxies. */
 #include <cublas_v2.h>
@@ -32,6 +39,7 @@
 #include "common/progress.h"
 #include "common/threadpool.h"
 #include "kernels/cuda/ldlq_cuda.h"
+#include "quantize/gpu_pipe.h"
 #include "quantize/ldlq.h"
 
 /* A per-thread Gaussian source (the weights are made on the pool's threads). */
@@ -75,26 +83,87 @@ static void *mem_sampler(void *arg)
     return NULL;
 }
 
-static ldlq_cuda *g_ctx;       /* the recursion's */
-static ldlq_cuda *g_search;    /* the scale search's (its own encoder) */
-static pthread_mutex_t g_search_lock = PTHREAD_MUTEX_INITIALIZER;
+static ldlq_cuda *g_ctx;
 static int g_K;
 
+/* The scale search's coder: the context's own encoder (thread-safe, beside the batch in flight). */
 static sparq_status search_encode(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded)
 {
     (void)ctx;
-    pthread_mutex_lock(&g_search_lock);
-    sparq_status st = ldlq_cuda_encode_host(g_search, g_K, TRELLIS_CB_MUL1, x, n_tiles, states, decoded);
-    pthread_mutex_unlock(&g_search_lock);
-    return st;
+    return ldlq_cuda_encode_host(g_ctx, g_K, TRELLIS_CB_MUL1, x, n_tiles, states, decoded);
+}
+
+/* The projections: gate and up read the d-wide input (one Hessian per expert), down the inter-wide one. */
+typedef struct proj_desc {
+    const char *name;
+    int input; /* 0: d-wide, 1: inter-wide */
+} proj_desc;
+static const proj_desc proj[3] = {{"gate", 0}, {"up", 0}, {"down", 1}};
+
+/* One linear of the layer, in the driver's order: gate and up of expert 0, of expert 1, …
+ * (one group: the same shape), then every down. */
+typedef struct bitem {
+    int p, e;
+} bitem;
+
+typedef struct bench {
+    const shape *sh;
+    int run, K, scale, gpu_hess, n_items;
+    bitem *items;
+    sparq_pool *pool;
+    cublasHandle_t blas; /* the bench's own Hessians, on hstream */
+    cudaStream_t hstream;
+    float *hx, *dx, *dh; /* their rows (host, device) and H (device), for the largest input */
+    double g_shared[3];  /* --scale shared: per projection, its first expert's scale */
+    int plan_first;
+    uint64_t host_budget;
+    size_t enc_bytes, plan_peak;
+    double t_hess, t_prep, t_reg, proxy_sum;
+    uint64_t n_weights;
+} bench;
+
+typedef struct bbatch {
+    int first, m, k, n, n_hess;
+    int *hidx;             /* per item: its Hessian */
+    ldlq_hessian **hs;     /* per Hessian */
+    ldlq_cuda_dhess **dh;
+    ldlq_cuda_hess *gh;
+    ldlq_reg *reg;         /* per item */
+    ldlq_cuda_item *it;
+    ldlq_cuda_pending *pend;
+    size_t dev;
+    uint64_t host;
+    double t_cpu;
+} bbatch;
+
+static int item_k(const bench *B, const bitem *it) { return proj[it->p].input == 0 ? B->sh->d : B->sh->inter; }
+static int item_n(const bench *B, const bitem *it) { return proj[it->p].input == 0 ? B->sh->inter : B->sh->d; }
+/* Items reading the same Hessian are adjacent (gate and up of one expert), as the driver's leaders. */
+static int same_hess(const bitem *a, const bitem *b) { return a->e == b->e && proj[a->p].input == proj[b->p].input; }
+
+/* A random Hessian for input size k (SSYRK of k + 256 Gaussian rows), into host h (k×k). */
+static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
+{
+    const int rows = k + 256;
+    bench_rand rs;
+    bench_rand_seed(&rs, seed);
+    for (size_t i = 0; i < (size_t)rows * k; i++) B->hx[i] = bench_rand_gauss(&rs) * ((i % k) < 16 ? 6.0f : 1.0f);
+    const float a = 1.0f / rows, b = 0.0f;
+    cudaMemcpyAsync(B->dx, B->hx, (size_t)rows * k * 4, cudaMemcpyHostToDevice, B->hstream);
+    /* column-major C (k×k) = Aᵀ·A with A the row-major rows×k buffer read as k×rows */
+    cublasSsyrk(B->blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, k, rows, &a, B->dx, k, &b, B->dh, k);
+    cudaMemcpyAsync(h, B->dh, (size_t)k * k * 4, cudaMemcpyDeviceToHost, B->hstream);
+    const cudaError_t e = cudaStreamSynchronize(B->hstream);
+    RETURN_IF(e != cudaSuccess, SPARQ_E_STATE, "bench Hessian: %s", cudaGetErrorString(e));
+    /* the upper triangle of the column-major result = the lower of the row-major: mirror it */
+    for (int r = 0; r < k; r++)
+        for (int c = r + 1; c < k; c++) h[(size_t)r * k + c] = h[(size_t)c * k + r];
+    return SPARQ_OK;
 }
 
 typedef struct reg_job {
-    int k, n, K, scale;
-    ldlq_hessian **hs;   /* per item */
-    ldlq_reg *reg;
-    uint64_t seed0;
-    double g_shared;
+    bench *B;
+    bbatch *b;
     sparq_status st;
 } reg_job;
 
@@ -102,59 +171,232 @@ static void reg_one(void *ctx, size_t i, int tid)
 {
     (void)tid;
     reg_job *r = ctx;
-    const size_t kn = (size_t)r->k * r->n;
+    bench *B = r->B;
+    bbatch *b = r->b;
+    if (b->reg[i].wr) return; /* a shared scale's search, done first */
+    const bitem *it = &B->items[b->first + i];
+    const size_t kn = (size_t)b->k * b->n;
     float *w = sparq_malloc(kn * sizeof(float));
     if (!w) {
         r->st = SPARQ_E_NOMEM;
         return;
     }
+    const uint64_t seed = (uint64_t)it->p * 1000003 + it->e;
     bench_rand rs;
-    bench_rand_seed(&rs, r->seed0 + i);
+    bench_rand_seed(&rs, seed);
     for (size_t e = 0; e < kn; e++) w[e] = 0.02f * bench_rand_gauss(&rs);
     ldlq_opts o;
-    ldlq_opts_default(&o, r->K);
-    o.seed = r->seed0 + i;
+    ldlq_opts_default(&o, B->K);
+    o.seed = seed;
     o.out_scales = 1;
-    if (r->scale == 2) o.g_fixed = ldlq_default_g(r->K, o.cb);
-    else if (r->scale == 1 && r->g_shared > 0) o.g_fixed = r->g_shared;
+    if (B->scale == 2) o.g_fixed = ldlq_default_g(B->K, o.cb);
+    else if (B->scale == 1 && B->g_shared[it->p] > 0) o.g_fixed = B->g_shared[it->p];
     const ldlq_coder coder = {search_encode, NULL};
-    sparq_status st = ldlq_regularize(r->hs[i], w, r->n, &o, &coder, "bench", &r->reg[i]);
+    sparq_status st = ldlq_regularize(b->hs[b->hidx[i]], w, b->n, &o, &coder, "bench", &b->reg[i]);
     if (st != SPARQ_OK) r->st = st;
     sparq_free(w);
 }
 
-/* Random Hessians for m inputs of size k (GPU SSYRK of rows × k Gaussian activations). */
-static int make_hessians(cublasHandle_t blas, int m, int k, int rows, uint64_t seed, float **h)
+/* Device bytes and host bytes of the first m items from B->plan_first (qz_pipe_fit's cost). */
+static void bench_cost(void *ctx, int m, qz_pipe_cost *c)
 {
-    float *x = sparq_malloc((size_t)rows * k * sizeof(float)), *dx = NULL, *dh = NULL;
-    if (!x || cudaMalloc((void **)&dx, (size_t)rows * k * 4) || cudaMalloc((void **)&dh, (size_t)k * k * 4)) return 1;
-    bench_rand rs;
-    bench_rand_seed(&rs, seed);
-    for (int e = 0; e < m; e++) {
-        for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = bench_rand_gauss(&rs) * ((i % k) < 16 ? 6.0f : 1.0f);
-        cudaMemcpy(dx, x, (size_t)rows * k * 4, cudaMemcpyHostToDevice);
-        const float a = 1.0f / rows, b = 0.0f;
-        /* column-major C (k×k) = Aᵀ·A with A the row-major rows×k buffer read as k×rows */
-        cublasSsyrk(blas, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, k, rows, &a, dx, k, &b, dh, k);
-        cudaMemcpy(h[e], dh, (size_t)k * k * 4, cudaMemcpyDeviceToHost);
-        /* the upper triangle of the column-major result = the lower of the row-major: mirror it */
-        for (int r = 0; r < k; r++)
-            for (int c = r + 1; c < k; c++) h[e][(size_t)r * k + c] = h[e][(size_t)c * k + r];
+    const bench *B = ctx;
+    const bitem *it = B->items + B->plan_first;
+    int nh = 0;
+    for (int i = 0; i < m; i++) nh += i == 0 || !same_hess(&it[i], &it[i - 1]);
+    const int k = item_k(B, it), n = item_n(B, it);
+    const ldlq_cuda_shape s = {k, n, B->K, TRELLIS_CB_MUL1, 0};
+    c->dev_early = B->gpu_hess ? (size_t)nh * ldlq_cuda_hess_bytes(k) : 0;
+    c->dev = ldlq_cuda_batch_bytes(&s, B->gpu_hess ? 0 : nh, m, 0) + c->dev_early;
+    c->host = (uint64_t)m * (2ull * k * n * 4 + (uint64_t)k * n * B->K / 8) + (uint64_t)nh * 2ull * k * k * 4;
+}
+
+static sparq_status plan(void *ctx, int first, const void *busy_v, int *count)
+{
+    bench *B = ctx;
+    const bbatch *busy = busy_v;
+    const bitem *it = B->items + first;
+    int avail = 1;
+    while (first + avail < B->n_items && item_k(B, &it[avail]) == item_k(B, it)) avail++;
+    size_t fr = 0, tot = 0, enc = 0;
+    FORWARD_IF(ldlq_cuda_encoder_bytes(g_ctx, B->K, TRELLIS_CB_MUL1, &enc));
+    FORWARD_IF(ldlq_cuda_mem_info(g_ctx, &fr, &tot));
+    B->enc_bytes = enc;
+    const size_t margin = (size_t)2 << 30; /* the bench's own Hessian buffers and cuBLAS besides */
+    const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev : 0,
+                            .host = B->host_budget, .host_held = busy ? busy->host : 0, .busy = busy != NULL};
+    B->plan_first = first;
+    *count = qz_pipe_fit(&r, avail, bench_cost, B);
+    if (*count > 0) {
+        qz_pipe_cost c;
+        bench_cost(B, *count, &c);
+        const size_t peak = c.dev + r.dev_held + enc;
+        if (peak > B->plan_peak) B->plan_peak = peak;
     }
-    cudaFree(dx);
-    cudaFree(dh);
-    sparq_free(x);
-    return 0;
+    RETURN_IF(*count == 0 && !busy, SPARQ_E_FIT, "one %s weight does not fit in %.2f GB", proj[it->p].name,
+              r.dev_free / 1e9);
+    return SPARQ_OK;
+}
+
+static void release(void *ctx, void *bv)
+{
+    (void)ctx;
+    bbatch *b = bv;
+    if (!b) return;
+    for (int i = 0; i < b->m; i++) {
+        if (b->hs) ldlq_hessian_free(b->hs[i]);
+        if (b->dh) ldlq_cuda_hess_free(b->dh[i]);
+        if (b->reg) ldlq_reg_free(&b->reg[i]);
+        if (b->it) sparq_free(b->it[i].trellis);
+    }
+    sparq_free(b->hidx), sparq_free(b->hs), sparq_free(b->dh), sparq_free(b->gh), sparq_free(b->reg);
+    sparq_free(b->it);
+    sparq_free(b);
+}
+
+/* The CPU stage: Hessians made and prepared, weights made and regularised. */
+static sparq_status prepare(void *ctx, int first, int m, void **out)
+{
+    bench *B = ctx;
+    bbatch *b = sparq_calloc(1, sizeof *b);
+    RETURN_IF(!b, SPARQ_E_NOMEM, "out of memory");
+    *out = b;
+    const bitem *items = B->items + first;
+    const int k = item_k(B, items), n = item_n(B, items);
+    *b = (bbatch){.first = first, .m = m, .k = k, .n = n};
+    b->hidx = sparq_calloc((size_t)m, sizeof *b->hidx);
+    b->hs = sparq_calloc((size_t)m, sizeof *b->hs);
+    b->dh = sparq_calloc((size_t)m, sizeof *b->dh);
+    b->gh = sparq_calloc((size_t)m, sizeof *b->gh);
+    b->reg = sparq_calloc((size_t)m, sizeof *b->reg);
+    b->it = sparq_calloc((size_t)m, sizeof *b->it);
+    float *h = sparq_malloc((size_t)k * k * 4), *su = sparq_malloc((size_t)k * 4), *hd = sparq_malloc((size_t)k * 4);
+    const double t0 = sparq_now();
+    sparq_status st = b->hidx && b->hs && b->dh && b->gh && b->reg && b->it && h && su && hd
+                          ? SPARQ_OK
+                          : sparq_err(SPARQ_E_NOMEM, "out of memory");
+    double th = 0;
+    for (int i = 0; i < m && st == SPARQ_OK; i++) {
+        if (i == 0 || !same_hess(&items[i], &items[i - 1])) {
+            const int e = b->n_hess++;
+            const double t1 = sparq_now();
+            st = make_hessian(B, k, 1000 + 7 * (items[i].e + proj[items[i].p].input * 100000), h);
+            th += sparq_now() - t1;
+            const uint64_t seed = 77 + (uint64_t)items[i].e + 100000ull * proj[items[i].p].input;
+            if (st == SPARQ_OK && B->gpu_hess) {
+                int ident = 0;
+                float damp = 0;
+                st = ldlq_cuda_hess_prepare(g_ctx, h, k, 0.0f, seed, "bench", &b->dh[e], su, hd, &ident, &damp);
+                if (st == SPARQ_OK) st = ldlq_hessian_wrap(&b->hs[e], k, su, hd, ident != 0, damp);
+                if (st == SPARQ_OK) b->gh[e] = ldlq_cuda_hess_of(b->dh[e]);
+            } else if (st == SPARQ_OK) {
+                st = ldlq_hessian_prepare(&b->hs[e], h, k, 0.0f, seed, "bench");
+                if (st == SPARQ_OK)
+                    b->gh[e] = (ldlq_cuda_hess){ldlq_hessian_hr(b->hs[e]), ldlq_hessian_l(b->hs[e]),
+                                                ldlq_hessian_d(b->hs[e]), 0};
+            }
+        }
+        b->hidx[i] = b->n_hess - 1;
+    }
+    sparq_free(h), sparq_free(su), sparq_free(hd);
+    const double t2 = sparq_now();
+    B->t_hess += th;
+    B->t_prep += t2 - t0 - th;
+    reg_job rj = {B, b, SPARQ_OK};
+    if (st == SPARQ_OK && B->scale == 1) /* each projection's first expert searches, as --scale-search shared */
+        for (int i = 0; i < m && rj.st == SPARQ_OK; i++)
+            if (!(B->g_shared[items[i].p] > 0)) {
+                reg_one(&rj, (size_t)i, 0);
+                if (rj.st == SPARQ_OK) B->g_shared[items[i].p] = b->reg[i].g;
+            }
+    if (st == SPARQ_OK && rj.st == SPARQ_OK) sparq_pool_for(B->pool, (size_t)m, reg_one, &rj);
+    if (st == SPARQ_OK) st = rj.st;
+    B->t_reg += sparq_now() - t2;
+    const size_t words = (size_t)k * n / 256 * 16 * B->K;
+    for (int i = 0; i < m && st == SPARQ_OK; i++) {
+        b->it[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = b->reg[i].wr, .trellis = sparq_malloc(words * 2)};
+        if (!b->it[i].trellis) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
+    }
+    B->plan_first = first;
+    qz_pipe_cost c;
+    bench_cost(B, m, &c);
+    b->dev = c.dev, b->host = c.host;
+    b->t_cpu = sparq_now() - t0;
+    return st;
+}
+
+static sparq_status submit(void *ctx, void *bv)
+{
+    bench *B = ctx;
+    bbatch *b = bv;
+    const ldlq_cuda_shape s = {b->k, b->n, B->K, TRELLIS_CB_MUL1, 0};
+    return ldlq_cuda_batch_submit(g_ctx, &s, b->gh, b->n_hess, b->it, b->m, proj[B->items[b->first].p].name, &b->pend);
+}
+
+static sparq_status wait_(void *ctx, void *bv, double *gpu_seconds)
+{
+    bench *B = ctx;
+    bbatch *b = bv;
+    const sparq_status st = ldlq_cuda_batch_wait(b->pend, gpu_seconds);
+    b->pend = NULL;
+    if (st == SPARQ_OK) {
+        const bitem *f = &B->items[b->first], *l = &B->items[b->first + b->m - 1];
+        printf("  %-4s..%-4s experts %3d..%3d: CPU stage %.2f s, GPU %.2f s (%.0f tiles/s)\n", proj[f->p].name,
+               proj[l->p].name, f->e, l->e, b->t_cpu, *gpu_seconds, (double)b->m * b->k * b->n / 256 / *gpu_seconds);
+        fflush(stdout);
+    }
+    return st;
+}
+
+static sparq_status finish(void *ctx, void *bv)
+{
+    bench *B = ctx;
+    bbatch *b = bv;
+    for (int i = 0; i < b->m; i++) B->proxy_sum += b->it[i].proxy_err;
+    B->n_weights += (uint64_t)b->m * b->k * b->n;
+    return SPARQ_OK;
+}
+
+/* expert 0's gate on the CPU encoder (Hessian prepared on the CPU), for the ratio */
+static void cpu_check(bench *B)
+{
+    const int k = B->sh->d, n = B->sh->inter, K = B->K;
+    float *h = sparq_malloc((size_t)k * k * 4), *w = sparq_malloc((size_t)k * n * 4);
+    ldlq_hessian *hs = NULL;
+    if (make_hessian(B, k, 1000, h) != SPARQ_OK || ldlq_hessian_prepare(&hs, h, k, 0.0f, 77, "cpu") != SPARQ_OK) {
+        fprintf(stderr, "cpu check: %s\n", sparq_errmsg());
+        sparq_free(h), sparq_free(w);
+        return;
+    }
+    viterbi_enc *enc = NULL;
+    viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(B->pool));
+    bench_rand rs;
+    bench_rand_seed(&rs, 0);
+    for (size_t q = 0; q < (size_t)k * n; q++) w[q] = 0.02f * bench_rand_gauss(&rs);
+    uint16_t *tr = sparq_malloc((size_t)k * n / 256 * 16 * K * 2), *su = sparq_malloc(k * 2), *sv = sparq_malloc(n * 2);
+    ldlq_opts o;
+    ldlq_opts_default(&o, K);
+    o.out_scales = 1;
+    o.g_fixed = ldlq_default_g(K, o.cb);
+    ldlq_result r = {.trellis = tr, .suh = su, .svh = sv};
+    const double c0 = sparq_now();
+    ldlq_quantize(hs, w, n, &o, enc, B->pool, "cpu", &r);
+    printf("  cpu check: one %d x %d weight on the CPU encoder (%d threads) %.2f s, proxy %.5f\n", k, n,
+           sparq_pool_size(B->pool), sparq_now() - c0, r.proxy_err);
+    viterbi_free(enc);
+    ldlq_hessian_free(hs);
+    sparq_free(h), sparq_free(w), sparq_free(tr), sparq_free(su), sparq_free(sv);
 }
 
 int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
-    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, cpu_check = 0, gpu_hess = 1;
+    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, overlap = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--cpu-check")) { cpu_check = 1; continue; }
+        if (!strcmp(a, "--cpu-check")) { check = 1; continue; }
         if (!strcmp(a, "--cpu-hessian")) { gpu_hess = 0; continue; }
+        if (!strcmp(a, "--no-overlap")) { overlap = 0; continue; }
         if (!v) { fprintf(stderr, "%s: needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--preset")) {
@@ -174,174 +416,61 @@ int main(int argc, char **argv)
     if (run <= 0 || run > experts) run = experts;
     if (layers <= 0) layers = sh->layers;
     g_K = K;
-    sparq_pool *pool = NULL;
-    cublasHandle_t blas;
-    if (sparq_pool_create(&pool, threads) != SPARQ_OK || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
-        ldlq_cuda_create(0, &g_ctx) != SPARQ_OK || ldlq_cuda_create((size_t)1 << 30, &g_search) != SPARQ_OK) {
+    bench B = {.sh = sh, .run = run, .K = K, .scale = scale, .gpu_hess = gpu_hess, .host_budget = (uint64_t)48 << 30};
+    const int kmax = sh->d > sh->inter ? sh->d : sh->inter;
+    B.n_items = 3 * run;
+    B.items = sparq_calloc((size_t)B.n_items, sizeof *B.items);
+    B.hx = sparq_malloc((size_t)(kmax + 256) * kmax * 4);
+    if (!B.items || !B.hx || sparq_pool_create(&B.pool, threads) != SPARQ_OK ||
+        cublasCreate(&B.blas) != CUBLAS_STATUS_SUCCESS ||
+        cudaStreamCreateWithFlags(&B.hstream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasSetStream(B.blas, B.hstream) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc((void **)&B.dx, (size_t)(kmax + 256) * kmax * 4) != cudaSuccess ||
+        cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }
-    printf("layer %s: %d experts of %d -> %d -> %d, K = %d, scale search %s; running %d of them, %d threads\n",
+    for (int e = 0, q = 0; e < run; e++) /* the driver's order: gate, up of each expert (one group) */
+        B.items[q++] = (bitem){0, e}, B.items[q++] = (bitem){1, e};
+    for (int e = 0; e < run; e++) B.items[2 * run + e] = (bitem){2, e};
+    printf("layer %s: %d experts of %d -> %d -> %d, K = %d, scale search %s; running %d of them, %d threads, %s\n",
            sh->name, experts, sh->d, sh->inter, sh->d, K, scale == 0 ? "full" : scale == 1 ? "shared" : "fixed", run,
-           sparq_pool_size(pool));
+           sparq_pool_size(B.pool), overlap ? "CPU and GPU overlapped" : "no overlap");
     pthread_t sampler;
     sampling = 1;
     pthread_create(&sampler, NULL, mem_sampler, NULL);
-
-    /* the three projections: gate and up read the d-wide input (one Hessian per expert), down the inter-wide one */
-    const struct { const char *name; int k, n, hess_of; } proj[3] = {
-        {"gate", sh->d, sh->inter, 0}, {"up", sh->d, sh->inter, 0}, {"down", sh->inter, sh->d, 1}};
-    double t_hess = 0, t_prep = 0, t_reg = 0, t_gpu = 0, proxy_sum = 0;
-    size_t plan_peak = 0, enc_bytes = 0;
-    uint64_t n_weights = 0;
-    ldlq_cuda_encoder_bytes(g_ctx, K, TRELLIS_CB_MUL1, &enc_bytes);
-    const double t_start = sparq_now();
-    for (int in = 0; in < 2; in++) {
-        const int k = in == 0 ? sh->d : sh->inter;
-        const int rows = k + 256;
-        /* batch of experts: as many as the free memory takes for the projections of this input */
-        size_t fr, tot;
-        cudaMemGetInfo(&fr, &tot);
-        const size_t budget = fr > ((size_t)2 << 30) ? fr - ((size_t)2 << 30) : fr / 2;
-        int per = 1;
-        const ldlq_cuda_shape s0 = {k, in == 0 ? sh->inter : sh->d, K, TRELLIS_CB_MUL1, 0};
-        const uint64_t host_cap = (uint64_t)48 << 30;
-        while (per < run &&
-               ldlq_cuda_batch_bytes(&s0, gpu_hess ? 0 : per + 1, per + 1, 0) +
-                       (gpu_hess ? (size_t)(per + 1) * ldlq_cuda_hess_bytes(k) : 0) < budget &&
-               (uint64_t)(per + 1) * (2ull * k * k * 4 + 2ull * k * s0.n * 4) < host_cap)
-            per++;
-        for (int e0 = 0; e0 < run; e0 += per) {
-            const int m = run - e0 < per ? run - e0 : per;
-            float **h = sparq_calloc((size_t)m, sizeof *h);
-            ldlq_hessian **hs = sparq_calloc((size_t)m, sizeof *hs);
-            for (int e = 0; e < m; e++) h[e] = sparq_malloc((size_t)k * k * sizeof(float));
-            double t0 = sparq_now();
-            if (make_hessians(blas, m, k, rows, 1000 + 7 * (e0 + in * 100000), h)) {
-                fprintf(stderr, "hessians: cuda failed\n");
-                return 1;
-            }
-            double t1 = sparq_now();
-            t_hess += t1 - t0;
-            ldlq_cuda_hess *gh = sparq_calloc((size_t)m, sizeof *gh);
-            ldlq_cuda_dhess **dh = sparq_calloc((size_t)m, sizeof *dh);
-            float *su = sparq_malloc((size_t)k * 4), *hd = sparq_malloc((size_t)k * 4);
-            for (int e = 0; e < m; e++) {
-                sparq_status ps;
-                if (gpu_hess) {
-                    int ident = 0;
-                    float damp = 0;
-                    ps = ldlq_cuda_hess_prepare(g_ctx, h[e], k, 0.0f, 77 + e0 + e, "bench", &dh[e], su, hd, &ident,
-                                                &damp);
-                    if (ps == SPARQ_OK) ps = ldlq_hessian_wrap(&hs[e], k, su, hd, ident != 0, damp);
-                    if (ps == SPARQ_OK) gh[e] = ldlq_cuda_hess_of(dh[e]);
-                } else {
-                    ps = ldlq_hessian_prepare(&hs[e], h[e], k, 0.0f, 77 + e0 + e, "bench");
-                    if (ps == SPARQ_OK)
-                        gh[e] = (ldlq_cuda_hess){ldlq_hessian_hr(hs[e]), ldlq_hessian_l(hs[e]), ldlq_hessian_d(hs[e]), 0};
-                }
-                if (ps != SPARQ_OK) {
-                    fprintf(stderr, "prepare: %s\n", sparq_errmsg());
-                    return 1;
-                }
-                sparq_free(h[e]);
-            }
-            sparq_free(su), sparq_free(hd);
-            double t2 = sparq_now();
-            t_prep += t2 - t1;
-            for (int p = 0; p < 3; p++) {
-                if (proj[p].hess_of != in) continue;
-                const int n = proj[p].n;
-                ldlq_reg *reg = sparq_calloc((size_t)m, sizeof *reg);
-                reg_job rj = {k, n, K, scale, hs, reg, (uint64_t)(p * 1000003 + e0), 0, SPARQ_OK};
-                double t3 = sparq_now();
-                if (scale == 1) { /* expert 0's scale for the others, as --scale-search shared */
-                    reg_one(&rj, 0, 0);
-                    rj.g_shared = reg[0].g;
-                    ldlq_reg_free(&reg[0]);
-                }
-                sparq_pool_for(pool, (size_t)m, reg_one, &rj);
-                if (rj.st != SPARQ_OK) {
-                    fprintf(stderr, "regularise: %s\n", sparq_errmsg());
-                    return 1;
-                }
-                double t4 = sparq_now();
-                t_reg += t4 - t3;
-                ldlq_cuda_item *it = sparq_calloc((size_t)m, sizeof *it);
-                const size_t words = (size_t)k * n / 256 * 16 * K;
-                for (int e = 0; e < m; e++)
-                    it[e] = (ldlq_cuda_item){.hess = e, .wr = reg[e].wr, .trellis = sparq_malloc(words * 2)};
-                const ldlq_cuda_shape s = {k, n, K, TRELLIS_CB_MUL1, 0};
-                size_t bb = ldlq_cuda_batch_bytes(&s, gpu_hess ? 0 : m, m, 0) + enc_bytes +
-                            (gpu_hess ? (size_t)m * ldlq_cuda_hess_bytes(k) : 0);
-                if (bb > plan_peak) plan_peak = bb;
-                if (ldlq_cuda_batch(g_ctx, &s, gh, m, it, m, proj[p].name) != SPARQ_OK) {
-                    fprintf(stderr, "batch: %s\n", sparq_errmsg());
-                    return 1;
-                }
-                double t5 = sparq_now();
-                t_gpu += t5 - t4;
-                for (int e = 0; e < m; e++) {
-                    proxy_sum += it[e].proxy_err;
-                    sparq_free(it[e].trellis);
-                    ldlq_reg_free(&reg[e]);
-                }
-                n_weights += (uint64_t)m * k * n;
-                printf("  %-4s experts %3d..%3d: regularise %.2f s, GPU %.2f s (%.0f tiles/s)\n", proj[p].name, e0,
-                       e0 + m - 1, t4 - t3, t5 - t4, (double)m * k * n / 256 / (t5 - t4));
-                fflush(stdout);
-                sparq_free(it);
-                sparq_free(reg);
-            }
-            if (cpu_check && !gpu_hess && e0 == 0 && in == 0) {
-                /* expert 0's gate on the CPU encoder, for the ratio */
-                viterbi_enc *enc = NULL;
-                viterbi_create(&enc, K, TRELLIS_CB_MUL1, sparq_pool_size(pool));
-                const int n = sh->inter;
-                float *w = sparq_malloc((size_t)k * n * 4);
-                bench_rand rs;
-                bench_rand_seed(&rs, 1000003 * 0 + 0);
-                for (size_t q = 0; q < (size_t)k * n; q++) w[q] = 0.02f * bench_rand_gauss(&rs);
-                uint16_t *tr = sparq_malloc((size_t)k * n / 256 * 16 * K * 2), *su = sparq_malloc(k * 2),
-                         *sv = sparq_malloc(n * 2);
-                ldlq_opts o;
-                ldlq_opts_default(&o, K);
-                o.out_scales = 1;
-                o.g_fixed = ldlq_default_g(K, o.cb);
-                ldlq_result r = {.trellis = tr, .suh = su, .svh = sv};
-                double c0 = sparq_now();
-                ldlq_quantize(hs[0], w, n, &o, enc, pool, "cpu", &r);
-                printf("  cpu check: one %d x %d weight on the CPU encoder (%d threads) %.2f s, proxy %.5f\n", k, n,
-                       sparq_pool_size(pool), sparq_now() - c0, r.proxy_err);
-                viterbi_free(enc);
-                sparq_free(w), sparq_free(tr), sparq_free(su), sparq_free(sv);
-            }
-            for (int e = 0; e < m; e++) {
-                ldlq_hessian_free(hs[e]);
-                ldlq_cuda_hess_free(dh[e]);
-            }
-            sparq_free(dh);
-            sparq_free(hs);
-            sparq_free(h);
-            sparq_free(gh);
-        }
-    }
-    const double total = sparq_now() - t_start;
+    const qz_pipe_ops ops = {&B, plan, prepare, submit, wait_, finish, release};
+    qz_pipe_stats ps = {0};
+    const sparq_status st = qz_pipe_run(&ops, B.n_items, overlap, &ps);
     sampling = 0;
     pthread_join(sampler, NULL);
-    const double layer = total * experts / run;
-    printf("measured: %d experts, %.0f M weights in %.1f s (%.2f M weights/s): Hessians %.1f s, prepare %.1f s, "
-           "regularise %.1f s, GPU recursion %.1f s; mean proxy %.5f\n",
-           run, n_weights / 1e6, total, n_weights / 1e6 / total, t_hess, t_prep, t_reg, t_gpu,
-           proxy_sum / (3.0 * run));
-    printf("GPU memory: largest batch + encoder planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. context)\n",
-           plan_peak / 1e9, peak_used / 1e9);
+    if (st != SPARQ_OK) {
+        fprintf(stderr, "quantize: %s\n", sparq_errmsg());
+        return 1;
+    }
+    const double total = ps.wall, layer = total * experts / run, cpu = ps.prepare + ps.finish;
+    printf("measured: %d experts, %.0f M weights in %.1f s (%.2f M weights/s) in %d batches: Hessians %.1f s, "
+           "prepare %.1f s, regularise %.1f s, GPU recursion %.1f s; mean proxy %.5f\n",
+           run, B.n_weights / 1e6, total, B.n_weights / 1e6 / total, ps.batches, B.t_hess, B.t_prep, B.t_reg, ps.gpu,
+           B.proxy_sum / (3.0 * run));
+    printf("overlap: wall %.1f s against CPU stages %.1f s + GPU %.1f s = %.1f s: %.1f s hidden (%.0f %% of the "
+           "shorter); waited for the GPU %.1f s\n",
+           total, cpu, ps.gpu, cpu + ps.gpu, cpu + ps.gpu - total,
+           100.0 * (cpu + ps.gpu - total) / (cpu < ps.gpu ? cpu : ps.gpu), ps.waited);
+    printf("GPU memory: largest two batches + encoders planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. "
+           "context)\n",
+           B.plan_peak / 1e9, peak_used / 1e9);
     printf("extrapolated (not measured): the whole layer of %d experts %.0f s; %d such layers %.2f h "
            "(routed experts only; the GPU recursion alone: %.2f h)\n",
-           experts, layer, layers, layer * layers / 3600.0, t_gpu * experts / run * layers / 3600.0);
+           experts, layer, layers, layer * layers / 3600.0, ps.gpu * experts / run * layers / 3600.0);
+    if (check) cpu_check(&B);
     ldlq_cuda_free(g_ctx);
-    ldlq_cuda_free(g_search);
-    cublasDestroy(blas);
-    sparq_pool_free(pool);
+    cudaFree(B.dx);
+    cudaFree(B.dh);
+    cudaStreamDestroy(B.hstream);
+    cublasDestroy(B.blas);
+    sparq_pool_free(B.pool);
+    sparq_free(B.hx);
+    sparq_free(B.items);
     return 0;
 }

@@ -104,38 +104,34 @@ sparq_status sq_exec_create_on(sq_exec **out, sq_device dev, int n_threads)
 #endif
 }
 
-const ldlq_cuda_ops *sq_cuda_ldlq_ops(void)
+/* A table getter of the CUDA module: the linked one (the GPU tests link the
+ * objects; `linked` is then set), else `sym` from the dlopen-ed module. */
+typedef const void *(*table_fn)(void);
+static const void *cuda_table(table_fn linked, const char *sym)
 {
 #if SPARQ_HAVE_CUDA
-    if (ldlq_cuda_get_ops) return ldlq_cuda_get_ops();
+    if (linked) return linked();
     char why[1024];
-    typedef const ldlq_cuda_ops *(*get_fn)(void);
-    get_fn f = (get_fn)load_module_symbol("ldlq_cuda_get_ops", why, sizeof why);
+    table_fn f = (table_fn)load_module_symbol(sym, why, sizeof why);
     if (!f) {
         sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA module: %s", why);
         return NULL;
     }
     return f();
 #else
+    (void)linked;
+    (void)sym;
     sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: this sparq was built without CUDA (meson -Dcuda=enabled)");
     return NULL;
 #endif
 }
 
+const ldlq_cuda_ops *sq_cuda_ldlq_ops(void)
+{
+    return cuda_table(ldlq_cuda_get_ops ? (table_fn)ldlq_cuda_get_ops : NULL, "ldlq_cuda_get_ops");
+}
+
 const calib_cuda_ops *sq_cuda_calib_ops(void)
 {
-#if SPARQ_HAVE_CUDA
-    if (calib_cuda_get_ops) return calib_cuda_get_ops();
-    char why[1024];
-    typedef const calib_cuda_ops *(*get_fn)(void);
-    get_fn f = (get_fn)load_module_symbol("calib_cuda_get_ops", why, sizeof why);
-    if (!f) {
-        sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: cannot load the CUDA module: %s", why);
-        return NULL;
-    }
-    return f();
-#else
-    sparq_err(SPARQ_E_UNSUPPORTED, "device cuda: this sparq was built without CUDA (meson -Dcuda=enabled)");
-    return NULL;
-#endif
+    return cuda_table(calib_cuda_get_ops ? (table_fn)calib_cuda_get_ops : NULL, "calib_cuda_get_ops");
 }

@@ -115,29 +115,38 @@ __device__ __forceinline__ float state_value(uint32_t s, const float *tab)
     else return lop_value(x);
 }
 
+/* The chunk's R costs (one vector store) and, if keep, its R back-pointer
+ * bytes (one 2/4/8-byte store). */
 template <int R>
-__device__ __forceinline__ void store_chunk(float *cost, uint8_t *back, int e0, const float *best, const int *arg)
+__device__ __forceinline__ void store_chunk(float *cost, uint8_t *back, int e0, const float *best, const int *arg,
+                                            bool keep)
 {
     if constexpr (R == 8) {
         reinterpret_cast<float4 *>(cost + e0)[0] = make_float4(best[0], best[1], best[2], best[3]);
         reinterpret_cast<float4 *>(cost + e0)[1] = make_float4(best[4], best[5], best[6], best[7]);
         const uint32_t lo = (uint32_t)arg[0] | (uint32_t)arg[1] << 8 | (uint32_t)arg[2] << 16 | (uint32_t)arg[3] << 24;
         const uint32_t hi = (uint32_t)arg[4] | (uint32_t)arg[5] << 8 | (uint32_t)arg[6] << 16 | (uint32_t)arg[7] << 24;
-        *reinterpret_cast<uint2 *>(back + e0) = make_uint2(lo, hi);
+        if (keep) *reinterpret_cast<uint2 *>(back + e0) = make_uint2(lo, hi);
     } else if constexpr (R == 4) {
         *reinterpret_cast<float4 *>(cost + e0) = make_float4(best[0], best[1], best[2], best[3]);
-        *reinterpret_cast<uint32_t *>(back + e0) =
-            (uint32_t)arg[0] | (uint32_t)arg[1] << 8 | (uint32_t)arg[2] << 16 | (uint32_t)arg[3] << 24;
+        if (keep)
+            *reinterpret_cast<uint32_t *>(back + e0) =
+                (uint32_t)arg[0] | (uint32_t)arg[1] << 8 | (uint32_t)arg[2] << 16 | (uint32_t)arg[3] << 24;
     } else {
         *reinterpret_cast<float2 *>(cost + e0) = make_float2(best[0], best[1]);
-        *reinterpret_cast<uint16_t *>(back + e0) = (uint16_t)((uint32_t)arg[0] | (uint32_t)arg[1] << 8);
+        if (keep) *reinterpret_cast<uint16_t *>(back + e0) = (uint16_t)((uint32_t)arg[0] | (uint32_t)arg[1] << 8);
     }
 }
 
-/* One chunk of one step: nodes e0..e0+R−1 (one group). */
-template <int K, int CB>
-__device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout, uint8_t *bk, const float *dt,
-                                           float target, float weight)
+/* One chunk of one step: nodes e0..e0+R−1 (one group). The branch metric:
+ * LANE (mul1, K ≥ 3, the lane kernel below): the value from the lane's own
+ * table tab (bytes, at b·128), then d² (·weight when WEIGHTED; ·1 is exact,
+ * the CPU's skip) computed here; else mul1's d² from the step's table tab
+ * by byte sum, or 3inst / mcg's value computed. keep: store the
+ * back-pointers (pass 1 needs only those its trace reads). */
+template <int K, int CB, bool LANE = false, bool WEIGHTED = true>
+__device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout, uint8_t *bk, const void *tab,
+                                           float target, float weight, bool keep = true)
 {
     using S = vshape<K>;
     constexpr int R = S::R;
@@ -160,7 +169,13 @@ __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout,
         for (int r = 0; r < R; r++) {
             const uint32_t x = base[r] + off;
             float dd;
-            if constexpr (CB == CB_MUL1) dd = dt[__dp4a(x, 0x01010101u, 0u)];
+            if constexpr (LANE) { /* the byte sum b of the hashed state, times 128 (one row of 32 lanes) */
+                const float v = *reinterpret_cast<const float *>(static_cast<const char *>(tab) +
+                                                                 __dp4a(x, 0x80808080u, 0u));
+                const float d = __fsub_rn(v, target);
+                dd = __fmul_rn(d, d);
+                if constexpr (WEIGHTED) dd = __fmul_rn(dd, weight);
+            } else if constexpr (CB == CB_MUL1) dd = static_cast<const float *>(tab)[__dp4a(x, 0x01010101u, 0u)];
             else dd = branch_dd(lop_value(x), target, weight);
             const float cc = __fadd_rn(ci, dd);
             if (cc < best[r]) {
@@ -169,7 +184,7 @@ __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout,
             }
         }
     }
-    store_chunk<R>(cout, bk, e0, best, arg);
+    store_chunk<R>(cout, bk, e0, best, arg, keep);
 }
 
 /* 256 steps over positions (i + roll) & 255 from the costs in cin; returns
@@ -191,7 +206,8 @@ __device__ __forceinline__ float *forward(float *cin, float *cout, uint8_t *back
          * step's cout (the step before's cin) is behind it too */
         __syncthreads();
         uint8_t *bk = back + (size_t)i * S::NODES;
-        for (int c = tid; c < S::CHUNKS; c += S::THREADS) step_chunk<K, CB>(c, cin, cout, bk, dt, target, weight);
+        for (int c = tid; c < S::CHUNKS; c += S::THREADS)
+            step_chunk<K, CB>(c, cin, cout, bk, dt, target, weight, roll == 0 || i >= 128);
         float *t = cin;
         cin = cout;
         cout = t;
@@ -374,50 +390,6 @@ inline size_t lane_smem_bytes(int K)
     return ((size_t)LANE_TAB_FLOATS + (size_t)lane_groups(K) * (2 * (1 << (16 - K)) + 708)) * sizeof(float);
 }
 
-/* One chunk (nodes e0..e0+7 of one group) of one step; vt: the lane's table
- * base in bytes (vt + 4·lane). keep: store the back-pointers. */
-template <int K, bool WEIGHTED>
-__device__ __forceinline__ void step_chunk_lane(int c, const float *cin, float *cout, uint8_t *bk, const char *vt,
-                                                float target, float weight, bool keep)
-{
-    using S = vshape<K>;
-    constexpr int R = 8;
-    constexpr uint32_t M = TRELLIS_MUL1_MUL, JINC = TRELLIS_MUL1_MUL << S::SHIFT;
-    const int e0 = c * R, g = e0 >> K;
-    uint32_t base[R];
-    float best[R];
-    int arg[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        base[r] = (uint32_t)(e0 + r) * M;
-        best[r] = INFINITY;
-        arg[r] = 0;
-    }
-#pragma unroll(S::G <= 8 ? S::G : 4)
-    for (int j = 0; j < S::G; j++) {
-        const float ci = cin[(j << S::PSHIFT) | g];
-        const uint32_t off = (uint32_t)j * JINC;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            /* the byte sum b of the hashed state, times 128 (one row of 32 lanes) */
-            const float v = *reinterpret_cast<const float *>(vt + __dp4a(base[r] + off, 0x80808080u, 0u));
-            const float d = __fsub_rn(v, target);
-            float dd = __fmul_rn(d, d);
-            if constexpr (WEIGHTED) dd = __fmul_rn(dd, weight); /* ·1 is exact: the CPU's skip */
-            const float cc = __fadd_rn(ci, dd);
-            if (cc < best[r]) {
-                best[r] = cc;
-                arg[r] = j;
-            }
-        }
-    }
-    if (keep) store_chunk<R>(cout, bk, e0, best, arg);
-    else {
-        reinterpret_cast<float4 *>(cout + e0)[0] = make_float4(best[0], best[1], best[2], best[3]);
-        reinterpret_cast<float4 *>(cout + e0)[1] = make_float4(best[4], best[5], best[6], best[7]);
-    }
-}
-
 /* forward() for the lane kernel: 256 steps of tile group g; pass 1 (roll 128)
  * keeps only the back-pointers its trace reads (steps 128..255). */
 template <int K, bool WEIGHTED>
@@ -431,8 +403,8 @@ __device__ __forceinline__ float *forward_lane(float *cin, float *cout, uint8_t 
         const float target = sx[p], weight = WEIGHTED ? sw[p] : 1.0f;
         tile_sync<L::T, L::G>(g); /* the previous step's costs, and every read of cout, are behind it */
         for (int c = tid; c < S::CHUNKS; c += L::T)
-            step_chunk_lane<K, WEIGHTED>(c, cin, cout, back + (size_t)i * S::NODES, vt, target, weight,
-                                         roll == 0 || i >= 128);
+            step_chunk<K, CB_MUL1, true, WEIGHTED>(c, cin, cout, back + (size_t)i * S::NODES, vt, target, weight,
+                                                   roll == 0 || i >= 128);
         float *t = cin;
         cin = cout;
         cout = t;

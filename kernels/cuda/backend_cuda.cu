@@ -598,9 +598,20 @@ static unsigned grid_for(size_t n, unsigned threads)
     return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
 }
 
+/* Rows up to which dense() runs the warp-per-output GEMV in chunks of 8 rows
+ * rather than the 64×64-tile GEMM: a decode step of 16 users through a
+ * 2048 → 128 router is 2 GEMM blocks (267 µs a layer on an H200, ncu) but
+ * 2 × 16 GEMV blocks. */
+#define DENSE_GEMV_ROWS 64
+
 template <typename T>
 static void dense(const T *W, const float *x, float *y, int in, int out, int rows, cudaStream_t s)
 {
+    if (rows > 8 && rows <= DENSE_GEMV_ROWS) { /* each row's sum is the same in any chunk */
+        for (int r0 = 0; r0 < rows; r0 += 8)
+            dense(W, x + (size_t)r0 * in, y + (size_t)r0 * out, in, out, rows - r0 < 8 ? rows - r0 : 8, s);
+        return;
+    }
     if (rows <= 8) {
         const unsigned g = (unsigned)((out + 7) / 8);
         /* 8-wide loads need 16-byte aligned rows of W (cudaMalloc'd) and x */
@@ -1405,7 +1416,9 @@ static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int ma
     FORWARD_IF(prepare_fused_moe(st, ml, exl3));
     if (ml->router) { /* the largest step this layer runs on the device alone (cuda_moe's paths) */
         const ent *de = find_ent(st, ml->up);
-        const int lim = find_ent(st, ml->gate) ? 16 : de ? ((dense_moe *)de->dev)->max_slots / ml->top_k : 0;
+        /* the fused EXL3 path takes ≤ 16 rows, the dense one ≤ 8 (and its slots) */
+        const int dl = de ? ((dense_moe *)de->dev)->max_slots / ml->top_k : 0;
+        const int lim = find_ent(st, ml->gate) ? 16 : de ? (dl < 8 ? dl : 8) : 0;
         if (lim < st->graph.max_rows) st->graph.max_rows = lim;
     }
     return SPARQ_OK;

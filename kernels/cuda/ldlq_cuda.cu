@@ -239,9 +239,15 @@ extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
         if (enc_workspace == 0) enc_workspace = 1;
     }
     c->enc_ws = enc_workspace;
+    /* the CPU stage's GPU work (Hessian preparation, the scale search's encodes) at the
+     * highest priority: the recursion's Viterbi launches fill every SM, so that work gets
+     * SMs only where a launch ends, and priority makes it go first there */
+    int lo_prio = 0, hi_prio = 0;
+    if (st == SPARQ_OK) st = cuda_status(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio), "ldlq: stream priorities");
     cudaStream_t *ss[4] = {&c->stream, &c->copy, &c->prep, &c->estream};
+    const int prio[4] = {lo_prio, lo_prio, hi_prio, hi_prio};
     for (int i = 0; i < 4 && st == SPARQ_OK; i++)
-        st = cuda_status(cudaStreamCreateWithFlags(ss[i], cudaStreamNonBlocking), "ldlq: stream");
+        st = cuda_status(cudaStreamCreateWithPriority(ss[i], cudaStreamNonBlocking, prio[i]), "ldlq: stream");
     cublasHandle_t *hh[2] = {&c->blas, &c->pblas};
     cudaStream_t hs[2] = {c->stream, c->prep};
     for (int i = 0; i < 2 && st == SPARQ_OK; i++) {

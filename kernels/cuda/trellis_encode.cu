@@ -543,6 +543,9 @@ cudaError_t costs_global(int K, int cb, bool *gcost, bool *lane = nullptr)
 
 } // namespace
 
+/* Waves of tiles a launch takes at most (trellis_cuda_encode_tiles). */
+#define ENC_WAVES 4
+
 struct trellis_cuda_enc {
     int K, cb;
     bool gcost;
@@ -655,13 +658,23 @@ extern "C" sparq_status trellis_cuda_encode_tiles(trellis_cuda_enc *enc, const f
 {
     if (n_tiles == 0) return SPARQ_OK;
     RETURN_IF(!x || !states, SPARQ_E_ARG, "cuda viterbi: no input or no output for %zu tiles", n_tiles);
-    /* slots in use: one per tile up to the workspace's; a block holds enc->group of them */
-    const int used = (size_t)enc->slots < n_tiles ? enc->slots : (int)n_tiles;
-    const unsigned grid = (unsigned)((used + enc->group - 1) / enc->group);
-    (weight ? enc->fn_w : enc->fn)<<<grid, enc->threads, enc->smem, (cudaStream_t)stream>>>(
-        x, weight, n_tiles, states, decoded, err, enc->back, enc->cost, enc->tab, used);
-    CUDA_RETURN_IF(cudaGetLastError(), "viterbi K=%d %s: launch of %zu tiles", enc->K,
-                   trellis_cb_name((trellis_codebook)enc->cb), n_tiles);
+    /* Launches of at most ENC_WAVES waves of the slots: a persistent grid holds every SM
+     * until its last tile, so work on other streams (quantize --device cuda's CPU stage:
+     * Hessian preparation, the scale search) gets SMs only between launches; a wave of
+     * tiles is ~1.6 ms on an H200 at K = 3, so ~6 ms. Each tile is independent of the
+     * others: splitting changes no result. */
+    const size_t per_launch = (size_t)enc->slots * ENC_WAVES;
+    for (size_t t0 = 0; t0 < n_tiles; t0 += per_launch) {
+        const size_t n = n_tiles - t0 < per_launch ? n_tiles - t0 : per_launch;
+        /* slots in use: one per tile up to the workspace's; a block holds enc->group of them */
+        const int used = (size_t)enc->slots < n ? enc->slots : (int)n;
+        const unsigned grid = (unsigned)((used + enc->group - 1) / enc->group);
+        (weight ? enc->fn_w : enc->fn)<<<grid, enc->threads, enc->smem, (cudaStream_t)stream>>>(
+            x + t0 * 256, weight ? weight + t0 * 256 : NULL, n, states + t0 * 256, decoded ? decoded + t0 * 256 : NULL,
+            err ? err + t0 : NULL, enc->back, enc->cost, enc->tab, used);
+        CUDA_RETURN_IF(cudaGetLastError(), "viterbi K=%d %s: launch of %zu tiles", enc->K,
+                       trellis_cb_name((trellis_codebook)enc->cb), n);
+    }
     return SPARQ_OK;
 }
 

@@ -7,8 +7,10 @@
 # The same for `sparq quantize --device`: on a GPU the output's proxies are the
 # CPU run's within 1e-3 relative with the CPU's capture and Hessians
 # (SPARQ_QUANT_GPU_CALIB=0 SPARQ_QUANT_GPU_HESSIAN=0: only the feedback's sum order
-# differs), within 3e-2 (5e-3 on average) with the GPU's own MoE capture and
-# Hessians (its Cholesky flips a few tiles' paths), exactly those with the MoE
+# differs), within 3e-2 (1e-2 on average, and no bias beyond 5e-3: the GPU's
+# proxies are not worse on the whole) with the GPU's own MoE capture and Hessians
+# (their fp32 sums and Cholesky, ~1e-6 from the CPU's, flip some tiles' paths:
+# 7e-3 on average on the H200, 2026-12-03), exactly those with the MoE
 # capture in passes (SPARQ_QUANT_CALIB_PASS_EXPERTS=3), the overlapped batches give the
 # bytes of SPARQ_QUANT_GPU_OVERLAP=0, and a run stopped on one device resumes on the
 # other; without one it fails naming the device and leaves no OUT or work dir.
@@ -55,18 +57,20 @@ if [ $rc -eq 0 ]; then
   # same proxies as one pass, exactly
   SPARQ_QUANT_CALIB_PASS_EXPERTS=3 "$SPARQ" quantize "$Q" "$T/qp" $QA --device cuda --report "$T/qp.json" \
     >/dev/null 2>&1 && ok || bad "quantize --device cuda with the MoE capture in passes"
-  for pair in "qh 1e-3 1e-3 qc" "qg 3e-2 5e-3 qc" "qp 0 0 qg"; do
+  for pair in "qh 1e-3 1e-3 qc 1e-3" "qg 3e-2 1e-2 qc 5e-3" "qp 0 0 qg 0"; do
     set -- $pair
-    python3 - "$T/$1.json" "$T/$4.json" "$2" "$3" <<'PY' && ok || bad "quantize --device cuda ($1): proxies differ from $4's"
+    python3 - "$T/$1.json" "$T/$4.json" "$2" "$3" "$5" <<'PY' && ok || bad "quantize --device cuda ($1): proxies differ from $4's"
 import json, sys
 g, c = (json.load(open(p)) for p in sys.argv[1:3])
-worst_bound, mean_bound = float(sys.argv[3]), float(sys.argv[4])
+worst_bound, mean_bound, bias_bound = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 pg = {t["key"]: t["proxy_err"] for t in g["tensors"]}
 pc = {t["key"]: t["proxy_err"] for t in c["tensors"]}
 assert pg.keys() == pc.keys() and len(pg) > 0, "tensor lists differ"
 rel = [abs(pg[k] - pc[k]) / pc[k] for k in pc]
-print("proxy difference: worst %.2e, mean %.2e relative over %d tensors" % (max(rel), sum(rel) / len(rel), len(rel)))
-assert max(rel) <= worst_bound and sum(rel) / len(rel) <= mean_bound
+bias = sum((pg[k] - pc[k]) / pc[k] for k in pc) / len(pc)  # > 0: this run's proxies are worse on average
+print("proxy difference: worst %.2e, mean %.2e, signed mean %+.2e relative over %d tensors" %
+      (max(rel), sum(rel) / len(rel), bias, len(rel)))
+assert max(rel) <= worst_bound and sum(rel) / len(rel) <= mean_bound and abs(bias) <= bias_bound
 assert g["device"] == "cuda" and c["device"] in ("cpu", "cuda")
 PY
   done

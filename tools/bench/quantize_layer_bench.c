@@ -460,9 +460,16 @@ int main(int argc, char **argv)
     printf("GPU memory: largest two batches + encoders planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. "
            "context)\n",
            B.plan_peak / 1e9, peak_used / 1e9);
+    /* the bench makes each expert's Hessian from random rows on one CPU thread, in the CPU stage: a
+     * stand-in for the calibration capture (quantize --device cuda: on the GPU, calib_cuda.h) that the
+     * quantizer itself never does, so the quantizer's time is given without it too */
+    const double qlayer = (total - B.t_hess) * experts / run;
     printf("extrapolated (not measured): the whole layer of %d experts %.0f s; %d such layers %.2f h "
            "(routed experts only; the GPU recursion alone: %.2f h)\n",
            experts, layer, layers, layer * layers / 3600.0, ps.gpu * experts / run * layers / 3600.0);
+    printf("extrapolated without the bench's own Hessian making (%.1f s, one CPU thread; the capture's work in "
+           "a real run): %.0f s a layer, %d layers %.2f h\n",
+           B.t_hess, qlayer, layers, qlayer * layers / 3600.0);
     if (check) cpu_check(&B);
     ldlq_cuda_free(g_ctx);
     cudaFree(B.dx);

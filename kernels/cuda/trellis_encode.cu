@@ -46,6 +46,11 @@ namespace {
 using trellis_dev::CB_3INST;
 using trellis_dev::CB_MCG;
 using trellis_dev::CB_MUL1;
+/* mul1 with its value computed, not looked up (no table): the byte sum as the
+ * fp16 bits of 1024 + b (dp4a into 0x6400), then one __hfma by the codebook's
+ * scale and bias, which is trellis_cb_value_f16's single rounding of the exact
+ * (1024 + b)·scale + bias. Internal to this file. */
+constexpr int CB_MUL1_ARITH = 3;
 
 /* The shape of the search at K bits. */
 template <int K>
@@ -80,7 +85,7 @@ inline size_t smem_bytes(int K, int cb, bool gcost)
 template <int CB>
 __host__ __device__ constexpr uint32_t cb_mul()
 {
-    return CB == CB_MUL1 ? TRELLIS_MUL1_MUL : CB == CB_MCG ? TRELLIS_MCG_MUL : TRELLIS_3INST_MUL;
+    return CB == CB_MUL1 || CB == CB_MUL1_ARITH ? TRELLIS_MUL1_MUL : CB == CB_MCG ? TRELLIS_MCG_MUL : TRELLIS_3INST_MUL;
 }
 template <int CB>
 __host__ __device__ constexpr uint32_t cb_add()
@@ -95,6 +100,14 @@ __device__ __forceinline__ float lop_value(uint32_t x)
     /* hadd rounds the exact sum once, as the CPU's exact fp32 sum rounded to fp16 */
     return __half2float(__hadd(__ushort_as_half((unsigned short)(y & 0xFFFFu)),
                                __ushort_as_half((unsigned short)(y >> 16))));
+}
+
+/* mul1's value of the hashed state x, computed (CB_MUL1_ARITH). */
+__device__ __forceinline__ float mul1_value(uint32_t x)
+{
+    const uint32_t h = __dp4a(x, 0x01010101u, 0x6400u); /* 1024 + b as fp16 bits (b ≤ 1020) */
+    return __half2float(__hfma(__ushort_as_half((unsigned short)h), __ushort_as_half((unsigned short)TRELLIS_MUL1_SCALE_F16),
+                               __ushort_as_half((unsigned short)TRELLIS_MUL1_BIAS_F16)));
 }
 
 /* The branch metric, in trellis_viterbi_step's roundings. */
@@ -112,6 +125,7 @@ __device__ __forceinline__ float state_value(uint32_t s, const float *tab)
 {
     const uint32_t x = s * cb_mul<CB>() + cb_add<CB>();
     if constexpr (CB == CB_MUL1) return tab[__dp4a(x, 0x01010101u, 0u)];
+    else if constexpr (CB == CB_MUL1_ARITH) return mul1_value(x);
     else return lop_value(x);
 }
 
@@ -176,6 +190,7 @@ __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout,
                 dd = __fmul_rn(d, d);
                 if constexpr (WEIGHTED) dd = __fmul_rn(dd, weight);
             } else if constexpr (CB == CB_MUL1) dd = static_cast<const float *>(tab)[__dp4a(x, 0x01010101u, 0u)];
+            else if constexpr (CB == CB_MUL1_ARITH) dd = branch_dd(mul1_value(x), target, weight);
             else dd = branch_dd(lop_value(x), target, weight);
             const float cc = __fadd_rn(ci, dd);
             if (cc < best[r]) {
@@ -501,6 +516,11 @@ typedef void (*viterbi_fn)(const float *, const float *, size_t, uint16_t *, flo
 
 viterbi_fn pick_kernel(int K, int cb, bool gcost)
 {
+    if (cb == CB_MUL1_ARITH)
+        return with_k_cb(K, CB_MUL1, [gcost](auto k, auto) -> viterbi_fn {
+            return gcost ? k_viterbi<decltype(k)::value, CB_MUL1_ARITH, true>
+                         : k_viterbi<decltype(k)::value, CB_MUL1_ARITH, false>;
+        });
     return with_k_cb(K, cb, [gcost](auto k, auto c) -> viterbi_fn {
         return gcost ? k_viterbi<decltype(k)::value, decltype(c)::value, true>
                      : k_viterbi<decltype(k)::value, decltype(c)::value, false>;
@@ -529,6 +549,15 @@ void mul1_by_bytesum(float *tab)
     }
 }
 
+/* How mul1 gets its values, SPARQ_VITERBI_MUL1 (for benchmarks: every variant gives the
+ * same states): 0 the lane table where it fits, else the per-step d² table (default);
+ * 1 "table", the per-step d² table at every K; 2 "arith", computed (CB_MUL1_ARITH). */
+int mul1_variant(void)
+{
+    const char *v = getenv("SPARQ_VITERBI_MUL1");
+    return !v ? 0 : !strcmp(v, "table") ? 1 : !strcmp(v, "arith") ? 2 : 0;
+}
+
 /* Whether the node costs go to global memory on the current device, and
  * whether the lane kernel (mul1, K ≥ 3) fits its shared memory. */
 cudaError_t costs_global(int K, int cb, bool *gcost, bool *lane = nullptr)
@@ -537,7 +566,7 @@ cudaError_t costs_global(int K, int cb, bool *gcost, bool *lane = nullptr)
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     *gcost = smem_bytes(K, cb, false) > (size_t)optin;
-    if (lane) *lane = cb == CB_MUL1 && K >= 3 && lane_smem_bytes(K) <= (size_t)optin && !getenv("SPARQ_VITERBI_NO_LANE");
+    if (lane) *lane = cb == CB_MUL1 && K >= 3 && lane_smem_bytes(K) <= (size_t)optin && mul1_variant() == 0;
     return e;
 }
 
@@ -588,7 +617,8 @@ extern "C" sparq_status trellis_cuda_enc_create(int K, trellis_codebook cb, size
     RETURN_IF(K < 1 || K > TRELLIS_K_MAX, SPARQ_E_ARG, "cuda viterbi: %d bits per weight, expected 1..8", K);
     RETURN_IF((unsigned)cb >= TRELLIS_CB_COUNT_, SPARQ_E_ARG, "cuda viterbi: unknown codebook %d", (int)cb);
     bool gcost = true, lane = false;
-    CUDA_RETURN_IF(costs_global(K, (int)cb, &gcost, &lane), "viterbi: device attributes");
+    const int kcb = cb == TRELLIS_CB_MUL1 && mul1_variant() == 2 ? CB_MUL1_ARITH : (int)cb; /* the kernel's */
+    CUDA_RETURN_IF(costs_global(K, kcb, &gcost, &lane), "viterbi: device attributes");
     if (workspace_bytes == 0) {
         size_t free_b = 0, total_b = 0;
         CUDA_RETURN_IF(cudaMemGetInfo(&free_b, &total_b), "viterbi: memory info");
@@ -612,8 +642,8 @@ extern "C" sparq_status trellis_cuda_enc_create(int K, trellis_codebook cb, size
     } else {
         enc->group = 1;
         enc->threads = threads_of(K);
-        enc->smem = smem_bytes(K, (int)cb, gcost);
-        enc->fn = enc->fn_w = pick_kernel(K, (int)cb, gcost);
+        enc->smem = smem_bytes(K, kcb, gcost);
+        enc->fn = enc->fn_w = pick_kernel(K, kcb, gcost);
     }
     sparq_status rc = SPARQ_OK;
     int per_sm = 0;

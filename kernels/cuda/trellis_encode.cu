@@ -550,8 +550,11 @@ void mul1_by_bytesum(float *tab)
 }
 
 /* How mul1 gets its values, SPARQ_VITERBI_MUL1 (for benchmarks: every variant gives the
- * same states): 0 the lane table where it fits, else the per-step d² table (default);
- * 1 "table", the per-step d² table at every K; 2 "arith", computed (CB_MUL1_ARITH). */
+ * same states): 0 by default — the lane table where it fits (K ≥ 3 with 200 KB of shared
+ * memory a block), else computed at K ≥ 2 (H200: 61 k tiles/s at K = 2 against the table's
+ * 42 k; 77 k at K = 3 against 54 k), the per-step d² table at K = 1 (its costs live in global
+ * memory; the computed value there is not measured); 1 "table", the per-step d² table at
+ * every K; 2 "arith", computed at every K. */
 int mul1_variant(void)
 {
     const char *v = getenv("SPARQ_VITERBI_MUL1");
@@ -617,8 +620,11 @@ extern "C" sparq_status trellis_cuda_enc_create(int K, trellis_codebook cb, size
     RETURN_IF(K < 1 || K > TRELLIS_K_MAX, SPARQ_E_ARG, "cuda viterbi: %d bits per weight, expected 1..8", K);
     RETURN_IF((unsigned)cb >= TRELLIS_CB_COUNT_, SPARQ_E_ARG, "cuda viterbi: unknown codebook %d", (int)cb);
     bool gcost = true, lane = false;
-    const int kcb = cb == TRELLIS_CB_MUL1 && mul1_variant() == 2 ? CB_MUL1_ARITH : (int)cb; /* the kernel's */
-    CUDA_RETURN_IF(costs_global(K, kcb, &gcost, &lane), "viterbi: device attributes");
+    CUDA_RETURN_IF(costs_global(K, (int)cb, &gcost, &lane), "viterbi: device attributes");
+    const int var = mul1_variant();
+    /* the kernel's codebook: mul1 computed where no lane table and not forced to the table */
+    const int kcb = cb == TRELLIS_CB_MUL1 && !lane && (var == 2 || (var == 0 && K >= 2)) ? CB_MUL1_ARITH : (int)cb;
+    if (kcb != (int)cb) CUDA_RETURN_IF(costs_global(K, kcb, &gcost), "viterbi: device attributes");
     if (workspace_bytes == 0) {
         size_t free_b = 0, total_b = 0;
         CUDA_RETURN_IF(cudaMemGetInfo(&free_b, &total_b), "viterbi: memory info");

@@ -417,13 +417,17 @@ int main(int argc, char **argv)
     if (layers <= 0) layers = sh->layers;
     g_K = K;
     bench B = {.sh = sh, .run = run, .K = K, .scale = scale, .gpu_hess = gpu_hess, .host_budget = (uint64_t)48 << 30};
+    int lo_prio = 0, hi_prio = 0;
     const int kmax = sh->d > sh->inter ? sh->d : sh->inter;
     B.n_items = 3 * run;
     B.items = sparq_calloc((size_t)B.n_items, sizeof *B.items);
     B.hx = sparq_malloc((size_t)(kmax + 256) * kmax * 4);
     if (!B.items || !B.hx || sparq_pool_create(&B.pool, threads) != SPARQ_OK ||
         cublasCreate(&B.blas) != CUBLAS_STATUS_SUCCESS ||
-        cudaStreamCreateWithFlags(&B.hstream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) != cudaSuccess ||
+        /* its Hessians are the CPU stage's GPU work: at the highest priority, as the driver's
+         * preparation (ldlq_cuda.cu), else they queue behind the whole batch in flight */
+        cudaStreamCreateWithPriority(&B.hstream, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||
         cublasSetStream(B.blas, B.hstream) != CUBLAS_STATUS_SUCCESS ||
         cudaMalloc((void **)&B.dx, (size_t)(kmax + 256) * kmax * 4) != cudaSuccess ||
         cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {

@@ -152,6 +152,12 @@ struct ldlq_cuda {
     enc_slot benc[BATCH_ENCODERS];
     int in_flight;             /* batches submitted and not yet waited */
     int pools;                 /* stream-ordered allocation (cudaMallocAsync) available */
+    int dev;                   /* the device (the submitting threads set it) */
+    /* batches enqueue one after another, in submission order (tickets): they share the
+     * stream, the cuBLAS handle and, at one K, the encoder */
+    pthread_mutex_t qlock;
+    pthread_cond_t qturn;
+    unsigned long tickets, serving;
     pthread_mutex_t elock;     /* encode_host: the search encoder and its buffers */
     trellis_cuda_enc *senc;
     int senc_K, senc_cb;
@@ -174,6 +180,17 @@ struct ldlq_cuda_pending {
     enc_slot *enc;             /* pinned */
     cudaEvent_t ev[4];         /* uploads start / end (copy), recursion start / end (stream) */
     int n_ev;
+    /* The enqueueing runs on its own thread: a batch is thousands of launches (V4.1's
+     * gate: 320 strips of ~10), more than the launch queue holds, so the thread that
+     * launches blocks until the GPU has run most of them; on the caller's thread that
+     * made submit as long as the batch, and the pipeline hid nothing (H200, 2026-12-03). */
+    pthread_t thread;
+    int has_thread;
+    unsigned long ticket;      /* its turn to enqueue */
+    const ldlq_cuda_hess *hs;  /* a copy of the caller's array, for the thread */
+    int n_hess, n_host;
+    sparq_status enq_st;       /* the thread's status and message */
+    char enq_msg[512];
 };
 
 static double host_now(void)
@@ -221,6 +238,8 @@ extern "C" void ldlq_cuda_free(ldlq_cuda *c)
     for (int i = 0; i < 4; i++)
         if (ss[i]) cudaStreamDestroy(ss[i]);
     pthread_mutex_destroy(&c->elock);
+    pthread_mutex_destroy(&c->qlock);
+    pthread_cond_destroy(&c->qturn);
     sparq_free(c);
 }
 
@@ -230,6 +249,8 @@ extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
     ldlq_cuda *c = (ldlq_cuda *)sparq_calloc(1, sizeof *c);
     RETURN_IF(!c, SPARQ_E_NOMEM, "cuda ldlq: out of memory");
     pthread_mutex_init(&c->elock, NULL);
+    pthread_mutex_init(&c->qlock, NULL);
+    pthread_cond_init(&c->qturn, NULL);
     c->senc_K = -1;
     sparq_status st = SPARQ_OK;
     if (enc_workspace == 0) { /* fixed now, so that encoders made later do not depend on what is in flight */
@@ -260,6 +281,7 @@ extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
         cublasSetMathMode(*hh[i], CUBLAS_DEFAULT_MATH); /* fp32 FMA, never TF32 */
     }
     int dev = 0, pools = 0;
+    if (st == SPARQ_OK && cudaGetDevice(&dev) == cudaSuccess) c->dev = dev;
     if (st == SPARQ_OK && cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess)
         c->pools = pools != 0;
@@ -574,8 +596,37 @@ static void pending_free(ldlq_cuda_pending *p)
     dev_free(c, p->base, c->copy);
     for (int i = 0; i < p->n_ev; i++) cudaEventDestroy(p->ev[i]);
     if (p->enc) p->enc->pins--;
+    sparq_free((void *)p->hs);
     sparq_free(p->hp);
     sparq_free(p);
+}
+
+/* The submitter thread: enqueue() on the context's device, its message kept. */
+static void *enqueue_thread(void *arg)
+{
+    ldlq_cuda_pending *p = (ldlq_cuda_pending *)arg;
+    ldlq_cuda *c = p->c;
+    pthread_mutex_lock(&c->qlock);
+    while (c->serving != p->ticket) pthread_cond_wait(&c->qturn, &c->qlock);
+    pthread_mutex_unlock(&c->qlock);
+    sparq_status st = cuda_status(cudaSetDevice(c->dev), "ldlq: device");
+    if (st == SPARQ_OK) st = enqueue(p, p->hs, p->n_hess, p->n_host);
+    if (st != SPARQ_OK) snprintf(p->enq_msg, sizeof p->enq_msg, "%s", sparq_errmsg());
+    p->enq_st = st;
+    pthread_mutex_lock(&c->qlock);
+    c->serving++;
+    pthread_cond_broadcast(&c->qturn);
+    pthread_mutex_unlock(&c->qlock);
+    return NULL;
+}
+
+/* Join the submitter thread; its status, with its message set on this thread. */
+static sparq_status join_enqueue(ldlq_cuda_pending *p)
+{
+    if (!p->has_thread) return p->enq_st;
+    pthread_join(p->thread, NULL);
+    p->has_thread = 0;
+    return p->enq_st == SPARQ_OK ? SPARQ_OK : sparq_err(p->enq_st, "%s", p->enq_msg);
 }
 
 extern "C" sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs,
@@ -615,9 +666,19 @@ extern "C" sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_sha
             st = sparq_err(SPARQ_E_NOMEM, "cuda ldlq: cannot allocate %.1f MB for %d weights of %d x %d (%s)",
                            bytes / 1e6, n_items, s->k, s->n, cudaGetErrorString(e));
     }
-    if (st == SPARQ_OK) st = enqueue(p, hs, n_hess, n_host);
-    if (st != SPARQ_OK) {
-        /* what was queued finishes before the memory goes */
+    if (st == SPARQ_OK) {
+        ldlq_cuda_hess *hc = (ldlq_cuda_hess *)sparq_malloc((size_t)(n_hess > 0 ? n_hess : 1) * sizeof *hc);
+        if (!hc) st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory", name);
+        else if (n_hess > 0) memcpy(hc, hs, (size_t)n_hess * sizeof *hc);
+        p->hs = hc, p->n_hess = n_hess, p->n_host = n_host;
+    }
+    if (st == SPARQ_OK) { /* enqueue on a thread of its own (see ldlq_cuda_pending.thread) */
+        p->ticket = c->tickets++;
+        if (pthread_create(&p->thread, NULL, enqueue_thread, p) == 0) p->has_thread = 1;
+        else enqueue_thread(p); /* no thread: here, in its turn */
+        st = p->has_thread ? SPARQ_OK : join_enqueue(p);
+    }
+    if (st != SPARQ_OK) { /* what was queued finishes before the memory goes */
         cudaStreamSynchronize(c->copy);
         cudaStreamSynchronize(c->stream);
         pending_free(p);
@@ -633,7 +694,17 @@ extern "C" sparq_status ldlq_cuda_batch_wait(ldlq_cuda_pending *p, double *gpu_s
     if (gpu_seconds) *gpu_seconds = 0;
     if (!p) return SPARQ_OK;
     ldlq_cuda *c = p->c;
-    sparq_status st = cuda_status(cudaEventSynchronize(p->ev[3]), "ldlq batch");
+    sparq_status st = join_enqueue(p);
+    if (st != SPARQ_OK) { /* what was queued finishes before the memory goes */
+        cudaStreamSynchronize(c->copy);
+        cudaStreamSynchronize(c->stream);
+        char name[320];
+        snprintf(name, sizeof name, "%s", p->name);
+        c->in_flight--;
+        pending_free(p);
+        return sparq_err_context(st, "%s", name);
+    }
+    st = cuda_status(cudaEventSynchronize(p->ev[3]), "ldlq batch");
     const double t0 = host_now();
     double *hpart = (double *)sparq_malloc((size_t)p->n_items * 2 * DOT_BLOCKS * sizeof(double));
     if (st == SPARQ_OK && !hpart) st = sparq_err(SPARQ_E_NOMEM, "out of memory");

@@ -132,8 +132,11 @@ typedef struct ldlq_cuda_pending ldlq_cuda_pending;
  * Hessians. Uploads from pageable memory return once copied (the call blocks
  * for the copy itself, never for other GPU work: they have their own
  * stream); from pinned memory (cudaHostRegister) they run asynchronously too.
- * Several batches may be in flight; they run in submission order. On error
- * nothing of it is left in flight and *out is NULL. */
+ * The launches are made by a thread of the batch's own (thousands of them:
+ * more than the launch queue holds, so making them blocks until the GPU has
+ * run most), which wait joins. Several batches may be in flight; they are
+ * enqueued and run in submission order. On error nothing of it is left in
+ * flight and *out is NULL; an error while enqueueing comes back from wait. */
 sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
                                     ldlq_cuda_item *items, int n_items, const char *name,
                                     ldlq_cuda_pending **out);

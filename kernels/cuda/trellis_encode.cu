@@ -291,6 +291,20 @@ __device__ __forceinline__ void tile_argmin(const float *fin, float *rv, int *ri
     tile_sync<T, G>(g);
 }
 
+/* One thread's trace-back from node e after step `from` down to step `to`:
+ * the node before step `to`, and, if sst is set, the states of those steps. */
+template <int K>
+__device__ __forceinline__ uint32_t trace_back(const uint8_t *back, uint32_t e, int from, int to, uint16_t *sst)
+{
+    using S = vshape<K>;
+    for (int i = from; i >= to; i--) {
+        const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
+        if (sst) sst[i] = (uint16_t)st;
+        e = st >> K;
+    }
+    return e;
+}
+
 /* One block per tile slot (blockIdx.x), looping over tiles. back_ws and
  * cost_ws are written and read back by the block: no __restrict__, so no
  * load of them can become a non-coherent (read-only cache) load. */
@@ -338,14 +352,7 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
         /* pass 1: rotated by 128, free start, trace back to the wrap point */
         const float *fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 128);
         tile_argmin<S::NODES, S::THREADS, 1>(fin, rv, ri, swrap, tid, 0);
-        if (tid == 0) {
-            uint32_t e = (uint32_t)*swrap;
-            for (int i = 255; i >= 128; i--) { /* steps 255..128 are positions 127..0 */
-                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
-                e = st >> K;
-            }
-            *swrap = (int)e;
-        }
+        if (tid == 0) *swrap = (int)trace_back<K>(back, (uint32_t)*swrap, 255, 128, nullptr); /* positions 127..0 */
         __syncthreads();
         const int wrap = *swrap;
 
@@ -355,12 +362,7 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
         fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 0);
         if (tid == 0) {
             if (err) err[t] = fin[wrap];
-            uint32_t e = (uint32_t)wrap;
-            for (int i = 255; i >= 0; i--) {
-                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
-                sst[i] = (uint16_t)st;
-                e = st >> K;
-            }
+            trace_back<K>(back, (uint32_t)wrap, 255, 0, sst);
         }
         __syncthreads();
         for (int p = tid; p < 256; p += S::THREADS) {
@@ -466,14 +468,7 @@ __global__ void __launch_bounds__(lshape<K>::THREADS, 1)
 
         const float *fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 128, tid, g);
         tile_argmin<S::NODES, L::T, L::G>(fin, rv, ri, swrap, tid, g);
-        if (tid == 0) {
-            uint32_t e = (uint32_t)*swrap;
-            for (int i = 255; i >= 128; i--) {
-                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
-                e = st >> K;
-            }
-            *swrap = (int)e;
-        }
+        if (tid == 0) *swrap = (int)trace_back<K>(back, (uint32_t)*swrap, 255, 128, nullptr); /* positions 127..0 */
         tile_sync<L::T, L::G>(g);
         const int wrap = *swrap;
 
@@ -481,12 +476,7 @@ __global__ void __launch_bounds__(lshape<K>::THREADS, 1)
         fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 0, tid, g);
         if (tid == 0) {
             if (err) err[t] = fin[wrap];
-            uint32_t e = (uint32_t)wrap;
-            for (int i = 255; i >= 0; i--) {
-                const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
-                sst[i] = (uint16_t)st;
-                e = st >> K;
-            }
+            trace_back<K>(back, (uint32_t)wrap, 255, 0, sst);
         }
         tile_sync<L::T, L::G>(g);
         for (int p = tid; p < 256; p += L::T) {

@@ -11,8 +11,9 @@
 #          tool's `carry`, and ignored through .git/info/exclude meanwhile).
 #   there: tools/bench/cuda_run_wire.sh run OUT_DIR
 #          unpacks the libraries, runs the gpu tests and the benchmark, and
-#          writes the logs to OUT_DIR (tests.log, bench.log, and cuda_bench's
-#          cuda-int.bench.log / cuda-moe.bench.log).
+#          writes the logs to OUT_DIR (tests.log, bench.log, cuda_bench's
+#          cuda-int.bench.log / cuda-moe.bench.log, trellis-encode.bench.log and
+#          quantize-layer.bench.log).
 # The numbers go to docs/benchmarks-cuda.md with this command.
 # The device tool refuses a tree over 64 MiB counted in disk blocks (tracked files +
 # untracked-not-ignored + carry): keep logs and build outputs out of the tree (the lab's
@@ -124,6 +125,13 @@ PY
     fi
     # the GPU trellis encoder vs the CPU one (docs/benchmarks-trellis.md)
     [ -x $bin/trellis_encode_bench ] && $bin/trellis_encode_bench > "$out/trellis-encode.bench.log" 2>&1
+    # one V4.1-shaped MoE layer through quantize --device cuda's steps, with and without the
+    # pipeline's overlap (docs/benchmarks-quantize.md §7.1)
+    if [ -x $bin/quantize_layer_bench ]; then
+        for o in "" --no-overlap; do
+            $bin/quantize_layer_bench --preset v41 --run 8 --threads 16 --scale shared $o
+        done > "$out/quantize-layer.bench.log" 2>&1
+    fi
     tail -n 60 "$out/tests.log" "$out/bench.log"
     ;;
 *)

@@ -28,19 +28,17 @@
 #include "quantize/gpu_pipe.h"
 #include "quantize/job.h"
 
+/* The scale search's coder: the context's encode_host, which the pool's threads may call
+ * at once (it serialises them itself). */
 typedef struct gpu_coder {
     qjob *j;
     int K;
-    pthread_mutex_t *lock; /* the pool's threads share the context's encoder */
 } gpu_coder;
 
 static sparq_status gpu_encode(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded)
 {
     const gpu_coder *g = ctx;
-    if (g->lock) pthread_mutex_lock(g->lock);
-    sparq_status st = g->j->gops->encode_host(g->j->gctx, g->K, g->j->o->cb, x, n_tiles, states, decoded);
-    if (g->lock) pthread_mutex_unlock(g->lock);
-    return st;
+    return g->j->gops->encode_host(g->j->gctx, g->K, g->j->o->cb, x, n_tiles, states, decoded);
 }
 
 typedef struct gitem {
@@ -175,7 +173,6 @@ typedef struct glayer {
     sparq_progress *pb;
     double (*g_shared)[TRELLIS_K_MAX + 1];
     bool gpu_hess;
-    pthread_mutex_t enc_lock;
     int plan_first; /* the item plan_batch sizes a batch from */
 } glayer;
 
@@ -307,7 +304,7 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
     const ldlq_cuda_shape s = {k, n, K, j->o->cb, 0};
     b->dev_bytes = dev_bytes(L, &s, b->n_hess, m);
     b->host_bytes = host_bytes(k, n, K, b->n_hess, m, on_gpu);
-    gpu_coder gc = {j, K, &L->enc_lock};
+    gpu_coder gc = {j, K};
     const ldlq_coder coder = {gpu_encode, &gc};
     /* the global scales: fixed, the searched one of the slot's first expert (searched here first
      * when this batch holds it), or a search per weight */
@@ -396,12 +393,10 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     }
     if (st == SPARQ_OK) qsort(it, (size_t)n_lin, sizeof *it, cmp_gitem);
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}};
-    glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians(),
-                 .enc_lock = PTHREAD_MUTEX_INITIALIZER};
+    glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians()};
     const qz_pipe_ops ops = {&gl, plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch, release_batch};
     qz_pipe_stats ps = {0};
     if (st == SPARQ_OK) st = qz_pipe_run(&ops, n_lin, gpu_overlap(), &ps);
-    pthread_mutex_destroy(&gl.enc_lock);
     j->t_gpu += ps.gpu;
     j->t_quant += ps.wall;
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {

@@ -215,8 +215,8 @@ void qz_mem_estimate(qjob *j, uint64_t base_rss)
         }
         uint64_t quant = hess + prep + work + outputs;
         /* --device cuda: the GPU capture's pinned staging and per-call outputs (calib_gpu.c) */
-        uint64_t peak = (fwd + hess + qz_calib_gpu_host_bytes(j, ld) > quant ? fwd + hess + qz_calib_gpu_host_bytes(j, ld)
-                                                                             : quant);
+        const uint64_t capture = fwd + hess + qz_calib_gpu_host_bytes(j, ld);
+        uint64_t peak = capture > quant ? capture : quant;
         if (peak > worst_layer) worst_layer = peak;
     }
     /* per thread: 256 back-pointer bytes and two fp32 costs per state; one 64K-entry table */

@@ -1514,25 +1514,25 @@ static void moe(v41 *m, int L, int rows, const sq_observer *obs)
         for (int e = 0; e < E; e++) b->cnt[e + 1] += b->cnt[e];
         memcpy(b->off, b->cnt, (size_t)(E + 1) * sizeof(int));
         for (int i = 0; i < rows * K; i++) b->rows_of[b->off[b->ridx[i]]++] = i;
-    }
-    for (int e = 0; e < E && !(obs && obs->all_experts); e++) {
-        const int n0 = b->cnt[e], n = b->cnt[e + 1] - n0;
-        if (!n) continue;
-        for (int j = 0; j < n; j++)
-            memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
-        sq_observe(obs, L, s1, e, b->xg, n, d);
-        sq_observe(obs, L, s3, e, b->xg, n, d);
-        sq_linear_forward(ex, &w->w1[e], b->xg, n, b->g);
-        sq_linear_forward(ex, &w->w3[e], b->xg, n, b->u);
-        sq_swiglu_limit(b->g, b->u, (size_t)n * I, limit, b->g);
-        sq_observe(obs, L, s2, e, b->g, n, I);
-        sq_linear_forward(ex, &w->w2[e], b->g, n, b->dn);
-        for (int j = 0; j < n; j++) {
-            const int slot = b->rows_of[n0 + j];
-            const float wt = b->rw[slot];
-            float *o = b->out + (size_t)(slot / K) * d;
-            const float *x = b->dn + (size_t)j * d;
-            for (int k = 0; k < d; k++) o[k] += wt * x[k];
+        for (int e = 0; e < E; e++) {
+            const int n0 = b->cnt[e], n = b->cnt[e + 1] - n0;
+            if (!n) continue;
+            for (int j = 0; j < n; j++)
+                memcpy(b->xg + (size_t)j * d, b->yn + (size_t)(b->rows_of[n0 + j] / K) * d, (size_t)d * sizeof(float));
+            sq_observe(obs, L, s1, e, b->xg, n, d);
+            sq_observe(obs, L, s3, e, b->xg, n, d);
+            sq_linear_forward(ex, &w->w1[e], b->xg, n, b->g);
+            sq_linear_forward(ex, &w->w3[e], b->xg, n, b->u);
+            sq_swiglu_limit(b->g, b->u, (size_t)n * I, limit, b->g);
+            sq_observe(obs, L, s2, e, b->g, n, I);
+            sq_linear_forward(ex, &w->w2[e], b->g, n, b->dn);
+            for (int j = 0; j < n; j++) {
+                const int slot = b->rows_of[n0 + j];
+                const float wt = b->rw[slot];
+                float *o = b->out + (size_t)(slot / K) * d;
+                const float *x = b->dn + (size_t)j * d;
+                for (int k = 0; k < d; k++) o[k] += wt * x[k];
+            }
         }
     }
     if (w->sw1) {

@@ -12,7 +12,10 @@
  *     --threads  CPU threads (default: all cores)
  *     --weighted per-position weights (random, 0.1..4)
  * The GPU time is the encode alone (inputs already on the device, one warm-up
- * launch first); the CPU time is viterbi_encode_tiles over a T-thread pool. */
+ * launch first); the CPU time is viterbi_encode_tiles over a T-thread pool.
+ * SPARQ_VITERBI_MUL1=table|arith picks mul1's other kernels (the baseline of
+ * docs/benchmarks-trellis.md); the last column is the encodings' mean squared
+ * error per weight (weighted, with --weighted). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

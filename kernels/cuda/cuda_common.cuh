@@ -64,11 +64,26 @@ struct trellis_cuda_ws {
     /* the integer GEMV's input (gemv_int.cu, k_gemv_int_input), for
      * GEMV_INT_MAX_ROWS rows: B words (max_k/16 k tiles × 32 lanes × 4),
      * A·s_β and Σu per row and 128-block, 510·Σq per row and 64-input half
-     * block (ch) and 9 prefix sums of 510·Σq per row and 128-block (pc) */
+     * block (ch) and 9 prefix sums of 510·Σq per row and 128-block (pc);
+     * TRELLIS_CUDA_GROUP_MAX such sets (ws_input_set), one per linear of a
+     * group, the first the single GEMV's */
     uint32_t *bq;
     float *sa, *usb;
     int *ch, *pc;
 };
+
+/* Set g of the integer GEMV's input arrays in ws. */
+struct ws_input {
+    uint32_t *bq;
+    float *sa, *usb;
+    int *ch, *pc;
+};
+inline ws_input ws_input_set(const trellis_cuda_ws *ws, int g)
+{
+    const size_t nbk = (size_t)(ws->max_k + 127) / 128, R = GEMV_INT_MAX_ROWS;
+    return ws_input{ws->bq + g * (size_t)(ws->max_k / 16) * 32 * 4, ws->sa + g * R * nbk, ws->usb + g * R * nbk,
+                    ws->ch + g * R * 2 * nbk, ws->pc + g * R * 9 * nbk};
+}
 
 /* --- launch helpers ----------------------------------------------------------- */
 

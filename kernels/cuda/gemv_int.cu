@@ -122,25 +122,18 @@ __global__ void __launch_bounds__(128) k_gemv_int_output(float *__restrict__ t, 
  * for h, 2 IMMA; per step (one 64-input half block) the int32 sums become
  * fp32: f += A·s_β · I. `ch`: 510·Σq per half block. */
 template <int K>
-__global__ void __launch_bounds__(256, 2)
-    k_gemv_int_c2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
-                  const float *__restrict__ sa, const int *__restrict__ ch, float *__restrict__ t, int k, int n,
-                  int rows, int total_warps, uint32_t one)
+__device__ __forceinline__ void c2_range(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                                         const float *__restrict__ sa, const int *__restrict__ ch,
+                                         float *__restrict__ t, int k, int n, int rows, long long q,
+                                         const long long q1, const lane_ring &lr, uint32_t one, bool &waited)
 {
     constexpr int NW = 2, U = 4, TW = 8 * K, NWD = lane_nwords<K, DEC_2W>();
     constexpr int D = DEC_2W | DEC_FMA;
-    griddep_launch();
     const int lane = threadIdx.x & 31;
-    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW, spg = ktiles / U, nb = k >> 7;
-    const long long total = (long long)ngroups * spg;
-    long long q = total * warp / total_warps;
-    const long long q1 = total * (warp + 1) / total_warps;
-    const lane_ring lr = lane_ring_make(K, lane);
+    const int ntiles = n >> 4, ktiles = k >> 4, spg = ktiles / U, nb = k >> 7;
     const size_t row_stride = (size_t)ntiles * TW;
     const int g = lane >> 2, c = lane & 3;
     const bool bok = (g >> 1) < rows;
-    bool waited = false;
     while (q < q1) {
         const int grp = (int)(q / spg);
         const long long qend = min(q1, (long long)(grp + 1) * spg);
@@ -204,27 +197,38 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
+/* Work items [*q0, *q1) of `total` for this warp of `total_warps`: equal shares. */
+__device__ __forceinline__ void warp_share(long long total, int total_warps, long long *q0, long long *q1)
+{
+    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    *q0 = total * warp / total_warps;
+    *q1 = total * (warp + 1) / total_warps;
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2)
+    k_gemv_int_c2(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                  const float *__restrict__ sa, const int *__restrict__ ch, float *__restrict__ t, int k, int n,
+                  int rows, int total_warps, uint32_t one)
+{
+    griddep_launch();
+    long long q, q1;
+    warp_share((long long)(n >> 5) * (k >> 6), total_warps, &q, &q1);
+    bool waited = false;
+    c2_range<K>(trellis, bq, sa, ch, t, k, n, rows, q, q1, lane_ring_make(K, threadIdx.x & 31), one, waited);
+}
+
 /* The gemv_int_c8 kernels' body: items (group of 8 tile columns, k tile),
  * equal ranges per warp, one int2_segment per column group a range crosses.
  * `pc`: the per-block prefix sums of 510·Σq. */
 template <int K>
-__device__ __forceinline__ void gemv_int_c8_body(const uint32_t *__restrict__ trellis,
-                                                 const uint32_t *__restrict__ bq, const float *__restrict__ sa,
-                                                 const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-                                                 int rows, int total_warps, uint32_t one)
+__device__ __forceinline__ void c8_range(const uint32_t *__restrict__ trellis, const uint32_t *__restrict__ bq,
+                                         const float *__restrict__ sa, const int *__restrict__ pc,
+                                         float *__restrict__ t, int k, int n, int rows, long long q,
+                                         const long long q1, const lane_ring &lr, uint32_t one, bool &waited)
 {
-    constexpr int NW = GEMV_INT_C8_NW;
-    griddep_launch();
-    const int lane = threadIdx.x & 31;
-    const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int ntiles = n >> 4, ktiles = k >> 4, ngroups = ntiles / NW;
-    const long long total = (long long)ngroups * ktiles;
-    long long q = total * warp / total_warps;
-    const long long q1 = total * (warp + 1) / total_warps;
-    const lane_ring lr = lane_ring_make(K, lane);
-    const int g = lane >> 2;
-    const bool bok = (g >> 1) < rows;
-    bool waited = false;
+    const int ktiles = k >> 4;
+    const bool bok = ((threadIdx.x & 31) >> 3) < rows;
     while (q < q1) {
         const int grp = (int)(q / ktiles);
         const int kt0 = (int)(q - (long long)grp * ktiles);
@@ -232,6 +236,19 @@ __device__ __forceinline__ void gemv_int_c8_body(const uint32_t *__restrict__ tr
         q += kt1 - kt0;
         int2_segment<K, false>(trellis, bq, sa, pc, t, k, n, rows, grp, kt0, kt1, lr, one, bok, waited);
     }
+}
+
+template <int K>
+__device__ __forceinline__ void gemv_int_c8_body(const uint32_t *__restrict__ trellis,
+                                                 const uint32_t *__restrict__ bq, const float *__restrict__ sa,
+                                                 const int *__restrict__ pc, float *__restrict__ t, int k, int n,
+                                                 int rows, int total_warps, uint32_t one)
+{
+    griddep_launch();
+    long long q, q1;
+    warp_share((long long)(n / 16 / GEMV_INT_C8_NW) * (k >> 4), total_warps, &q, &q1);
+    bool waited = false;
+    c8_range<K>(trellis, bq, sa, pc, t, k, n, rows, q, q1, lane_ring_make(K, threadIdx.x & 31), one, waited);
 }
 
 /* gemv_int_c8_w8: 256 threads, registers for 2 blocks a SM. */
@@ -319,5 +336,275 @@ sparq_status gemv_int_launch(const trellis_cuda_linear *lin, const float *x, int
                                           (const __half *)lin->svh, y, lin->n, nb),
                        "%s: integer output transform launch (PDL)", lin->name);
     }
+    return SPARQ_OK;
+}
+
+/* --- a group of linears on one input (trellis_cuda_gemv_group) ------------------------ */
+
+/* The group as the kernels see it (a kernel parameter: ~400 bytes). */
+struct gemv_group {
+    int n_lin, k, rows, hd;
+    const uint32_t *trellis[TRELLIS_CUDA_GROUP_MAX];
+    const __half *suh[TRELLIS_CUDA_GROUP_MAX], *svh[TRELLIS_CUDA_GROUP_MAX];
+    int n[TRELLIS_CUDA_GROUP_MAX];
+    long long item0[TRELLIS_CUDA_GROUP_MAX + 1]; /* the main kernel's work items, prefix sums */
+    int cb0[TRELLIS_CUDA_GROUP_MAX + 1];         /* 128-column blocks, prefix sums */
+    ws_input in[TRELLIS_CUDA_GROUP_MAX];
+    float *t[TRELLIS_CUDA_GROUP_MAX]; /* rows × n_g partial sums each, zero between calls */
+    float *y[TRELLIS_CUDA_GROUP_MAX];
+    const float *norm;
+    float eps;
+    const float *head_norm[TRELLIS_CUDA_GROUP_MAX];
+    bool rope[TRELLIS_CUDA_GROUP_MAX];
+    const float *inv_freq;
+    const int *pos, *kv_first;
+    float *cache[TRELLIS_CUDA_GROUP_MAX];
+};
+
+/* Grid (⌈nb/4⌉, rows, n_lin), 128 threads: k_gemv_int_input for linear
+ * blockIdx.z, on rmsnorm(x) ⊙ norm when norm is set (every block sums its
+ * row's squares itself, in double as k_rmsnorm: 4k bytes from L2). */
+__global__ void __launch_bounds__(128) k_group_input(const float *__restrict__ x, const gemv_group gp)
+{
+    griddep_launch();
+    const int lane = threadIdx.x & 31, beta = blockIdx.x * 4 + (threadIdx.x >> 5), r = blockIdx.y, g = blockIdx.z;
+    const int k = gp.k;
+    const bool live = beta < (k >> 7);
+    float u[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) u[e] = live ? __half2float(gp.suh[g][(size_t)beta * 128 + lane + 32 * e]) : 0.0f;
+    griddep_wait();
+    const float *xr = x + (size_t)r * k;
+    float inv = 1.0f;
+    if (gp.norm) {
+        __shared__ double part[4];
+        double ss = 0;
+        for (int i = threadIdx.x; i < k; i += 128) ss += (double)xr[i] * xr[i];
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, h);
+        if (lane == 0) part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        ss = (part[0] + part[1]) + (part[2] + part[3]);
+        inv = (float)(1.0 / sqrt(ss / k + gp.eps));
+    }
+    if (!live) return;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int i = beta * 128 + lane + 32 * e;
+        u[e] *= gp.norm ? gp.norm[i] * (xr[i] * inv) : xr[i];
+    }
+    int_input_warp(u, beta, r, k, gp.in[g].bq, gp.in[g].sa, gp.in[g].ch, gp.in[g].usb, gp.in[g].pc);
+}
+
+/* The main kernel over the group's concatenated work items: a warp's equal
+ * share may span two linears. C8: gemv_int_c8's loop, else gemv_int_c2's. */
+template <int K, bool C8>
+__device__ __forceinline__ void group_main(const gemv_group &gp, int total_warps)
+{
+    griddep_launch();
+    long long q, q1;
+    warp_share(gp.item0[gp.n_lin], total_warps, &q, &q1);
+    const lane_ring lr = lane_ring_make(K, threadIdx.x & 31);
+    bool waited = false;
+    for (int g = 0; g < gp.n_lin && q < q1; g++) {
+        const long long a = gp.item0[g], b = gp.item0[g + 1];
+        if (q >= b) continue;
+        const long long e = min(q1, b);
+        if constexpr (C8)
+            c8_range<K>(gp.trellis[g], gp.in[g].bq, gp.in[g].sa, gp.in[g].pc, gp.t[g], gp.k, gp.n[g], gp.rows, q - a,
+                        e - a, lr, 1u, waited);
+        else
+            c2_range<K>(gp.trellis[g], gp.in[g].bq, gp.in[g].sa, gp.in[g].ch, gp.t[g], gp.k, gp.n[g], gp.rows, q - a,
+                        e - a, lr, 1u, waited);
+        q = e;
+    }
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) k_group_c2(const gemv_group gp, int total_warps)
+{
+    group_main<K, false>(gp, total_warps);
+}
+template <int K>
+__global__ void __launch_bounds__(256, 2) k_group_c8_w8(const gemv_group gp, int total_warps)
+{
+    group_main<K, true>(gp, total_warps);
+}
+template <int K>
+__global__ void __maxnreg__(120) k_group_c8_w16(const gemv_group gp, int total_warps)
+{
+    group_main<K, true>(gp, total_warps);
+}
+
+/* Grid (⌈Σ n_g/512⌉, rows), 128 threads: k_gemv_int_output for the group's
+ * 128-column blocks, then the heads' epilogue on the warp's registers (lane
+ * l holds columns l + 32e of its block: a head of 128 is the block, pairs
+ * (e, e + 2); a head of 64 is e ∈ {0, 1} or {2, 3}, pairs (e, e + 1)). */
+__global__ void __launch_bounds__(128) k_group_output(const gemv_group gp)
+{
+    griddep_launch();
+    const int lane = threadIdx.x & 31, cbg = blockIdx.x * 4 + (threadIdx.x >> 5), r = blockIdx.y;
+    if (cbg >= gp.cb0[gp.n_lin]) return;
+    int g = 0;
+    while (cbg >= gp.cb0[g + 1]) g++;
+    const int cb = cbg - gp.cb0[g], n = gp.n[g], nb = gp.k >> 7;
+    float sv[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) sv[e] = __half2float(gp.svh[g][cb * 128 + lane + 32 * e]);
+    griddep_wait();
+    float *tr = gp.t[g] + (size_t)r * n + cb * 128;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = tr[lane + 32 * e];
+    float su = 0.0f;
+    const float *usb = gp.in[g].usb;
+    for (int b = lane; b < nb; b += 32) su += usb[r * nb + b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[e] += INT_D * su;
+        tr[lane + 32 * e] = 0.0f;
+    }
+    had128_warp(v, lane);
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] *= sv[e];
+    const int he = gp.hd >> 5; /* a lane's values per head: 2 or 4 */
+    if (gp.head_norm[g]) { /* per head: y = w ⊙ (v · 1/sqrt(mean(v²) + eps)), the sum in double */
+        double s0 = (double)v[0] * v[0] + (double)v[1] * v[1], s1 = (double)v[2] * v[2] + (double)v[3] * v[3];
+#pragma unroll
+        for (int h = 16; h > 0; h >>= 1) {
+            s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, h);
+            s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, h);
+        }
+        if (he == 4) s0 = s1 = s0 + s1;
+        const float i0 = (float)(1.0 / sqrt(s0 / gp.hd + gp.eps)), i1 = (float)(1.0 / sqrt(s1 / gp.hd + gp.eps));
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = lane + 32 * (he == 4 ? e : e & 1);
+            v[e] = gp.head_norm[g][i] * (v[e] * (e < 2 ? i0 : i1));
+        }
+    }
+    const int pr = gp.pos ? gp.pos[r] : 0;
+    if (gp.rope[g]) { /* rotate-half: (a, b) at (i, i + hd/2) → (a·c − b·s, b·c + a·s), angle pos·inv_freq[i] */
+        const int half = he >> 1;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if ((e % he) >= half) continue;
+            const int i = lane + 32 * (e % he);
+            const float f = (float)pr * gp.inv_freq[i];
+            const float c = cosf(f), s = sinf(f);
+            const float a = v[e], b = v[e + half];
+            v[e] = a * c - b * s;
+            v[e + half] = b * c + a * s;
+        }
+    }
+    float *yr = gp.y[g] + (size_t)r * n + cb * 128;
+#pragma unroll
+    for (int e = 0; e < 4; e++) yr[lane + 32 * e] = v[e];
+    if (gp.cache[g]) {
+        float *cr = gp.cache[g] + ((size_t)gp.kv_first[r] + (size_t)pr) * n + cb * 128;
+#pragma unroll
+        for (int e = 0; e < 4; e++) cr[lane + 32 * e] = v[e];
+    }
+}
+
+typedef void (*group_main_fn)(const gemv_group, int);
+
+static group_main_fn group_pick(int K, trellis_cuda_gemm_kernel kernel)
+{
+    return with_k_cb(K, CB_MUL1, [&](auto k, auto) -> group_main_fn {
+        constexpr int KK = decltype(k)::value;
+        switch (kernel) {
+        case TRELLIS_CUDA_GEMV_INT_C8_W16:
+            if constexpr (KK >= 2 && KK <= 4) return k_group_c8_w16<KK>;
+            return NULL;
+        case TRELLIS_CUDA_GEMV_INT_C8_W8: return k_group_c8_w8<KK>;
+        case TRELLIS_CUDA_GEMV_INT_C2: return k_group_c2<KK>;
+        default: return NULL;
+        }
+    });
+}
+
+extern "C" bool trellis_cuda_gemv_group_ok(const trellis_cuda_linear *const *lin, int n_lin, int rows, int head_dim,
+                                           const trellis_cuda_ws *ws)
+{
+    if (!lin || n_lin < 1 || n_lin > TRELLIS_CUDA_GROUP_MAX || rows < 1 || rows > GEMV_INT_MAX_ROWS || !ws ||
+        (head_dim != 64 && head_dim != 128))
+        return false;
+    long long sum_n = 0;
+    for (int g = 0; g < n_lin; g++) {
+        const trellis_cuda_linear *l = lin[g];
+        if (!l || l->cb != CB_MUL1 || l->K != lin[0]->K || l->k != lin[0]->k || l->k % 128 || l->n % 128 ||
+            l->k > ws->max_k)
+            return false;
+        sum_n += l->n;
+    }
+    return sum_n * rows <= (long long)TRELLIS_GEMM_MAX_ROWS * ws->max_n;
+}
+
+extern "C" sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const *lin, int n_lin, const float *x,
+                                                int rows, float *const *y, const trellis_cuda_group_opts *o,
+                                                trellis_cuda_ws *ws, void *stream)
+{
+    RETURN_IF(!o || !x || !y, SPARQ_E_ARG, "cuda gemv group: missing argument");
+    RETURN_IF(!trellis_cuda_gemv_group_ok(lin, n_lin, rows, o->head_dim, ws), SPARQ_E_UNSUPPORTED,
+              "cuda gemv group: these %d linears at %d rows (head_dim %d) are not a group the integer GEMV takes",
+              n_lin, rows, o->head_dim);
+    gemv_group gp = {};
+    gp.n_lin = n_lin;
+    gp.k = lin[0]->k;
+    gp.rows = rows;
+    gp.hd = o->head_dim;
+    gp.norm = o->norm;
+    gp.eps = o->eps;
+    gp.inv_freq = o->inv_freq;
+    gp.pos = o->pos;
+    gp.kv_first = o->kv_first;
+    float *t = ws->t;
+    for (int g = 0; g < n_lin; g++) {
+        const trellis_cuda_linear *l = lin[g];
+        RETURN_IF(!y[g], SPARQ_E_ARG, "%s: no output", l->name);
+        RETURN_IF((o->head_norm[g] || o->rope[g]) && l->n % o->head_dim, SPARQ_E_ARG, "%s: %d outputs are not heads of %d",
+                  l->name, l->n, o->head_dim);
+        RETURN_IF((o->rope[g] && (!o->inv_freq || !o->pos)) || (o->cache[g] && (!o->kv_first || !o->pos)), SPARQ_E_ARG,
+                  "%s: rope or the cache without positions", l->name);
+        gp.trellis[g] = (const uint32_t *)l->trellis;
+        gp.suh[g] = l->suh;
+        gp.svh[g] = l->svh;
+        gp.n[g] = l->n;
+        gp.item0[g + 1] = gp.item0[g] + (long long)(l->n / 128) * (l->k / 16); /* c8 and c2 count the same */
+        gp.cb0[g + 1] = gp.cb0[g] + l->n / 128;
+        gp.in[g] = ws_input_set(ws, g);
+        gp.t[g] = t;
+        t += (size_t)rows * l->n;
+        gp.y[g] = y[g];
+        gp.head_norm[g] = o->head_norm[g];
+        gp.rope[g] = o->rope[g];
+        gp.cache[g] = o->cache[g];
+    }
+    /* the single GEMV's choice for a linear of all the group's columns */
+    trellis_cuda_linear all = *lin[0];
+    all.n = gp.cb0[n_lin] * 128;
+    const trellis_cuda_gemm_kernel kernel = trellis_cuda_gemm_choice(&all, rows);
+    const group_main_fn fn = group_pick(lin[0]->K, kernel);
+    RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no grouped integer gemv for K=%d", lin[0]->name, lin[0]->K);
+    const int tpb = kernel == TRELLIS_CUDA_GEMV_INT_C8_W16 ? 512 : 256;
+    int blocks = 0, warps = 0;
+    CUDA_RETURN_IF(balanced_grid((const void *)fn, tpb, gp.item0[n_lin], &blocks, &warps), "%s: occupancy query",
+                   lin[0]->name);
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = pdl_config(attr, s);
+    cfg.gridDim = dim3((gp.k / 128 + 3) / 4, rows, n_lin);
+    cfg.blockDim = dim3(128);
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_group_input, x, gp), "%s: grouped input transform launch", lin[0]->name);
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(tpb);
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fn, gp, warps), "%s: grouped integer gemv launch (%s, %d blocks)",
+                   lin[0]->name, trellis_cuda_gemm_kernel_name(kernel), blocks);
+    cfg.gridDim = dim3((gp.cb0[n_lin] + 3) / 4, rows);
+    cfg.blockDim = dim3(128);
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_group_output, gp), "%s: grouped output transform launch", lin[0]->name);
     return SPARQ_OK;
 }

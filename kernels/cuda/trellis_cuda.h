@@ -21,6 +21,7 @@
 #ifndef SPARQ_KERNELS_CUDA_TRELLIS_CUDA_H
 #define SPARQ_KERNELS_CUDA_TRELLIS_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -86,6 +87,40 @@ sparq_status trellis_cuda_decode_inner(const trellis_cuda_linear *lin, uint16_t 
  * (tests/gpu/test_trellis_cuda.c bounds it). */
 sparq_status trellis_cuda_gemm(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                                trellis_cuda_ws *ws, void *stream);
+
+/* A group of up to TRELLIS_CUDA_GROUP_MAX mul1 linears on one input (an
+ * attention layer's q, k, v; issue 21), in three launches for all of them
+ * instead of three each, with the layer's neighbouring small ops folded in:
+ *   x' = rmsnorm(x) ⊙ norm when norm is set (else x), per row of k;
+ *   y_g = x'·W_g (trellis_cuda_gemm's integer arithmetic, 1..4 rows);
+ *   then per head of head_dim (64 or 128) of y_g: the RMSNorm of the head
+ *   with head_norm[g] (NULL: none), RoPE rotate-half at pos[r] with
+ *   inv_freq when rope[g]; and row r of y_g also to cache[g] row
+ *   kv_first[r] + pos[r] (NULL: none).
+ * The arithmetic of each part is the separate op's (the backend's rmsnorm,
+ * rope, kv_store: sums of squares in double), so the results equal the
+ * separate ops' up to the GEMV's atomics. All pointers are device memory. */
+#define TRELLIS_CUDA_GROUP_MAX 3
+typedef struct trellis_cuda_group_opts {
+    const float *norm;  /* [k] or NULL */
+    float eps;          /* of norm and of the head norms */
+    int head_dim;       /* 64 or 128 where a head norm or rope is set */
+    const float *head_norm[TRELLIS_CUDA_GROUP_MAX]; /* [head_dim] or NULL */
+    bool rope[TRELLIS_CUDA_GROUP_MAX];
+    const float *inv_freq; /* [head_dim / 2] */
+    const int *pos;        /* [rows] */
+    float *cache[TRELLIS_CUDA_GROUP_MAX]; /* rows of n_g floats, or NULL */
+    const int *kv_first;   /* [rows] where a cache is set */
+} trellis_cuda_group_opts;
+
+/* Whether trellis_cuda_gemv_group takes these linears, rows and head_dim
+ * with this workspace: 1..4 rows, mul1, one K and one k (a multiple of 128)
+ * for all, every n a multiple of 128 and within the workspace. */
+bool trellis_cuda_gemv_group_ok(const trellis_cuda_linear *const *lin, int n_lin, int rows, int head_dim,
+                                const trellis_cuda_ws *ws);
+sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const *lin, int n_lin, const float *x, int rows,
+                                     float *const *y, const trellis_cuda_group_opts *o, trellis_cuda_ws *ws,
+                                     void *stream);
 
 /* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on Q decoded into the
  * workspace (nothing is kept per linear). One prefill workspace serves every

@@ -219,13 +219,14 @@ sparq_status trellis_cuda_ws_create(int max_k, int max_n, trellis_cuda_ws **out)
     if (e == cudaSuccess) e = cudaMalloc((void **)&ws->t, tb);
     if (e == cudaSuccess) e = cudaMemset(ws->u, 0, ub);
     if (e == cudaSuccess) e = cudaMemset(ws->t, 0, tb);
-    const size_t nbk = (size_t)(max_k + 127) / 128, R = GEMV_INT_MAX_ROWS;
+    /* one set per linear of a group (trellis_cuda_gemv_group); the single GEMV uses the first */
+    const size_t nbk = (size_t)(max_k + 127) / 128, R = GEMV_INT_MAX_ROWS, G = TRELLIS_CUDA_GROUP_MAX;
     const size_t bqb = (size_t)(max_k / 16) * 32 * 16; /* one row group of B words */
-    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->bq, bqb);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->sa, R * nbk * sizeof(float));
-    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->usb, R * nbk * sizeof(float));
-    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->ch, R * 2 * nbk * sizeof(int));
-    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->pc, R * 9 * nbk * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->bq, G * bqb);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->sa, G * R * nbk * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->usb, G * R * nbk * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->ch, G * R * 2 * nbk * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ws->pc, G * R * 9 * nbk * sizeof(int));
     if (e != cudaSuccess) {
         trellis_cuda_ws_free(ws);
         return cuda_status(e, "workspace allocation");

@@ -119,6 +119,17 @@ typedef struct sq_sample_req {
     const int32_t *pen;  /* host */
 } sq_sample_req;
 
+/* An attention layer's front for the `attn_front` op (issue 21): its input
+ * norm, q/k/v projections, per-head norms and RoPE. */
+typedef struct sq_attn_front {
+    const sq_linear *q, *k, *v;
+    const float *norm;           /* [in] the input RMSNorm's weight */
+    const float *q_norm, *k_norm; /* [head_dim] or NULL (no per-head norm) */
+    float eps;
+    int n_heads, n_kv, head_dim;
+    const float *inv_freq;       /* [head_dim / 2]: RoPE rotate-half, as `rope` */
+} sq_attn_front;
+
 /* The most candidates one row of `sample_select` returns. */
 #define SQ_SAMPLE_MAX_K 1024
 
@@ -202,11 +213,12 @@ typedef struct sq_backend {
                      const int *pos, float *kc, float *vc);
 
     /* One layer's MoE (or dense MLP) on the device, router included:
-     * out[rows, d] = Σ_j w_j · down_e(silu(gate_e(xn)) ⊙ up_e(xn)) (overwrites
-     * out). NULL on the CPU, whose graph does it on the host (it also serves
-     * the calibration observers). */
+     * out[rows, d] = Σ_j w_j · down_e(silu(gate_e(xn)) ⊙ up_e(xn)), or with
+     * `add` out += that (the residual add folded in: the experts' outputs
+     * go into the residual stream directly). NULL on the CPU, whose graph
+     * does it on the host (it also serves the calibration observers). */
     void (*moe)(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int rows, float *out,
-                const sq_moe_ws *ws);
+                const sq_moe_ws *ws, bool add);
     sparq_status (*prepare_moe)(sq_exec *ex, const sq_moe_layer *ml, int max_rows);
 
     /* Free and total bytes of the device's memory (for the load-time check
@@ -243,6 +255,18 @@ typedef struct sq_backend {
      * reference of the device op. */
     sparq_status (*sample_select)(sq_exec *ex, float *logits, int rows, int ld, const sq_sample_req *req,
                                   int32_t *const *ids, float *const *vals, uint8_t *bad);
+
+    /* The attention front of a layer as one fused op (issue 21), or false
+     * when this backend has no fused path for these linears and rows (the
+     * graph then runs the ops one by one; the answer depends only on the
+     * linears, rows and head_dim, so a captured step and its replays agree).
+     * Computes what rmsnorm(x ⊙ a->norm) → q, k, v linears → q_norm / k_norm
+     * per head → rope at pos → (kc non-NULL) kv_store(k, v, kv_first, pos)
+     * computes, into q [rows, n_heads·hd], k and v [rows, n_kv·hd]; xn is
+     * not materialised. pos, kv_first: host, as rope's and kv_store's. NULL
+     * on the CPU, whose graph runs the ops (they are its reference). */
+    bool (*attn_front)(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,
+                       const int *kv_first, float *kc, float *vc, float *q, float *k, float *v);
 } sq_backend;
 
 

@@ -22,6 +22,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/sample_cuda.h"
 #include "kernels/cuda/trellis_cuda.h"
+#include "kernels/cuda/trellis_decode.cuh" /* griddep_launch / griddep_wait */
 
 #include "kernels/cpu/ops_topk.h"
 
@@ -111,6 +112,7 @@ typedef struct cuda_state {
     float *attn_part; /* ATTN_SPLIT_SCRATCH bytes: the split attention's partial results */
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
+    bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
     int *smp_req;
     size_t smp_req_cap;
@@ -155,6 +157,38 @@ static sparq_status cuda_status(cudaError_t e, const char *what)
 static void check(cuda_state *st, cudaError_t e, const char *what)
 {
     if (e != cudaSuccess) keep_err(st, cuda_status(e, what));
+}
+
+/* The backend's own kernels are launched with programmatic dependent launch
+ * (as the trellis kernels are): a kernel may start while the previous one on
+ * the stream drains, and waits for it (its writes visible) in pdl_enter(),
+ * its first statement (k_gemv prefetches its weights before the wait). In a
+ * decode step of ~20 small launches a layer that hides part of each
+ * hand-over. SPARQ_CUDA_PDL=0 launches them in plain stream order. */
+using trellis_dev::griddep_launch;
+using trellis_dev::griddep_wait;
+__device__ __forceinline__ void pdl_enter()
+{
+    griddep_launch();
+    griddep_wait();
+}
+template <typename... P, typename... A>
+static void launch(cudaStream_t s, cuda_state *st, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... a)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    static int pdl = -1; /* SPARQ_CUDA_PDL=0: plain stream order (benchmarks) */
+    if (pdl < 0) pdl = !(getenv("SPARQ_CUDA_PDL") && strcmp(getenv("SPARQ_CUDA_PDL"), "0") == 0);
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, (P)a...);
+    if (st) check(st, e, "kernel launch");
 }
 
 /* --- decode steps as graphs ------------------------------------------------------- */
@@ -509,8 +543,14 @@ __global__ void __launch_bounds__(256) k_gemv(const T *__restrict__ W, const flo
                                               float *__restrict__ y, int in, int out, int rows, bool vec)
 {
     const int o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (o >= out) return;
+    griddep_launch();
     const T *w = W + (size_t)o * in;
+    /* the weights do not depend on the previous kernel: into L2 while it ends */
+    if (o < out)
+        for (size_t b = (size_t)lane * 128; b < (size_t)in * sizeof(T); b += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)w + b));
+    griddep_wait();
+    if (o >= out) return;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
@@ -616,10 +656,10 @@ static void dense(const T *W, const float *x, float *y, int in, int out, int row
         const unsigned g = (unsigned)((out + 7) / 8);
         /* 8-wide loads need 16-byte aligned rows of W (cudaMalloc'd) and x */
         const bool vec = in % 8 == 0 && (uintptr_t)x % 16 == 0;
-        if (rows == 1) k_gemv<T, 1><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
-        else if (rows == 2) k_gemv<T, 2><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
-        else if (rows <= 4) k_gemv<T, 4><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
-        else k_gemv<T, 8><<<g, 256, 0, s>>>(W, x, y, in, out, rows, vec);
+        if (rows == 1) launch(s, nullptr, k_gemv<T, 1>, g, 256, 0, W, x, y, in, out, rows, vec);
+        else if (rows == 2) launch(s, nullptr, k_gemv<T, 2>, g, 256, 0, W, x, y, in, out, rows, vec);
+        else if (rows <= 4) launch(s, nullptr, k_gemv<T, 4>, g, 256, 0, W, x, y, in, out, rows, vec);
+        else launch(s, nullptr, k_gemv<T, 8>, g, 256, 0, W, x, y, in, out, rows, vec);
     } else {
         dim3 g((unsigned)((out + 63) / 64), (unsigned)((rows + 63) / 64));
         k_gemm<T><<<g, 256, 0, s>>>(W, x, y, in, out, rows);
@@ -716,6 +756,7 @@ __device__ float block_max_f(float v)
 /* One row a block: the sum of squares in double, as the CPU. */
 __global__ void __launch_bounds__(256) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
 {
+    pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     double ss = 0;
@@ -735,12 +776,13 @@ static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const f
         return;
     }
     if (replaying(st, 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim)) return;
-    k_rmsnorm<<<(unsigned)rows, 256, 0, st->s>>>(x, dim, (const float *)dw, eps, y);
+    launch(st->s, st, k_rmsnorm, rows, 256, 0, x, dim, (const float *)dw, eps, y);
 }
 
 /* Block (row, head); thread i rotates the pair (i, i + hd/2). */
 __global__ void k_rope(float *x, int n_heads, int hd, const int *pos, const float *inv_freq)
 {
+    pdl_enter();
     const int r = blockIdx.x / n_heads, half = hd / 2;
     float *v = x + (size_t)blockIdx.x * hd;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -764,7 +806,7 @@ static void cuda_rope(sq_exec *ex, float *x, int rows, int n_heads, int head_dim
     }
     const int *dp = stage(st, pos, (size_t)rows);
     if (!dp || replaying(st, 3, P(x), P(dp), P(df), (uint64_t)rows << 32 | (uint32_t)(n_heads * head_dim))) return;
-    k_rope<<<(unsigned)(rows * n_heads), 64, 0, st->s>>>(x, n_heads, head_dim, dp, (const float *)df);
+    launch(st->s, st, k_rope, rows * n_heads, 64, 0, x, n_heads, head_dim, dp, (const float *)df);
 }
 
 /* Block (row, head), 128 threads: scores in shared memory (hd + kv_len
@@ -773,6 +815,7 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, int n_heads, 
                                                    const float *v, const int *kv_first, const int *kv_len,
                                                    float scale, float *out)
 {
+    pdl_enter();
     extern __shared__ float sm[];
     float *qs = sm, *sc = sm + hd;
     const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads, g = h / (n_heads / n_kv);
@@ -834,6 +877,7 @@ __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads,
                                                     const float *v, const int *kv_first, const int *kv_len,
                                                     float scale, int per_split, int splits, float *part)
 {
+    pdl_enter();
     extern __shared__ float sm[];
     const int kvd = n_kv * hd;
     const int split = blockIdx.x % splits, hk = (blockIdx.x / splits) % n_kv, r = blockIdx.x / (splits * n_kv);
@@ -921,6 +965,7 @@ __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads,
 /* Block (row, head): out = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s, splits in order. */
 __global__ void k_attn_combine(const float *part, int n_heads, int hd, int splits, float *out)
 {
+    pdl_enter();
     const float *pb = part + (size_t)blockIdx.x * splits * (hd + 2);
     float M = -INFINITY;
     for (int s = 0; s < splits; s++)
@@ -987,8 +1032,8 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
         switch (n_heads / n_kv) {
 #define ATTN_SPLIT_CASE(G)                                                                                          \
     case G:                                                                                                         \
-        k_attn_split<G><<<blocks, 128, sm2, st->s>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, splits, \
-                                                     st->attn_part);                                                \
+        launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, \
+               splits, st->attn_part);                                                \
         break;
             ATTN_SPLIT_CASE(1)
             ATTN_SPLIT_CASE(2)
@@ -997,10 +1042,10 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
             ATTN_SPLIT_CASE(16)
 #undef ATTN_SPLIT_CASE
         }
-        k_attn_combine<<<(unsigned)(rows * n_heads), 128, 0, st->s>>>(st->attn_part, n_heads, hd, splits, out);
+        launch(st->s, st, k_attn_combine, rows * n_heads, 128, 0, st->attn_part, n_heads, hd, splits, out);
         return;
     }
-    k_attention<<<(unsigned)(rows * n_heads), 128, smem, st->s>>>(q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
+    launch(st->s, st, k_attention, rows * n_heads, 128, smem, q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
 }
 
 /* --- router, elementwise, embed, KV ----------------------------------------------- */
@@ -1085,6 +1130,7 @@ static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_e
 
 __global__ void k_swiglu(const float *gate, const float *up, size_t n, float *out)
 {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -1094,11 +1140,12 @@ __global__ void k_swiglu(const float *gate, const float *up, size_t n, float *ou
 static void cuda_swiglu(sq_exec *ex, const float *gate, const float *up, size_t n, float *out)
 {
     cuda_state *st = state_of(ex);
-    if (n && !replaying(st, 6, P(gate), P(up), P(out), n)) k_swiglu<<<grid_for(n, 256), 256, 0, st->s>>>(gate, up, n, out);
+    if (n && !replaying(st, 6, P(gate), P(up), P(out), n)) launch(st->s, st, k_swiglu, grid_for(n, 256), 256, 0, gate, up, n, out);
 }
 
 __global__ void k_axpy(float a, const float *x, size_t n, float *y)
 {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = fmaf(a, x[i], y[i]);
 }
@@ -1106,12 +1153,13 @@ __global__ void k_axpy(float a, const float *x, size_t n, float *y)
 static void cuda_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
 {
     cuda_state *st = state_of(ex);
-    if (n && !replaying(st, 7, P(x), P(y), n, float_bits(a))) k_axpy<<<grid_for(n, 256), 256, 0, st->s>>>(a, x, n, y);
+    if (n && !replaying(st, 7, P(x), P(y), n, float_bits(a))) launch(st->s, st, k_axpy, grid_for(n, 256), 256, 0, a, x, n, y);
 }
 
 template <typename T>
 __global__ void k_embed(const T *table, int d, const int *tokens, float *hidden)
 {
+    pdl_enter();
     const T *row = table + (size_t)tokens[blockIdx.x] * d;
     float *o = hidden + (size_t)blockIdx.x * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_f(row[i]);
@@ -1130,14 +1178,15 @@ static void cuda_embed(sq_exec *ex, sq_linear_kind kind, const void *table, int 
     }
     const int *dt = stage(st, (const int *)tokens, (size_t)n);
     if (!dt || replaying(st, 8, P(e->dev), P(dt), P(hidden), (uint64_t)n << 32 | (uint32_t)d)) return;
-    if (kind == SQ_LINEAR_F32) k_embed<<<(unsigned)n, 256, 0, st->s>>>((const float *)e->dev, d, dt, hidden);
-    else if (kind == SQ_LINEAR_BF16) k_embed<<<(unsigned)n, 256, 0, st->s>>>((const uint16_t *)e->dev, d, dt, hidden);
-    else k_embed<<<(unsigned)n, 256, 0, st->s>>>((const f16_t *)e->dev, d, dt, hidden);
+    if (kind == SQ_LINEAR_F32) launch(st->s, st, k_embed<float>, n, 256, 0, (const float *)e->dev, d, dt, hidden);
+    else if (kind == SQ_LINEAR_BF16) launch(st->s, st, k_embed<uint16_t>, n, 256, 0, (const uint16_t *)e->dev, d, dt, hidden);
+    else launch(st->s, st, k_embed<f16_t>, n, 256, 0, (const f16_t *)e->dev, d, dt, hidden);
 }
 
 __global__ void k_kv_store(const float *k, const float *v, size_t width, const int *kv_first, const int *pos,
                            float *kc, float *vc)
 {
+    pdl_enter();
     const size_t at = ((size_t)kv_first[blockIdx.x] + (size_t)pos[blockIdx.x]) * width;
     const size_t from = (size_t)blockIdx.x * width;
     for (size_t i = threadIdx.x; i < width; i += blockDim.x) {
@@ -1154,7 +1203,58 @@ static void cuda_kv_store(sq_exec *ex, const float *k, const float *v, int rows,
     const int *df = stage(st, kv_first, (size_t)rows), *dp = stage(st, pos, (size_t)rows);
     if (!df || !dp || replaying(st, 9, P(k) ^ P(v) << 1, P(kc) ^ P(vc) << 1, P(df) ^ P(dp) << 1, (uint64_t)rows << 32 | width))
         return;
-    k_kv_store<<<(unsigned)rows, 256, 0, st->s>>>(k, v, width, df, dp, kc, vc);
+    launch(st->s, st, k_kv_store, rows, 256, 0, k, v, width, df, dp, kc, vc);
+}
+
+/* The attention front as one grouped integer GEMV (trellis_cuda_gemv_group):
+ * the input norm in its input launch, q/k/v in one main launch, the head
+ * norms, rope and the KV append in its output launch — 3 launches where the
+ * ops take 15. Taken for EXL3 mul1 q/k/v of one K without bias at 1..4 rows
+ * and head_dim 64 or 128; SPARQ_CUDA_FUSED=0 turns it off (benchmarks). */
+static bool cuda_attn_front(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,
+                            const int *kv_first, float *kc, float *vc, float *q, float *k, float *v)
+{
+    cuda_state *st = state_of(ex);
+    if (st->no_fuse || rows < 1 || !st->tws) return false;
+    const sq_linear *l3[3] = {a->q, a->k, a->v};
+    trellis_cuda_linear *lin[3];
+    for (int g = 0; g < 3; g++) {
+        if (l3[g]->kind != SQ_LINEAR_EXL3 || l3[g]->bias) return false;
+        const ent *e = find_ent(st, l3[g]->impl); /* uploaded at load (prepare_linear) */
+        if (!e) return false;
+        lin[g] = (trellis_cuda_linear *)e->dev;
+    }
+    if (!trellis_cuda_gemv_group_ok(lin, 3, rows, a->head_dim, st->tws)) return false;
+    const int hd = a->head_dim;
+    void *dn = NULL, *dq = NULL, *dk = NULL, *df = NULL;
+    sparq_status s = raw_get(st, a->norm, (size_t)a->q->in * sizeof(float), &dn);
+    if (s == SPARQ_OK && a->q_norm) s = raw_get(st, a->q_norm, (size_t)hd * sizeof(float), &dq);
+    if (s == SPARQ_OK && a->k_norm) s = raw_get(st, a->k_norm, (size_t)hd * sizeof(float), &dk);
+    if (s == SPARQ_OK) s = raw_get(st, a->inv_freq, (size_t)(hd / 2) * sizeof(float), &df);
+    if (s != SPARQ_OK) {
+        keep_err(st, s);
+        return true;
+    }
+    const int *dp = stage(st, pos, (size_t)rows), *dkf = kc ? stage(st, kv_first, (size_t)rows) : NULL;
+    if (!dp || (kc && !dkf) ||
+        replaying(st, 12, P(a->q) ^ P(a->k) << 1 ^ P(a->v) << 2, P(x), P(q) ^ P(k) << 1 ^ P(v) << 2,
+                  P(kc) ^ P(vc) << 1 ^ (uint64_t)rows << 48, P(dp) ^ P(dkf) << 1))
+        return true;
+    trellis_cuda_group_opts o = {};
+    o.norm = (const float *)dn;
+    o.eps = a->eps;
+    o.head_dim = hd;
+    o.head_norm[0] = (const float *)dq;
+    o.head_norm[1] = (const float *)dk;
+    o.rope[0] = o.rope[1] = true;
+    o.inv_freq = (const float *)df;
+    o.pos = dp;
+    o.cache[1] = kc;
+    o.cache[2] = kc ? vc : NULL;
+    o.kv_first = dkf;
+    float *y[3] = {q, k, v};
+    keep_err(st, trellis_cuda_gemv_group(lin, 3, x, rows, y, &o, st->tws, st->s));
+    return true;
 }
 
 /* --- MoE ------------------------------------------------------------------------------ */
@@ -1231,20 +1331,20 @@ __global__ void __launch_bounds__(256) k_moe_down(const void *const *tab, int E,
     if (lane == 0) dn[(size_t)slot * d + o] = a;
 }
 
-/* out[r] = Σ_j w[r·K + j] · dn[r·K + j], in slot order (deterministic). */
-__global__ void k_moe_combine(const float *dn, const float *w, int K, int d, float *out)
+/* out[r] (+)= Σ_j w[r·K + j] · dn[r·K + j], in slot order (deterministic). */
+__global__ void k_moe_combine(const float *dn, const float *w, int K, int d, bool add, float *out)
 {
     const int r = blockIdx.x;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float a = 0.f;
         for (int j = 0; j < K; j++) a = fmaf(w[r * K + j], dn[((size_t)r * K + j) * d + i], a);
-        out[(size_t)r * d + i] = a;
+        out[(size_t)r * d + i] = add ? out[(size_t)r * d + i] + a : a;
     }
 }
 
 template <typename T>
 static void dense_moe_run(const dense_moe *dm, int E, const float *xn, int rows, int K, int d, int I,
-                          const sq_moe_ws *ws, float *out, cudaStream_t s)
+                          const sq_moe_ws *ws, float *out, bool add, cudaStream_t s)
 {
     const int slots = rows * K;
     const bool vd = d % 8 == 0 && (uintptr_t)xn % 16 == 0, vi = I % 8 == 0 && (uintptr_t)ws->g % 16 == 0;
@@ -1252,7 +1352,7 @@ static void dense_moe_run(const dense_moe *dm, int E, const float *xn, int rows,
                                                                                ws->g, vd);
     k_moe_down<T><<<dim3((unsigned)((d + 7) / 8), (unsigned)slots), 256, 0, s>>>(dm->tab, E, ws->g, ws->ridx, I, d,
                                                                              ws->dn, vi);
-    k_moe_combine<<<(unsigned)rows, 256, 0, s>>>(ws->dn, ws->rw, K, d, out);
+    k_moe_combine<<<(unsigned)rows, 256, 0, s>>>(ws->dn, ws->rw, K, d, add, out);
 }
 
 static sparq_status host_grow(cuda_state *st, size_t slots, size_t cnt)
@@ -1281,7 +1381,7 @@ static sparq_status host_grow(cuda_state *st, size_t slots, size_t cnt)
 }
 
 static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int rows, float *out,
-                     const sq_moe_ws *ws)
+                     const sq_moe_ws *ws, bool add)
 {
     cuda_state *st = state_of(ex);
     if (rows <= 0) return;
@@ -1290,7 +1390,8 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
         cuda_linear(ex, &ml->gate[0], xn, rows, ws->g);
         cuda_linear(ex, &ml->up[0], xn, rows, ws->u);
         cuda_swiglu(ex, ws->g, ws->u, (size_t)rows * I, ws->g);
-        cuda_linear(ex, &ml->down[0], ws->g, rows, out);
+        cuda_linear(ex, &ml->down[0], ws->g, rows, add ? ws->dn : out);
+        if (add) cuda_axpy(ex, 1.0f, ws->dn, (size_t)rows * d, out);
         return;
     }
     const int E = ml->n_exp, K = ml->top_k;
@@ -1298,18 +1399,19 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     cuda_router_topk(ex, ws->rl, rows, E, K, ml->norm_topk, ws->ridx, ws->rw);
     ent *fused = find_ent(st, ml->gate);
     if (fused && rows <= 16) { /* adds into out */
-        if (replaying(st, 10, P(fused->dev), P(xn), P(out), (uint64_t)rows, P(ws->ridx) ^ P(ws->rw) << 1)) return;
-        check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
+        if (replaying(st, 10, P(fused->dev), P(xn), P(out), (uint64_t)rows << 1 | add, P(ws->ridx) ^ P(ws->rw) << 1))
+            return;
+        if (!add) check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
         keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out, st->s));
         return;
     }
     ent *dense = find_ent(st, ml->up);
     if (dense && rows <= 8 && rows * K <= ((dense_moe *)dense->dev)->max_slots) {
         const dense_moe *dm = (const dense_moe *)dense->dev;
-        if (replaying(st, 11, P(dm), P(xn), P(out), (uint64_t)rows, P(ws))) return;
-        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out, st->s);
-        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out, st->s);
-        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out, st->s);
+        if (replaying(st, 11, P(dm), P(xn), P(out), (uint64_t)rows << 1 | add, P(ws))) return;
+        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
+        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
+        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
         return;
     }
     if (st->graph.mode == G_CAPTURE || st->graph.mode == G_REPLAY) { /* prepare_moe keeps such steps out of graphs */
@@ -1317,7 +1419,7 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
                                rows));
         return;
     }
-    check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
+    if (!add) check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
     /* group (row, slot) pairs by expert on the host: rows·K ids come back */
     const size_t slots = (size_t)rows * K;
     sparq_status s = host_grow(st, slots, (size_t)E + 1);
@@ -1688,6 +1790,7 @@ static const sq_backend cuda_backend = {
     .step_abort = cuda_step_abort,
     .step_graphs = cuda_step_graphs,
     .sample_select = cuda_sample_select,
+    .attn_front = cuda_attn_front,
 };
 
 extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }
@@ -1725,6 +1828,8 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
         s = cuda_status(cudaFuncSetAttribute(split_fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, ATTN_SMEM_MAX),
                         "attention shared memory");
     st->graph.max_rows = 16; /* the fused MoE's limit; prepare_moe lowers it for other experts */
+    const char *fe = getenv("SPARQ_CUDA_FUSED");
+    st->no_fuse = fe && strcmp(fe, "0") == 0;
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)

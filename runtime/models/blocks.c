@@ -4,17 +4,13 @@
 
 #include "runtime/models/blocks.h"
 
-void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe_slots *sl, int d,
-                  const float *xn, int rows, const sq_block_moe_bufs *m, const sq_observer *obs)
+/* sq_block_moe on the host: b->mo = the MoE's output. */
+static void moe_host(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe_slots *sl, int d, const float *xn,
+                     int rows, const sq_block_moe_bufs *m, const sq_observer *obs)
 {
     const sq_backend *be = ex->be;
     const bool moe = ml->router != NULL;
     const int K = moe ? ml->top_k : 1, E = ml->n_exp;
-    if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
-        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
-        be->moe(ex, ml, xn, rows, m->mo, &ws);
-        return;
-    }
     memset(m->mo, 0, (size_t)rows * d * sizeof(float));
     if (moe) {
         sq_observe(obs, L, sl->router, 0, xn, rows, d);
@@ -66,6 +62,19 @@ void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe
             be->axpy(ex, m->lw[first + j], m->dn + (size_t)j * d, (size_t)d,
                      m->mo + (size_t)m->rows_of[first + j] * d);
     }
+}
+
+void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe_slots *sl, int d,
+                  const float *xn, int rows, const sq_block_moe_bufs *m, const sq_observer *obs, float *residual)
+{
+    const sq_backend *be = ex->be;
+    if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
+        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
+        be->moe(ex, ml, xn, rows, residual ? residual : m->mo, &ws, residual != NULL);
+        return;
+    }
+    moe_host(ex, ml, L, sl, d, xn, rows, m, obs);
+    if (residual) be->axpy(ex, 1.0f, m->mo, (size_t)rows * d, residual);
 }
 
 void sq_swiglu_limit(const float *g, const float *u, size_t n, float limit, float *out)

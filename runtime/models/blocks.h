@@ -30,7 +30,10 @@ typedef struct sq_block_moe_slots {
 } sq_block_moe_slots;
 
 /* b->mo[rows, d] = Σ_{e ∈ topk(router(xn))} w_e · down_e(silu(gate_e(xn)) ⊙ up_e(xn)),
- * or the dense MLP (ml->router NULL: expert 0, weight 1). A device backend
+ * or the dense MLP (ml->router NULL: expert 0, weight 1); with `residual`
+ * non-NULL that is added to residual[rows, d] instead (b->mo is then
+ * scratch: a device's `moe` op adds into the residual stream directly, the
+ * host adds b->mo with axpy). A device backend
  * with a `moe` op runs it there (no observers). On the CPU the rows are
  * grouped by expert (counting sort), each expert runs once on its gathered
  * rows, and the weighted outputs are added in expert order, as transformers
@@ -38,7 +41,7 @@ typedef struct sq_block_moe_slots {
  * expert on every row (calibration), the output still from the routed rows
  * only. */
 void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int layer, const sq_block_moe_slots *sl, int d,
-                  const float *xn, int rows, const sq_block_moe_bufs *b, const sq_observer *obs);
+                  const float *xn, int rows, const sq_block_moe_bufs *b, const sq_observer *obs, float *residual);
 
 /* out[i] = silu(g[i])·u[i], or with limit > 0 silu(min(g[i], limit))·clamp(u[i], −limit, limit)
  * (DeepSeek V4.1's swiglu_limit): a / (1 + expf(−a)) · u in fp32. out may equal g. */

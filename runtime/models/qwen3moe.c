@@ -470,15 +470,15 @@ static sparq_status q3_embed(const sq_model *mc, const int32_t *tokens, int n, f
     return SPARQ_OK;
 }
 
-/* moe_out[rows, d] = MoE (or dense MLP) of xn: runtime/models/blocks.h. */
-static void moe_block(q3 *m, int L, const float *xn, int rows, const sq_observer *obs)
+/* hidden[rows, d] += MoE (or dense MLP) of xn: runtime/models/blocks.h. */
+static void moe_block(q3 *m, int L, const float *xn, int rows, const sq_observer *obs, float *hidden)
 {
     const layer_w *w = &m->layers[L];
     const sq_block_moe_bufs b = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->mo,
                                  m->ridx, m->rows_of, m->cnt, m->off};
     const sq_block_moe_slots sl = w->moe ? (sq_block_moe_slots){S_ROUTER, S_GATE, S_UP, S_DOWN}
                                          : (sq_block_moe_slots){-1, S_MLP_GATE, S_MLP_UP, S_MLP_DOWN};
-    sq_block_moe(m->c->ex, &w->ml, L, &sl, m->d, xn, rows, &b, obs);
+    sq_block_moe(m->c->ex, &w->ml, L, &sl, m->d, xn, rows, &b, obs, hidden);
 }
 
 /* One decoder layer on rows whose key ranges are already in m->kvf / m->kvl.
@@ -494,24 +494,28 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
     const int d = m->d, hd = m->hd;
     const size_t kvd = (size_t)m->nkv * hd;
 
-    /* attention */
-    be->rmsnorm(ex, hidden, rows, d, w->in_norm, m->eps, m->xn);
-    sq_observe(obs, L, S_Q, 0, m->xn, rows, d);
-    sq_observe(obs, L, S_K, 0, m->xn, rows, d);
-    sq_observe(obs, L, S_V, 0, m->xn, rows, d);
-    sq_linear_forward(ex, w->q, m->xn, rows, m->q);
-    sq_linear_forward(ex, w->k, m->xn, rows, m->k);
-    sq_linear_forward(ex, w->v, m->xn, rows, m->v);
-    be->rmsnorm(ex, m->q, rows * m->nh, hd, w->q_norm, m->eps, m->q);
-    be->rmsnorm(ex, m->k, rows * m->nkv, hd, w->k_norm, m->eps, m->k);
-    be->rope(ex, m->q, rows, m->nh, hd, pos, m->inv_freq);
-    be->rope(ex, m->k, rows, m->nkv, hd, pos, m->inv_freq);
-    const float *kb = m->k, *vb = m->v;
-    if (cached) {
-        be->kv_store(ex, m->k, m->v, rows, kvd, m->kvf, pos, m->kv_k, m->kv_v);
-        kb = m->kv_k;
-        vb = m->kv_v;
+    /* attention: the backend's fused front where it has one (not while observed: the
+     * observers read xn), else op by op — the same computation */
+    const sq_attn_front af = {.q = w->q, .k = w->k, .v = w->v, .norm = w->in_norm, .q_norm = w->q_norm,
+                              .k_norm = w->k_norm, .eps = m->eps, .n_heads = m->nh, .n_kv = m->nkv,
+                              .head_dim = hd, .inv_freq = m->inv_freq};
+    if (obs || !be->attn_front ||
+        !be->attn_front(ex, &af, hidden, rows, pos, m->kvf, cached ? m->kv_k : NULL, cached ? m->kv_v : NULL, m->q,
+                        m->k, m->v)) {
+        be->rmsnorm(ex, hidden, rows, d, w->in_norm, m->eps, m->xn);
+        sq_observe(obs, L, S_Q, 0, m->xn, rows, d);
+        sq_observe(obs, L, S_K, 0, m->xn, rows, d);
+        sq_observe(obs, L, S_V, 0, m->xn, rows, d);
+        sq_linear_forward(ex, w->q, m->xn, rows, m->q);
+        sq_linear_forward(ex, w->k, m->xn, rows, m->k);
+        sq_linear_forward(ex, w->v, m->xn, rows, m->v);
+        be->rmsnorm(ex, m->q, rows * m->nh, hd, w->q_norm, m->eps, m->q);
+        be->rmsnorm(ex, m->k, rows * m->nkv, hd, w->k_norm, m->eps, m->k);
+        be->rope(ex, m->q, rows, m->nh, hd, pos, m->inv_freq);
+        be->rope(ex, m->k, rows, m->nkv, hd, pos, m->inv_freq);
+        if (cached) be->kv_store(ex, m->k, m->v, rows, kvd, m->kvf, pos, m->kv_k, m->kv_v);
     }
+    const float *kb = cached ? m->kv_k : m->k, *vb = cached ? m->kv_v : m->v;
     be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, 1.0f / sqrtf((float)hd), m->ao);
     sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
     sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
@@ -519,8 +523,7 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
 
     /* MoE / MLP */
     be->rmsnorm(ex, hidden, rows, d, w->post_norm, m->eps, m->xn);
-    moe_block(m, L, m->xn, rows, obs);
-    be->axpy(ex, 1.0f, m->mo, (size_t)rows * d, hidden);
+    moe_block(m, L, m->xn, rows, obs, hidden);
 }
 
 /* First KV row of (seq, layer) in the whole cache, in rows of nkv*hd floats. */

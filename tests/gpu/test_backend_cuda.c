@@ -162,7 +162,9 @@ static void test_rmsnorm_rope_swiglu_axpy(void)
     check_nmse(og, oc, n, 1e-12, "axpy");
     gpu->be->free(gpu, dx), gpu->be->free(gpu, dy), gpu->be->free(gpu, dq), gpu->be->free(gpu, dg),
         gpu->be->free(gpu, du);
-    free(x), free(w), free(yc), free(yg), free(q), free(inv), free(qg), free(g), free(u), free(oc), free(og);
+    /* w and inv stay allocated: the backend keys its device copies by host address, and a
+     * later test's vector at a freed address would get this one's copy */
+    free(x), free(yc), free(yg), free(q), free(qg), free(g), free(u), free(oc), free(og);
 }
 
 /* Decode-sized attention over a KV cache (the split kernel, kernels/cuda/
@@ -220,6 +222,132 @@ static void test_attention_kv(void)
     gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dk),
         gpu->be->free(gpu, dv), gpu->be->free(gpu, dout);
     free(kc), free(vc), free(q), free(k), free(v), free(kg), free(vg), free(oc), free(og);
+}
+
+/* The fused attention front (attn_front: the grouped q/k/v GEMV with the
+ * input norm, head norms, rope and KV append folded in) against the same ops
+ * one by one, on the GPU (the same arithmetic: only the GEMV's atomics add in
+ * another order) and on the CPU (the reference); cache rows other than the
+ * step's stay untouched. Shapes: small heads of 64 and 128, Qwen3-30B-A3B's
+ * attention (2048 → 32 × 128 and 4 × 128, K = 4), 1..4 rows, with and
+ * without a cache; and what it must refuse (5 rows, mixed K, head_dim 96). */
+static void run_attn_front(int d, int nh, int nkv, int hd, int K, int rows, bool cached)
+{
+    const int qd = nh * hd, kvd = nkv * hd, ctx = 40;
+    sq_linear lq = exl3_linear(d, qd, K, TRELLIS_CB_MUL1), lk = exl3_linear(d, kvd, K, TRELLIS_CB_MUL1),
+              lv = exl3_linear(d, kvd, K, TRELLIS_CB_MUL1);
+    float *norm = randv(d, 1.0f), *qn = randv(hd, 1.0f), *kn = randv(hd, 1.0f), *inv = malloc(hd / 2 * 4);
+    for (int i = 0; i < hd / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)hd);
+    const sq_attn_front af = {.q = &lq, .k = &lk, .v = &lv, .norm = norm, .q_norm = qn, .k_norm = kn, .eps = 1e-6f,
+                              .n_heads = nh, .n_kv = nkv, .head_dim = hd, .inv_freq = inv};
+    float *x = randv((size_t)rows * d, 3.0f);
+    int pos[4], kvf[4];
+    for (int r = 0; r < rows; r++) pos[r] = 3 + 7 * r, kvf[r] = r * ctx;
+    const size_t cn = (size_t)rows * ctx * kvd;
+    float *kc0 = randv(cn, 1.0f), *vc0 = randv(cn, 1.0f);
+    /* the CPU's ops */
+    float *xn = malloc((size_t)rows * d * 4), *q = malloc((size_t)rows * qd * 4), *k = malloc((size_t)rows * kvd * 4),
+          *v = malloc((size_t)rows * kvd * 4), *kc = malloc(cn * 4), *vc = malloc(cn * 4);
+    memcpy(kc, kc0, cn * 4), memcpy(vc, vc0, cn * 4);
+    cpu->be->rmsnorm(cpu, x, rows, d, norm, af.eps, xn);
+    sq_linear_forward(cpu, &lq, xn, rows, q);
+    sq_linear_forward(cpu, &lk, xn, rows, k);
+    sq_linear_forward(cpu, &lv, xn, rows, v);
+    cpu->be->rmsnorm(cpu, q, rows * nh, hd, qn, af.eps, q);
+    cpu->be->rmsnorm(cpu, k, rows * nkv, hd, kn, af.eps, k);
+    cpu->be->rope(cpu, q, rows, nh, hd, pos, inv);
+    cpu->be->rope(cpu, k, rows, nkv, hd, pos, inv);
+    if (cached) cpu->be->kv_store(cpu, k, v, rows, kvd, kvf, pos, kc, vc);
+    /* the GPU: op by op (o), then fused (f) */
+    float *dx = up(x, (size_t)rows * d * 4), *dxn = up(NULL, (size_t)rows * d * 4);
+    float *dq[2], *dk[2], *dv[2], *dkc[2], *dvc[2];
+    for (int i = 0; i < 2; i++) {
+        dq[i] = up(NULL, (size_t)rows * qd * 4), dk[i] = up(NULL, (size_t)rows * kvd * 4),
+        dv[i] = up(NULL, (size_t)rows * kvd * 4);
+        dkc[i] = up(kc0, cn * 4), dvc[i] = up(vc0, cn * 4);
+    }
+    gpu->be->rmsnorm(gpu, dx, rows, d, norm, af.eps, dxn);
+    sq_linear_forward(gpu, &lq, dxn, rows, dq[0]);
+    sq_linear_forward(gpu, &lk, dxn, rows, dk[0]);
+    sq_linear_forward(gpu, &lv, dxn, rows, dv[0]);
+    gpu->be->rmsnorm(gpu, dq[0], rows * nh, hd, qn, af.eps, dq[0]);
+    gpu->be->rmsnorm(gpu, dk[0], rows * nkv, hd, kn, af.eps, dk[0]);
+    gpu->be->rope(gpu, dq[0], rows, nh, hd, pos, inv);
+    gpu->be->rope(gpu, dk[0], rows, nkv, hd, pos, inv);
+    if (cached) gpu->be->kv_store(gpu, dk[0], dv[0], rows, kvd, kvf, pos, dkc[0], dvc[0]);
+    CHECK(gpu->be->prepare_linear(gpu, &lq) == SPARQ_OK && gpu->be->prepare_linear(gpu, &lk) == SPARQ_OK &&
+          gpu->be->prepare_linear(gpu, &lv) == SPARQ_OK);
+    const bool took = gpu->be->attn_front(gpu, &af, dx, rows, pos, kvf, cached ? dkc[1] : NULL,
+                                          cached ? dvc[1] : NULL, dq[1], dk[1], dv[1]);
+    CHECK_MSG(took, "attn_front refused d %d, %d/%d heads of %d, K %d, %d rows", d, nh, nkv, hd, K, rows);
+    char what[160];
+    float *h = malloc(cn * 4 > (size_t)rows * qd * 4 ? cn * 4 : (size_t)rows * qd * 4);
+    const struct {
+        float *const *dev;
+        const float *ref;
+        size_t n;
+        const char *name;
+    } outs[] = {{dq, q, (size_t)rows * qd, "q"}, {dk, k, (size_t)rows * kvd, "k"}, {dv, v, (size_t)rows * kvd, "v"},
+                {dkc, kc, cn, "k cache"}, {dvc, vc, cn, "v cache"}};
+    float *ho = malloc(cn * 4 > (size_t)rows * qd * 4 ? cn * 4 : (size_t)rows * qd * 4);
+    for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
+        down(ho, outs[o].dev[0], outs[o].n * 4);
+        down(h, outs[o].dev[1], outs[o].n * 4);
+        snprintf(what, sizeof what, "attn_front %s (d %d, %d/%d heads of %d, K %d, %d rows%s) vs the GPU's ops",
+                 outs[o].name, d, nh, nkv, hd, K, rows, cached ? ", cached" : "");
+        check_nmse(h, ho, outs[o].n, 1e-10, what);
+        snprintf(what, sizeof what, "attn_front %s (d %d, %d/%d heads of %d, K %d, %d rows%s) vs the CPU's ops",
+                 outs[o].name, d, nh, nkv, hd, K, rows, cached ? ", cached" : "");
+        check_nmse(h, outs[o].ref, outs[o].n, 1e-5, what);
+        if (o >= 3) { /* the rows the step did not write are the old ones, bit for bit */
+            const float *c0 = o == 3 ? kc0 : vc0;
+            size_t bad = 0;
+            for (size_t i = 0; i < cn; i++) {
+                const int row = (int)(i / (size_t)kvd), r = row / ctx;
+                const bool written = cached && row % ctx == pos[r];
+                if (!written && memcmp(&h[i], &c0[i], 4)) bad++;
+            }
+            CHECK_MSG(bad == 0, "attn_front %s: %zu values outside the step's rows changed", outs[o].name, bad);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        gpu->be->free(gpu, dq[i]), gpu->be->free(gpu, dk[i]), gpu->be->free(gpu, dv[i]), gpu->be->free(gpu, dkc[i]),
+            gpu->be->free(gpu, dvc[i]);
+    gpu->be->free(gpu, dx), gpu->be->free(gpu, dxn);
+    free(h), free(ho), free(xn), free(q), free(k), free(v), free(kc), free(vc), free(kc0), free(vc0), free(x);
+}
+
+static void test_attn_front(void)
+{
+    CHECK(sq_exec_reserve(cpu, sq_exec_scratch_floats(4096, 512)) == SPARQ_OK);
+    for (int rows = 1; rows <= 4; rows++) {
+        run_attn_front(256, 4, 2, 128, 3, rows, rows != 2);
+        run_attn_front(256, 4, 2, 64, 3, rows, rows != 3);
+    }
+    run_attn_front(384, 6, 2, 64, 2, 2, true);
+    run_attn_front(2048, 32, 4, 128, 4, 1, true); /* Qwen3-30B-A3B: gemv_int_c2 over 5120 columns */
+    run_attn_front(2048, 32, 4, 128, 4, 4, true);
+    run_attn_front(4096, 64, 4, 128, 3, 1, true); /* Qwen3-235B-A22B: the 16-warp 8-column kernel */
+    /* what the fused path must leave to the ops */
+    sq_linear lq = exl3_linear(256, 256, 3, TRELLIS_CB_MUL1), lk = exl3_linear(256, 128, 3, TRELLIS_CB_MUL1),
+              lv = exl3_linear(256, 128, 4, TRELLIS_CB_MUL1), lk96 = exl3_linear(256, 384, 3, TRELLIS_CB_MUL1);
+    float *norm = randv(256, 1.0f), *inv = randv(64, 0.1f);
+    CHECK(gpu->be->prepare_linear(gpu, &lq) == SPARQ_OK && gpu->be->prepare_linear(gpu, &lk) == SPARQ_OK &&
+          gpu->be->prepare_linear(gpu, &lv) == SPARQ_OK && gpu->be->prepare_linear(gpu, &lk96) == SPARQ_OK);
+    float *dx = up(NULL, 5 * 256 * 4), *dy = up(NULL, 5 * 256 * 4);
+    const int pos[5] = {0, 1, 2, 3, 4};
+    sq_attn_front mixed = {.q = &lq, .k = &lk, .v = &lv, .norm = norm, .eps = 1e-6f, .n_heads = 2, .n_kv = 1,
+                           .head_dim = 128, .inv_freq = inv};
+    CHECK(!gpu->be->attn_front(gpu, &mixed, dx, 1, pos, pos, NULL, NULL, dy, dy, dy));
+    sq_attn_front five = mixed;
+    five.v = &lk;
+    CHECK(!gpu->be->attn_front(gpu, &five, dx, 5, pos, pos, NULL, NULL, dy, dy, dy));
+    sq_attn_front h96 = {.q = &lk96, .k = &lk96, .v = &lk96, .norm = norm, .eps = 1e-6f, .n_heads = 4, .n_kv = 4,
+                         .head_dim = 96, .inv_freq = inv};
+    CHECK(!gpu->be->attn_front(gpu, &h96, dx, 1, pos, pos, NULL, NULL, dy, dy, dy));
+    CHECK(gpu->be->sync(gpu) == SPARQ_OK);
+    gpu->be->free(gpu, dx), gpu->be->free(gpu, dy);
+    /* norm and inv stay allocated: the backend may key device copies by their address */
 }
 
 /* The router's top-k on the GPU chooses the CPU's experts: small and real
@@ -297,7 +425,7 @@ static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts,
         float *x = randv((size_t)rows * d, 1.0f), *oc = malloc((size_t)rows * d * 4), *og = malloc((size_t)rows * d * 4);
         float *dx = up(x, (size_t)rows * d * 4), *dout = up(NULL, (size_t)rows * d * 4);
         moe_ref(ml, x, rows, oc);
-        gpu->be->moe(gpu, ml, dx, rows, dout, &ws);
+        gpu->be->moe(gpu, ml, dx, rows, dout, &ws, false);
         down(og, dout, (size_t)rows * d * 4);
         char msg[64];
         snprintf(msg, sizeof msg, "moe %s rows %d", what, rows);
@@ -354,6 +482,7 @@ int main(void)
     RUN(test_rmsnorm_rope_swiglu_axpy);
     RUN(test_attention_kv);
     RUN(test_attention_split);
+    RUN(test_attn_front);
     RUN(test_router_embed);
     RUN(test_moe);
     CHECK(gpu->be->sync(gpu) == SPARQ_OK);

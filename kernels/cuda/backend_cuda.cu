@@ -714,19 +714,33 @@ __device__ float block_max_f(float v)
     return v;
 }
 
-/* One row a block: the sum of squares in double, as the CPU. */
-__global__ void __launch_bounds__(256) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
+/* One row a block: the sum of squares in double, as the CPU. ADD (the
+ * add_rmsnorm op): h += x first, each sum rounded once as k_axpy's
+ * fmaf(1, x, h), and h is the row normalised; one kernel for both so that
+ * add_rmsnorm is axpy then rmsnorm to the bit. */
+template <bool ADD>
+__global__ void __launch_bounds__(256) k_rmsnorm(const float *x, float *h, int dim, const float *w, float eps, float *y)
 {
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
+    const size_t off = (size_t)blockIdx.x * dim;
+    const float *xr = ADD ? h + off : x + off;
+    float *yr = y + off;
     double ss = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (ADD) {
+            v += x[off + i];
+            h[off + i] = v;
+        }
+        ss += (double)v * v;
+    }
     ss = block_sum_d(ss);
     const float inv = (float)(1.0 / sqrt(ss / dim + eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
-static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
+/* rmsnorm (h NULL) or add_rmsnorm of the rows. */
+static void rmsnorm_launch(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                           float *y)
 {
     cuda_state *st = state_of(ex);
     void *dw;
@@ -735,8 +749,19 @@ static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const f
         keep_err(st, s);
         return;
     }
-    if (replaying(st, 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim)) return;
-    k_rmsnorm<<<(unsigned)rows, 256, 0, st->s>>>(x, dim, (const float *)dw, eps, y);
+    if (replaying(st, h ? 12 : 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim, P(h))) return;
+    (h ? k_rmsnorm<true> : k_rmsnorm<false>)<<<(unsigned)rows, 256, 0, st->s>>>(x, h, dim, (const float *)dw, eps, y);
+}
+
+static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
+{
+    rmsnorm_launch(ex, x, NULL, rows, dim, w, eps, y);
+}
+
+static void cuda_add_rmsnorm(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                             float *y)
+{
+    rmsnorm_launch(ex, x, h, rows, dim, w, eps, y);
 }
 
 /* Block (row, head); thread i rotates the pair (i, i + hd/2). */
@@ -1702,6 +1727,7 @@ static const sq_backend cuda_backend = {
     .router_topk = cuda_router_topk,
     .swiglu = cuda_swiglu,
     .axpy = cuda_axpy,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .device = true,
     .alloc = cuda_alloc,
     .free = cuda_free_mem,

@@ -5,8 +5,8 @@
  * are a normalised squared error, ‖gpu − cpu‖² / ‖cpu‖², against a bound that
  * fits the op: ~1e-12 for fp32 ops whose only difference is the order of
  * additions, looser where the GPU rounds inputs to fp16 (EXL3) or where
- * sin/cos/exp differ by an ulp; the router's are element by element (ids
- * exactly, weights in ulps). Exits 77 (skipped) without a GPU. */
+ * sin/cos/exp differ by an ulp; the router's and add_rmsnorm's are element by
+ * element (ids exactly, ulps, bits). Exits 77 (skipped) without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -164,6 +164,44 @@ static void test_rmsnorm_rope_swiglu_axpy(void)
     gpu->be->free(gpu, dx), gpu->be->free(gpu, dy), gpu->be->free(gpu, dq), gpu->be->free(gpu, dg),
         gpu->be->free(gpu, du);
     free(x), free(w), free(yc), free(yg), free(q), free(inv), free(qg), free(g), free(u), free(oc), free(og);
+}
+
+/* add_rmsnorm (k_rmsnorm<true>) at a decode step's shapes (Qwen3's d 2048,
+ * V4.1's 7168, 1 to 16 rows) against the CPU: h to the bit (one rounded add
+ * on both), y within 1e-6 relative (the sums of squares differ in order
+ * only); and to the bit the GPU's own axpy then rmsnorm, which it replaces. */
+static void test_add_rmsnorm(void)
+{
+    static const int dims[] = {2048, 7168}, row_counts[] = {1, 4, 16};
+    for (int di = 0; di < 2; di++) {
+        const int dim = dims[di];
+        float *w = randv((size_t)dim, 1.0f); /* kept alive: the backend keys its copy by the address */
+        for (int ri = 0; ri < 3; ri++) {
+            const int rows = row_counts[ri];
+            const size_t n = (size_t)rows * dim, bytes = n * 4;
+            float *x = randv(n, 1.0f), *h = randv(n, 2.0f), *hg = malloc(bytes), *yc = malloc(bytes),
+                  *yg = malloc(bytes), *y2 = malloc(bytes);
+            float *dx = up(x, bytes), *dh = up(h, bytes), *dh2 = up(h, bytes), *dy = up(NULL, bytes),
+                  *dy2 = up(NULL, bytes);
+            cpu->be->add_rmsnorm(cpu, x, h, rows, dim, w, 1e-6f, yc);
+            gpu->be->add_rmsnorm(gpu, dx, dh, rows, dim, w, 1e-6f, dy);
+            gpu->be->axpy(gpu, 1.0f, dx, n, dh2);
+            gpu->be->rmsnorm(gpu, dh2, rows, dim, w, 1e-6f, dy2);
+            down(hg, dh, bytes);
+            down(yg, dy, bytes);
+            down(y2, dy2, bytes);
+            CHECK_MSG(memcmp(hg, h, bytes) == 0, "add_rmsnorm rows %d dim %d: h is not the CPU's", rows, dim);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++)
+                worst = fmax(worst, fabs((double)yg[i] - yc[i]) / fmax(fabs((double)yc[i]), 1e-30));
+            CHECK_MSG(worst <= 1e-6, "add_rmsnorm rows %d dim %d: y %.3g relative from the CPU's", rows, dim, worst);
+            CHECK_MSG(memcmp(yg, y2, bytes) == 0, "add_rmsnorm rows %d dim %d: not the GPU's axpy + rmsnorm", rows,
+                      dim);
+            gpu->be->free(gpu, dx), gpu->be->free(gpu, dh), gpu->be->free(gpu, dh2), gpu->be->free(gpu, dy),
+                gpu->be->free(gpu, dy2);
+            free(x), free(h), free(hg), free(yc), free(yg), free(y2);
+        }
+    }
 }
 
 /* Decode-sized attention over a KV cache (the split kernel, kernels/cuda/
@@ -392,6 +430,7 @@ int main(void)
     RUN(test_linear_dense);
     RUN(test_linear_exl3);
     RUN(test_rmsnorm_rope_swiglu_axpy);
+    RUN(test_add_rmsnorm);
     RUN(test_attention_kv);
     RUN(test_attention_split);
     RUN(test_router_embed);

@@ -171,6 +171,12 @@ typedef struct sq_backend {
     /* y[i] += a · x[i], n elements. */
     void (*axpy)(sq_exec *ex, float a, const float *x, size_t n, float *y);
 
+    /* h[r] += x[r]; y[r] = rmsnorm(h[r]) ⊙ w (rmsnorm's rule), rows vectors of dim. y ≠ h.
+     * The residual add and the next norm in one pass (one launch on the GPU):
+     * to the bit the same backend's axpy(1, x, h) then rmsnorm(h, …, y). */
+    void (*add_rmsnorm)(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                        float *y);
+
     /* --- memory and the graph's former host steps (issue 10) -------------
      * With `device` true, every float/int activation pointer passed to the ops
      * above and below is backend memory (from `alloc`): device memory for

@@ -322,7 +322,8 @@ static void cpu_linear(sq_exec *ex, const sq_linear *l, const float *x, int rows
 /* --- rmsnorm ------------------------------------------------------------------- */
 
 typedef struct {
-    const float *x;
+    const float *x; /* rmsnorm's input; with h: the vectors added to h first */
+    float *h;       /* add_rmsnorm's residual (NULL: plain rmsnorm of x) */
     int dim;
     const float *w;
     float eps;
@@ -341,17 +342,34 @@ static void norm_item(void *ctx, size_t r, int tid)
 {
     (void)tid;
     const norm_job *j = ctx;
-    rmsnorm_row(j->x + r * j->dim, j->dim, j->w, j->eps, j->y + r * j->dim);
+    const size_t dim = (size_t)j->dim;
+    const float *x = j->x + r * dim;
+    if (j->h) { /* h + x rounds as axpy's fmaf(1, x, h) does: one rounding */
+        float *h = j->h + r * dim;
+        for (size_t i = 0; i < dim; i++) h[i] += x[i];
+        x = h;
+    }
+    rmsnorm_row(x, j->dim, j->w, j->eps, j->y + r * dim);
+}
+
+static void norm_rows(sq_exec *ex, norm_job *j, int rows)
+{
+    if (rows < 64) {
+        for (int r = 0; r < rows; r++) norm_item(j, (size_t)r, 0);
+        return;
+    }
+    sparq_pool_for(ex->pool, (size_t)rows, norm_item, j);
 }
 
 static void cpu_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
 {
-    norm_job j = {x, dim, w, eps, y};
-    if (rows < 64) {
-        for (int r = 0; r < rows; r++) norm_item(&j, (size_t)r, 0);
-        return;
-    }
-    sparq_pool_for(ex->pool, (size_t)rows, norm_item, &j);
+    norm_rows(ex, &(norm_job){x, NULL, dim, w, eps, y}, rows);
+}
+
+static void cpu_add_rmsnorm(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                            float *y)
+{
+    norm_rows(ex, &(norm_job){x, h, dim, w, eps, y}, rows);
 }
 
 /* --- rope ------------------------------------------------------------------------ */
@@ -527,6 +545,7 @@ static const sq_backend cpu_backend = {
     .router_topk = cpu_router_topk,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .device = false,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -14,6 +14,7 @@
  * weights widened exactly; only the order of additions differs from the CPU. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -753,20 +754,34 @@ __device__ float block_max_f(float v)
     return v;
 }
 
-/* One row a block: the sum of squares in double, as the CPU. */
-__global__ void __launch_bounds__(256) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
+/* One row a block: the sum of squares in double, as the CPU. ADD (the
+ * add_rmsnorm op): h += x first, each sum rounded once as k_axpy's
+ * fmaf(1, x, h), and h is the row normalised; one kernel for both so that
+ * add_rmsnorm is axpy then rmsnorm to the bit. */
+template <bool ADD>
+__global__ void __launch_bounds__(256) k_rmsnorm(const float *x, float *h, int dim, const float *w, float eps, float *y)
 {
     pdl_enter();
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
+    const size_t off = (size_t)blockIdx.x * dim;
+    const float *xr = ADD ? h + off : x + off;
+    float *yr = y + off;
     double ss = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (ADD) {
+            v += x[off + i];
+            h[off + i] = v;
+        }
+        ss += (double)v * v;
+    }
     ss = block_sum_d(ss);
     const float inv = (float)(1.0 / sqrt(ss / dim + eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
-static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
+/* rmsnorm (h NULL) or add_rmsnorm of the rows. */
+static void rmsnorm_launch(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                           float *y)
 {
     cuda_state *st = state_of(ex);
     void *dw;
@@ -775,8 +790,19 @@ static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const f
         keep_err(st, s);
         return;
     }
-    if (replaying(st, 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim)) return;
-    launch(st->s, st, k_rmsnorm, rows, 256, 0, x, dim, (const float *)dw, eps, y);
+    if (replaying(st, h ? 12 : 2, P(x), P(dw), P(y), (uint64_t)rows << 32 | (uint32_t)dim, P(h))) return;
+    launch(st->s, st, h ? k_rmsnorm<true> : k_rmsnorm<false>, rows, 256, 0, x, h, dim, (const float *)dw, eps, y);
+}
+
+static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
+{
+    rmsnorm_launch(ex, x, NULL, rows, dim, w, eps, y);
+}
+
+static void cuda_add_rmsnorm(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
+                             float *y)
+{
+    rmsnorm_launch(ex, x, h, rows, dim, w, eps, y);
 }
 
 /* Block (row, head); thread i rotates the pair (i, i + hd/2). */
@@ -1050,67 +1076,96 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
 
 /* --- router, elementwise, embed, KV ----------------------------------------------- */
 
-/* One row a thread, the CPU's code (kernels/cpu/ops_topk.h). */
+/* One row a thread, the CPU's code (kernels/cpu/ops_topk.h): the fallback for
+ * rows the warp kernel below does not hold. */
 __global__ void k_topk(const float *logits, int rows, int n_exp, int k, bool norm, int *idx, float *w)
 {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows) sq_topk_row(logits + (size_t)r * n_exp, n_exp, k, norm, idx + (size_t)r * k, w + (size_t)r * k);
 }
 
-/* The same rule with one warp a row (TOPK_WARPS rows a block): the row in
- * shared memory, its max and then each of the k picks by a warp reduction
- * (larger logit first, the lower index on ties, as sq_topk_row), the softmax
- * sum by lane 0 in the CPU's order. One thread a row (k_topk) read the row
- * k + 2 times from global memory one value at a time: 201 µs a call for 128
- * experts top-8 on the H200, most of a Qwen3-30B decode step; this takes a
- * few µs. */
+/* A logit as an unsigned key in the floats' order (NaN aside), -0 made +0
+ * first because the CPU's '>' ties them; 0 is below every logit's key, -inf's
+ * included, so it stands for "nothing left". */
+__device__ __forceinline__ unsigned topk_key(float v)
+{
+    const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ float topk_logit(unsigned key)
+{
+    return __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+}
+
+/* The same rule with one warp a row (TOPK_WARPS rows a block) and the row in
+ * registers: lane j holds experts j, j + 32, … (NPL slots, those past n_exp
+ * marked taken from the start). The max and the softmax sum (double, each
+ * lane's slots then a butterfly) are warp reductions. Each of the k picks is
+ * the largest key not taken: each lane offers its best, __reduce_max_sync
+ * finds the largest, __reduce_min_sync the lowest expert holding it (ties to
+ * the lower index, as sq_topk_row), and the owner marks that slot in its
+ * bitmask (a bit, not -inf: a logit may be -inf and must stay selectable).
+ * Lane i keeps pick i, computes its weight as the CPU does and writes it;
+ * the renormalisation adds the k weights in pick order, as the CPU. The
+ * double sum differs from the CPU's only in its order of additions, and
+ * CUDA's expf from glibc's by up to 2 ulp, so the weights agree to a few ulp
+ * and the ids exactly. On the H200 one thread a row read the row k + 2 times from global
+ * memory: 201 µs a call for 128 experts top-8; a warp with the row in shared
+ * memory, lane 0 summing the softmax and dividing each pick's weight: 10.1 µs. */
 #define TOPK_WARPS 4
-#define TOPK_WARP_MAX_EXP 2048
+#define TOPK_WARP_MAX_EXP (32 * 32) /* 32 slots a lane: the taken bitmask's width */
+#define TOPK_WARP_MAX_K 32          /* one pick a lane */
+template <int NPL>
 __global__ void __launch_bounds__(32 * TOPK_WARPS) k_topk_warp(const float *logits, int rows, int n_exp, int k, bool norm,
                                                               int *idx, float *w)
 {
-    extern __shared__ float tk_sm[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r = blockIdx.x * TOPK_WARPS + warp;
-    float *l = tk_sm + (size_t)warp * n_exp;
-    unsigned char *taken = (unsigned char *)(tk_sm + (size_t)TOPK_WARPS * n_exp) + (size_t)warp * n_exp;
+    pdl_enter();
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x % 32, r = blockIdx.x * TOPK_WARPS + threadIdx.x / 32;
     if (r >= rows) return;
     const float *lr = logits + (size_t)r * n_exp;
+    float l[NPL];
+    unsigned taken = 0, key[NPL];
     float mx = -INFINITY;
-    for (int e = lane; e < n_exp; e += 32) {
-        const float v = lr[e];
-        l[e] = v;
-        taken[e] = 0;
-        mx = fmaxf(mx, v);
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        const int e = lane + 32 * j;
+        l[j] = e < n_exp ? lr[e] : -INFINITY;
+        taken |= (unsigned)(e >= n_exp) << j;
+        mx = fmaxf(mx, l[j]);
     }
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    __syncwarp();
+    mx = topk_logit(__reduce_max_sync(all, topk_key(mx)));
     double sum = 0;
-    if (lane == 0)
-        for (int e = 0; e < n_exp; e++) sum += expf(l[e] - mx);
-    sum = __shfl_sync(0xffffffffu, sum, 0);
-    float wsum = 0;
-    for (int i = 0; i < k; i++) {
-        float bv = -INFINITY;
-        int be = -1;
-        for (int e = lane; e < n_exp; e += 32)
-            if (!taken[e] && (be < 0 || l[e] > bv)) bv = l[e], be = e;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
-        }
-        if (lane == 0) {
-            taken[be] = 1;
-            const float wi = (float)(expf(l[be] - mx) / sum);
-            idx[(size_t)r * k + i] = be;
-            w[(size_t)r * k + i] = wi;
-            wsum += wi;
-        }
-        __syncwarp();
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        if (!(taken >> j & 1)) sum += expf(l[j] - mx);
+        key[j] = topk_key(l[j]);
     }
-    if (norm && lane == 0)
-        for (int i = 0; i < k; i++) w[(size_t)r * k + i] /= wsum;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(all, sum, o);
+    unsigned pick_key = 0;
+    int pick = 0;
+    for (int i = 0; i < k; i++) {
+        unsigned bk = 0;
+        int be = INT_MAX;
+#pragma unroll
+        for (int j = 0; j < NPL; j++)
+            if (!(taken >> j & 1) && key[j] > bk) bk = key[j], be = lane + 32 * j;
+        const unsigned gk = __reduce_max_sync(all, bk);
+        const int ge = __reduce_min_sync(all, bk == gk ? be : INT_MAX);
+        if (lane == (ge & 31)) taken |= 1u << (ge >> 5);
+        if (lane == i) pick_key = gk, pick = ge;
+    }
+    float wi = lane < k ? (float)(expf(topk_logit(pick_key) - mx) / sum) : 0.0f;
+    if (norm) {
+        float s = 0;
+        for (int i = 0; i < k; i++) s += __shfl_sync(all, wi, i);
+        wi /= s;
+    }
+    if (lane < k) {
+        idx[(size_t)r * k + lane] = pick;
+        w[(size_t)r * k + lane] = wi;
+    }
 }
 
 static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_exp, int k, bool norm, int *idx,
@@ -1119,10 +1174,13 @@ static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_e
     cuda_state *st = state_of(ex);
     if (rows <= 0 || replaying(st, 5, P(logits), P(idx), P(w), (uint64_t)rows << 32 | (uint32_t)(n_exp << 8 | k)))
         return;
-    if (n_exp <= TOPK_WARP_MAX_EXP && k <= n_exp) {
-        const size_t smem = (size_t)TOPK_WARPS * n_exp * (sizeof(float) + 1);
-        k_topk_warp<<<(unsigned)((rows + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, smem, st->s>>>(logits, rows, n_exp, k,
-                                                                                               norm, idx, w);
+    if (n_exp <= TOPK_WARP_MAX_EXP && k <= TOPK_WARP_MAX_K && k <= n_exp) {
+        const int npl = (n_exp + 31) / 32; /* slots a lane; the kernel with the fewest that hold them */
+        void (*kern)(const float *, int, int, int, bool, int *, float *) =
+            npl <= 4 ? k_topk_warp<4> : npl <= 8 ? k_topk_warp<8> : npl <= 12 ? k_topk_warp<12>
+                                    : npl <= 16 ? k_topk_warp<16> : k_topk_warp<32>;
+        launch(st->s, st, kern, (rows + TOPK_WARPS - 1) / TOPK_WARPS, 32 * TOPK_WARPS, 0, logits, rows, n_exp, k, norm,
+               idx, w);
         return;
     }
     k_topk<<<(unsigned)((rows + 63) / 64), 64, 0, st->s>>>(logits, rows, n_exp, k, norm, idx, w);
@@ -1237,7 +1295,7 @@ static bool cuda_attn_front(sq_exec *ex, const sq_attn_front *a, const float *x,
     }
     const int *dp = stage(st, pos, (size_t)rows), *dkf = kc ? stage(st, kv_first, (size_t)rows) : NULL;
     if (!dp || (kc && !dkf) ||
-        replaying(st, 12, P(a->q) ^ P(a->k) << 1 ^ P(a->v) << 2, P(x), P(q) ^ P(k) << 1 ^ P(v) << 2,
+        replaying(st, 13, P(a->q) ^ P(a->k) << 1 ^ P(a->v) << 2, P(x), P(q) ^ P(k) << 1 ^ P(v) << 2,
                   P(kc) ^ P(vc) << 1 ^ (uint64_t)rows << 48, P(dp) ^ P(dkf) << 1))
         return true;
     trellis_cuda_group_opts o = {};
@@ -1772,6 +1830,7 @@ static const sq_backend cuda_backend = {
     .router_topk = cuda_router_topk,
     .swiglu = cuda_swiglu,
     .axpy = cuda_axpy,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .device = true,
     .alloc = cuda_alloc,
     .free = cuda_free_mem,

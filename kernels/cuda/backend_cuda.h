@@ -13,8 +13,8 @@
  *    fused trellis_cuda_moe_forward (no host round trip); otherwise the top-k
  *    ids (rows × k ints) come back to the host to group rows by expert, and
  *    the experts run on gathered rows on the GPU;
- *  - rmsnorm, rope, attention, swiglu, axpy, embedding gather, KV append:
- *    plain kernels.
+ *  - rmsnorm (and add_rmsnorm), rope, attention, swiglu, axpy, embedding
+ *    gather, KV append: plain kernels.
  * Everything is queued on the default stream; ops never fail, the first CUDA
  * error is kept and returned by the vtable's to_host / sync. Device copies of
  * weights are keyed by their host address: a host buffer must not be changed

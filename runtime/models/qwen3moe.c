@@ -519,10 +519,9 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
     be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, 1.0f / sqrtf((float)hd), m->ao);
     sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
     sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
-    be->axpy(ex, 1.0f, m->proj, (size_t)rows * d, hidden);
 
-    /* MoE / MLP */
-    be->rmsnorm(ex, hidden, rows, d, w->post_norm, m->eps, m->xn);
+    /* MoE / MLP, on the residual plus the attention's output; the MoE adds into the residual */
+    be->add_rmsnorm(ex, m->proj, hidden, rows, d, w->post_norm, m->eps, m->xn);
     moe_block(m, L, m->xn, rows, obs, hidden);
 }
 

@@ -1,11 +1,12 @@
 /* tests/gpu/test_backend_cuda.c — every op of the CUDA backend
  * (kernels/cuda/backend_cuda.h) against the CPU backend's op on random
  * inputs, with shapes that are and are not multiples of the kernels' block
- * sizes (8-wide loads, 64×64 GEMM tiles, 16-row trellis GEMM). Each check is
- * a normalised squared error, ‖gpu − cpu‖² / ‖cpu‖², against a bound that
+ * sizes (8-wide loads, 64×64 GEMM tiles, 16-row trellis GEMM). Most checks
+ * are a normalised squared error, ‖gpu − cpu‖² / ‖cpu‖², against a bound that
  * fits the op: ~1e-12 for fp32 ops whose only difference is the order of
  * additions, looser where the GPU rounds inputs to fp16 (EXL3) or where
- * sin/cos/exp differ by an ulp. Exits 77 (skipped) without a GPU. */
+ * sin/cos/exp differ by an ulp; the router's and add_rmsnorm's are element by
+ * element (ids exactly, ulps, bits). Exits 77 (skipped) without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -165,6 +166,44 @@ static void test_rmsnorm_rope_swiglu_axpy(void)
     /* w and inv stay allocated: the backend keys its device copies by host address, and a
      * later test's vector at a freed address would get this one's copy */
     free(x), free(yc), free(yg), free(q), free(qg), free(g), free(u), free(oc), free(og);
+}
+
+/* add_rmsnorm (k_rmsnorm<true>) at a decode step's shapes (Qwen3's d 2048,
+ * V4.1's 7168, 1 to 16 rows) against the CPU: h to the bit (one rounded add
+ * on both), y within 1e-6 relative (the sums of squares differ in order
+ * only); and to the bit the GPU's own axpy then rmsnorm, which it replaces. */
+static void test_add_rmsnorm(void)
+{
+    static const int dims[] = {2048, 7168}, row_counts[] = {1, 4, 16};
+    for (int di = 0; di < 2; di++) {
+        const int dim = dims[di];
+        float *w = randv((size_t)dim, 1.0f); /* kept alive: the backend keys its copy by the address */
+        for (int ri = 0; ri < 3; ri++) {
+            const int rows = row_counts[ri];
+            const size_t n = (size_t)rows * dim, bytes = n * 4;
+            float *x = randv(n, 1.0f), *h = randv(n, 2.0f), *hg = malloc(bytes), *yc = malloc(bytes),
+                  *yg = malloc(bytes), *y2 = malloc(bytes);
+            float *dx = up(x, bytes), *dh = up(h, bytes), *dh2 = up(h, bytes), *dy = up(NULL, bytes),
+                  *dy2 = up(NULL, bytes);
+            cpu->be->add_rmsnorm(cpu, x, h, rows, dim, w, 1e-6f, yc);
+            gpu->be->add_rmsnorm(gpu, dx, dh, rows, dim, w, 1e-6f, dy);
+            gpu->be->axpy(gpu, 1.0f, dx, n, dh2);
+            gpu->be->rmsnorm(gpu, dh2, rows, dim, w, 1e-6f, dy2);
+            down(hg, dh, bytes);
+            down(yg, dy, bytes);
+            down(y2, dy2, bytes);
+            CHECK_MSG(memcmp(hg, h, bytes) == 0, "add_rmsnorm rows %d dim %d: h is not the CPU's", rows, dim);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++)
+                worst = fmax(worst, fabs((double)yg[i] - yc[i]) / fmax(fabs((double)yc[i]), 1e-30));
+            CHECK_MSG(worst <= 1e-6, "add_rmsnorm rows %d dim %d: y %.3g relative from the CPU's", rows, dim, worst);
+            CHECK_MSG(memcmp(yg, y2, bytes) == 0, "add_rmsnorm rows %d dim %d: not the GPU's axpy + rmsnorm", rows,
+                      dim);
+            gpu->be->free(gpu, dx), gpu->be->free(gpu, dh), gpu->be->free(gpu, dh2), gpu->be->free(gpu, dy),
+                gpu->be->free(gpu, dy2);
+            free(x), free(h), free(hg), free(yc), free(yg), free(y2);
+        }
+    }
 }
 
 /* Decode-sized attention over a KV cache (the split kernel, kernels/cuda/
@@ -350,17 +389,48 @@ static void test_attn_front(void)
     /* norm and inv stay allocated: the backend may key device copies by their address */
 }
 
-/* The router's top-k on the GPU chooses the CPU's experts: small and real
- * shapes (Qwen3's 128 experts top-8, 256 top-8), logits with ties (to the
- * lower index), and more experts than the warp kernel takes (the fallback). */
+/* distance in ulps between two floats of the same sign */
+static long long ulps(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    return llabs((long long)ia - ib);
+}
+
+/* Row r of a router case, one of four kinds: random; rounded to integers
+ * (ties everywhere: the lower index wins); a third of the experts -inf; all
+ * -inf but a few ±0 (the CPU ties -0 with +0, and the picks past those are
+ * -inf experts, lowest index first: "taken" must not be a -inf logit). */
+static void router_row(float *l, int E, int kind)
+{
+    for (int e = 0; e < E; e++) {
+        l[e] = rnd() * 3.0f;
+        if (kind == 1) l[e] = roundf(l[e]);
+        if (kind == 2 && e % 3 == 1) l[e] = -INFINITY;
+        if (kind == 3) l[e] = e % 97 == 5 ? (e & 1 ? -0.0f : 0.0f) : -INFINITY;
+    }
+}
+
+/* The most the GPU's router weights may differ from the CPU's: CUDA's expf
+ * is within 2 ulp, glibc's within 1, and the double sum differs in the order
+ * of its additions only. */
+#define ROUTER_ULPS 4
+
+/* The router's top-k on the GPU chooses the CPU's experts: Qwen3's 128
+ * experts top-8 and DeepSeek V4.1's 384 top-6 at 1 to 16 rows, the rows of
+ * every kind above; then a size for each register width of the warp kernel
+ * (k_topk_warp<4..32>), sizes not multiples of 32, and more experts than it
+ * holds (the one-thread fallback). Ids exactly, weights to ROUTER_ULPS. */
 static void test_router_embed(void)
 {
-    static const int shapes[][3] = {{9, 20, 4}, {5, 128, 8}, {17, 256, 8}, {3, 3000, 6}};
+    static const int shapes[][3] = {{1, 128, 8},  {2, 128, 8},  {16, 128, 8}, {1, 384, 6}, {3, 384, 6},
+                                    {8, 384, 6},  {16, 384, 6}, {9, 20, 4},   {5, 256, 8}, {4, 300, 7},
+                                    {5, 512, 8},  {4, 1000, 8}, {3, 1024, 32}, {3, 3000, 6}};
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         const int rows = shapes[sh][0], E = shapes[sh][1], K = shapes[sh][2];
-        float *l = randv((size_t)rows * E, 3.0f);
-        if (sh == 1)
-            for (int e = 0; e < E; e++) l[e] = (float)(e % 5); /* row 0: ties everywhere */
+        float *l = malloc((size_t)rows * E * 4);
+        for (int r = 0; r < rows; r++) router_row(l + (size_t)r * E, E, (int)((r + sh) % 4));
         float *dl = up(l, (size_t)rows * E * 4);
         int *dix = up(NULL, (size_t)rows * K * 4);
         float *dw = up(NULL, (size_t)rows * K * 4);
@@ -371,8 +441,16 @@ static void test_router_embed(void)
             gpu->be->router_topk(gpu, dl, rows, E, K, norm, dix, dw);
             down(ig, dix, (size_t)rows * K * 4);
             down(wg, dw, (size_t)rows * K * 4);
-            CHECK_MSG(memcmp(ic, ig, (size_t)rows * K * 4) == 0, "router top-%d of %d: other experts", K, E);
-            check_nmse(wg, wc, (size_t)rows * K, 1e-12, norm ? "router weights (norm)" : "router weights");
+            int bad = -1;
+            long long worst = 0;
+            for (int i = 0; i < rows * K; i++) {
+                if (ig[i] != ic[i] && bad < 0) bad = i;
+                if (ulps(wg[i], wc[i]) > worst) worst = ulps(wg[i], wc[i]);
+            }
+            CHECK_MSG(bad < 0, "router %d rows top-%d of %d norm %d: row %d pick %d is expert %d, the CPU's %d", rows,
+                      K, E, norm, bad / K, bad % K, ig[bad < 0 ? 0 : bad], ic[bad < 0 ? 0 : bad]);
+            CHECK_MSG(worst <= ROUTER_ULPS, "router %d rows top-%d of %d norm %d: weights %lld ulp from the CPU's",
+                      rows, K, E, norm, worst);
         }
         gpu->be->free(gpu, dl), gpu->be->free(gpu, dix), gpu->be->free(gpu, dw);
         free(l), free(ic), free(ig), free(wc), free(wg);
@@ -480,6 +558,7 @@ int main(void)
     RUN(test_linear_dense);
     RUN(test_linear_exl3);
     RUN(test_rmsnorm_rope_swiglu_axpy);
+    RUN(test_add_rmsnorm);
     RUN(test_attention_kv);
     RUN(test_attention_split);
     RUN(test_attn_front);

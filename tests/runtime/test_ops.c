@@ -129,6 +129,34 @@ static void test_rmsnorm(void)
     CHECK(memcmp(x, y, sizeof x) == 0);
 }
 
+/* add_rmsnorm is axpy(1) then rmsnorm to the bit (both axpy paths, rows on the
+ * calling thread and on the pool, a dim that is no multiple of 8). */
+static void test_add_rmsnorm(void)
+{
+    static const int shapes[][2] = {{1, 2048}, {3, 45}, {70, 203}};
+    for (int s = 0; s < 3; s++) {
+        const int rows = shapes[s][0], dim = shapes[s][1];
+        const size_t n = (size_t)rows * dim;
+        float *x = malloc(n * 4), *h0 = malloc(n * 4), *w = malloc((size_t)dim * 4), *h = malloc(n * 4),
+              *y = malloc(n * 4), *href = malloc(n * 4), *yref = malloc(n * 4);
+        fill(x, n, 2);
+        fill(h0, n, 3);
+        fill(w, (size_t)dim, 1);
+        for (int scalar = 0; scalar < 2; scalar++) {
+            sq_cpu_force_scalar(scalar);
+            memcpy(href, h0, n * 4);
+            ex->be->axpy(ex, 1.0f, x, n, href);
+            ex->be->rmsnorm(ex, href, rows, dim, w, 1e-6f, yref);
+            memcpy(h, h0, n * 4);
+            ex->be->add_rmsnorm(ex, x, h, rows, dim, w, 1e-6f, y);
+            CHECK_MSG(memcmp(h, href, n * 4) == 0 && memcmp(y, yref, n * 4) == 0,
+                      "add_rmsnorm rows %d dim %d scalar %d: not axpy + rmsnorm's floats", rows, dim, scalar);
+        }
+        sq_cpu_force_scalar(false);
+        free(x), free(h0), free(w), free(h), free(y), free(href), free(yref);
+    }
+}
+
 static void test_rope(void)
 {
     const int rows = 5, nh = 3, hd = 8;
@@ -281,6 +309,7 @@ int main(void)
     RUN(test_dot);
     RUN(test_linear);
     RUN(test_rmsnorm);
+    RUN(test_add_rmsnorm);
     RUN(test_rope);
     RUN(test_attention);
     RUN(test_router);

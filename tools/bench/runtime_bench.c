@@ -353,8 +353,10 @@ int main(int argc, char **argv)
            (unsigned long long)mm.plan_kv, (unsigned long long)mm.plan_workspace);
     printf("logits_finite %s\n", finite ? "yes" : "NO");
     if (mm.device_plan)
-        printf("device_bytes planned %llu used %llu (used / (weights + kv + workspace) %.3f)\n",
+        printf("device_bytes planned %llu used %llu (used / planned %.3f; used / (weights + kv + the model's "
+               "workspace) %.3f, the rest the backend's planned workspace: prefill scratch, cuBLAS, staging)\n",
                (unsigned long long)mm.device_plan, (unsigned long long)mm.device_used,
+               (double)mm.device_used / (double)mm.device_plan,
                (double)mm.device_used / (double)(mm.weights + mm.kv + mm.workspace));
     if (gpu_total)
         printf("gpu_bytes_loaded %zu (in use %zu before the load, %zu after, of %zu)\n", gpu_free0 - gpu_free,

@@ -277,22 +277,16 @@ __global__ void __maxnreg__(120)
 typedef void (*gemv_int_fn)(const uint32_t *, const uint32_t *, const float *, const int *, float *, int, int, int,
                             int, uint32_t);
 
-/* The main kernel of `kernel` for K, or NULL (gemv_int_c8_w16 exists for K =
- * 2..4 only). */
-static gemv_int_fn gemv_int_pick(int K, trellis_cuda_gemm_kernel kernel)
-{
-    return with_k_cb(K, CB_MUL1, [&](auto k, auto) -> gemv_int_fn {
-        constexpr int KK = decltype(k)::value;
-        switch (kernel) {
-        case TRELLIS_CUDA_GEMV_INT_C8_W16:
-            if constexpr (KK >= 2 && KK <= 4) return k_gemv_int_c8_w16<KK>;
-            return NULL;
-        case TRELLIS_CUDA_GEMV_INT_C8_W8: return k_gemv_int_c8_w8<KK>;
-        case TRELLIS_CUDA_GEMV_INT_C2: return k_gemv_int_c2<KK>;
-        default: return NULL;
-        }
-    });
-}
+struct gemv_group;
+typedef void (*group_main_fn)(const gemv_group, int);
+
+/* The main kernels of `kernel` for K, the single GEMV's and the group's, or
+ * NULLs (gemv_int_c8_w16 exists for K = 2..4 only). Defined below the group's kernels. */
+struct main_fns {
+    gemv_int_fn single;
+    group_main_fn group;
+};
+static main_fns main_pick(int K, trellis_cuda_gemm_kernel kernel);
 
 sparq_status gemv_int_launch(const trellis_cuda_linear *lin, const float *x, int rows, float *y,
                              trellis_cuda_ws *ws, void *stream, trellis_cuda_gemm_kernel kernel, unsigned parts)
@@ -303,7 +297,7 @@ sparq_status gemv_int_launch(const trellis_cuda_linear *lin, const float *x, int
               kname);
     RETURN_IF(rows > GEMV_INT_MAX_ROWS, SPARQ_E_UNSUPPORTED, "%s: the integer CUDA gemv (%s) takes 1..%d rows, not %d",
               lin->name, kname, GEMV_INT_MAX_ROWS, rows);
-    const gemv_int_fn fn = gemv_int_pick(lin->K, kernel);
+    const gemv_int_fn fn = main_pick(lin->K, kernel).single;
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no integer CUDA gemv %s for K=%d", lin->name, kname, lin->K);
     const bool c8 = kernel != TRELLIS_CUDA_GEMV_INT_C2;
     const int tpb = kernel == TRELLIS_CUDA_GEMV_INT_C8_W16 ? 512 : 256, nb = lin->k / 128;
@@ -509,19 +503,17 @@ __global__ void __launch_bounds__(128) k_group_output(const gemv_group gp)
     }
 }
 
-typedef void (*group_main_fn)(const gemv_group, int);
-
-static group_main_fn group_pick(int K, trellis_cuda_gemm_kernel kernel)
+static main_fns main_pick(int K, trellis_cuda_gemm_kernel kernel)
 {
-    return with_k_cb(K, CB_MUL1, [&](auto k, auto) -> group_main_fn {
+    return with_k_cb(K, CB_MUL1, [&](auto k, auto) -> main_fns {
         constexpr int KK = decltype(k)::value;
         switch (kernel) {
         case TRELLIS_CUDA_GEMV_INT_C8_W16:
-            if constexpr (KK >= 2 && KK <= 4) return k_group_c8_w16<KK>;
-            return NULL;
-        case TRELLIS_CUDA_GEMV_INT_C8_W8: return k_group_c8_w8<KK>;
-        case TRELLIS_CUDA_GEMV_INT_C2: return k_group_c2<KK>;
-        default: return NULL;
+            if constexpr (KK >= 2 && KK <= 4) return {k_gemv_int_c8_w16<KK>, k_group_c8_w16<KK>};
+            return {NULL, NULL};
+        case TRELLIS_CUDA_GEMV_INT_C8_W8: return {k_gemv_int_c8_w8<KK>, k_group_c8_w8<KK>};
+        case TRELLIS_CUDA_GEMV_INT_C2: return {k_gemv_int_c2<KK>, k_group_c2<KK>};
+        default: return {NULL, NULL};
         }
     });
 }
@@ -587,7 +579,7 @@ extern "C" sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const
     trellis_cuda_linear all = *lin[0];
     all.n = gp.cb0[n_lin] * 128;
     const trellis_cuda_gemm_kernel kernel = trellis_cuda_gemm_choice(&all, rows);
-    const group_main_fn fn = group_pick(lin[0]->K, kernel);
+    const group_main_fn fn = main_pick(lin[0]->K, kernel).group;
     RETURN_IF(!fn, SPARQ_E_UNSUPPORTED, "%s: no grouped integer gemv for K=%d", lin[0]->name, lin[0]->K);
     const int tpb = kernel == TRELLIS_CUDA_GEMV_INT_C8_W16 ? 512 : 256;
     int blocks = 0, warps = 0;

@@ -82,6 +82,27 @@ __global__ void __launch_bounds__(128) k_gemv_int_input(const float *__restrict_
     int_input_warp(u, beta, r, k, bq, sa, ch, usb, pc);
 }
 
+/* A warp's 128 output columns before svh: v = had128(t + D·Σu) from the
+ * main kernel's partial sums tr (lane l: columns l + 32e) and the row's Σu per
+ * 128-block (usb_r, nb of them); tr = 0 again. The t loads go out before the
+ * Σu loop. */
+__device__ __forceinline__ void output_block(float *__restrict__ tr, const float *__restrict__ usb_r, int nb, int lane,
+                                             float (&v)[4])
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = tr[lane + 32 * e];
+    float su = 0.0f;
+    for (int b = lane; b < nb; b += 32) su += usb_r[b];
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[e] += INT_D * su;
+        tr[lane + 32 * e] = 0.0f;
+    }
+    had128_warp(v, lane);
+}
+
 /* y[r·n + j] = had128(t + D·Σu_r)[j] ⊙ svh[j], then t = 0: grid (⌈n/512⌉,
  * rows), 128 threads, one warp per 128 columns. svh is loaded before the
  * wait for the main kernel in the source, but ptxas moves the wait above
@@ -101,18 +122,7 @@ __global__ void __launch_bounds__(128) k_gemv_int_output(float *__restrict__ t, 
     griddep_wait();
     float *tr = t + (size_t)r * n + cb * 128;
     float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[e] = tr[lane + 32 * e];
-    float su = 0.0f;
-    for (int b = lane; b < nb; b += 32) su += usb[r * nb + b];
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        v[e] += INT_D * su;
-        tr[lane + 32 * e] = 0.0f;
-    }
-    had128_warp(v, lane);
+    output_block(tr, usb + r * nb, nb, lane, v);
 #pragma unroll
     for (int e = 0; e < 4; e++) y[(size_t)r * n + cb * 128 + lane + 32 * e] = v[e] * sv[e];
 }
@@ -448,19 +458,7 @@ __global__ void __launch_bounds__(128) k_group_output(const gemv_group gp)
     griddep_wait();
     float *tr = gp.t[g] + (size_t)r * n + cb * 128;
     float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[e] = tr[lane + 32 * e];
-    float su = 0.0f;
-    const float *usb = gp.in[g].usb;
-    for (int b = lane; b < nb; b += 32) su += usb[r * nb + b];
-#pragma unroll
-    for (int h = 16; h > 0; h >>= 1) su += __shfl_xor_sync(0xFFFFFFFFu, su, h);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        v[e] += INT_D * su;
-        tr[lane + 32 * e] = 0.0f;
-    }
-    had128_warp(v, lane);
+    output_block(tr, gp.in[g].usb + r * nb, nb, lane, v);
 #pragma unroll
     for (int e = 0; e < 4; e++) v[e] *= sv[e];
     const int he = gp.hd >> 5; /* a lane's values per head: 2 or 4 */

@@ -126,7 +126,7 @@ typedef struct sq_attn_front {
     const float *norm;           /* [in] the input RMSNorm's weight */
     const float *q_norm, *k_norm; /* [head_dim] or NULL (no per-head norm) */
     float eps;
-    int n_heads, n_kv, head_dim;
+    int head_dim;                /* the heads: q->out / head_dim of q, k->out / head_dim of k and v */
     const float *inv_freq;       /* [head_dim / 2]: RoPE rotate-half, as `rope` */
 } sq_attn_front;
 
@@ -268,7 +268,7 @@ typedef struct sq_backend {
      * linears, rows and head_dim, so a captured step and its replays agree).
      * Computes what rmsnorm(x ⊙ a->norm) → q, k, v linears → q_norm / k_norm
      * per head → rope at pos → (kc non-NULL) kv_store(k, v, kv_first, pos)
-     * computes, into q [rows, n_heads·hd], k and v [rows, n_kv·hd]; xn is
+     * computes, into q [rows, q->out], k and v [rows, k->out]; xn is
      * not materialised. pos, kv_first: host, as rope's and kv_store's. NULL
      * on the CPU, whose graph runs the ops (they are its reference). */
     bool (*attn_front)(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,

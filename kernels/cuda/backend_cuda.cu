@@ -759,7 +759,8 @@ __device__ float block_max_f(float v)
  * fmaf(1, x, h), and h is the row normalised; one kernel for both so that
  * add_rmsnorm is axpy then rmsnorm to the bit. */
 template <bool ADD>
-__global__ void __launch_bounds__(1024) k_rmsnorm(const float *x, float *h, int dim, const float *w, float eps, float *y)
+__global__ void __launch_bounds__(1024) k_rmsnorm(const float *x, float *h, int dim, const float *w, float eps,
+                                                  float *y)
 {
     pdl_enter();
     const size_t off = (size_t)blockIdx.x * dim;
@@ -1063,8 +1064,8 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
         switch (n_heads / n_kv) {
 #define ATTN_SPLIT_CASE(G)                                                                                          \
     case G:                                                                                                         \
-        launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, \
-               splits, st->attn_part);                                                \
+        launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split,  \
+               splits, st->attn_part);                                                                              \
         break;
             ATTN_SPLIT_CASE(1)
             ATTN_SPLIT_CASE(2)
@@ -1203,7 +1204,8 @@ __global__ void k_swiglu(const float *gate, const float *up, size_t n, float *ou
 static void cuda_swiglu(sq_exec *ex, const float *gate, const float *up, size_t n, float *out)
 {
     cuda_state *st = state_of(ex);
-    if (n && !replaying(st, 6, P(gate), P(up), P(out), n)) launch(st->s, st, k_swiglu, grid_for(n, 256), 256, 0, gate, up, n, out);
+    if (n && !replaying(st, 6, P(gate), P(up), P(out), n))
+        launch(st->s, st, k_swiglu, grid_for(n, 256), 256, 0, gate, up, n, out);
 }
 
 __global__ void k_axpy(float a, const float *x, size_t n, float *y)
@@ -1216,7 +1218,8 @@ __global__ void k_axpy(float a, const float *x, size_t n, float *y)
 static void cuda_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
 {
     cuda_state *st = state_of(ex);
-    if (n && !replaying(st, 7, P(x), P(y), n, float_bits(a))) launch(st->s, st, k_axpy, grid_for(n, 256), 256, 0, a, x, n, y);
+    if (n && !replaying(st, 7, P(x), P(y), n, float_bits(a)))
+        launch(st->s, st, k_axpy, grid_for(n, 256), 256, 0, a, x, n, y);
 }
 
 template <typename T>
@@ -1242,7 +1245,8 @@ static void cuda_embed(sq_exec *ex, sq_linear_kind kind, const void *table, int 
     const int *dt = stage(st, (const int *)tokens, (size_t)n);
     if (!dt || replaying(st, 8, P(e->dev), P(dt), P(hidden), (uint64_t)n << 32 | (uint32_t)d)) return;
     if (kind == SQ_LINEAR_F32) launch(st->s, st, k_embed<float>, n, 256, 0, (const float *)e->dev, d, dt, hidden);
-    else if (kind == SQ_LINEAR_BF16) launch(st->s, st, k_embed<uint16_t>, n, 256, 0, (const uint16_t *)e->dev, d, dt, hidden);
+    else if (kind == SQ_LINEAR_BF16)
+        launch(st->s, st, k_embed<uint16_t>, n, 256, 0, (const uint16_t *)e->dev, d, dt, hidden);
     else launch(st->s, st, k_embed<f16_t>, n, 256, 0, (const f16_t *)e->dev, d, dt, hidden);
 }
 

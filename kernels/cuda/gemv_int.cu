@@ -555,8 +555,8 @@ extern "C" sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const
     for (int g = 0; g < n_lin; g++) {
         const trellis_cuda_linear *l = lin[g];
         RETURN_IF(!y[g], SPARQ_E_ARG, "%s: no output", l->name);
-        RETURN_IF((o->head_norm[g] || o->rope[g]) && l->n % o->head_dim, SPARQ_E_ARG, "%s: %d outputs are not heads of %d",
-                  l->name, l->n, o->head_dim);
+        RETURN_IF((o->head_norm[g] || o->rope[g]) && l->n % o->head_dim, SPARQ_E_ARG,
+                  "%s: %d outputs are not heads of %d", l->name, l->n, o->head_dim);
         RETURN_IF((o->rope[g] && (!o->inv_freq || !o->pos)) || (o->cache[g] && (!o->kv_first || !o->pos)), SPARQ_E_ARG,
                   "%s: rope or the cache without positions", l->name);
         gp.trellis[g] = (const uint32_t *)l->trellis;

@@ -497,8 +497,7 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
     /* attention: the backend's fused front where it has one (not while observed: the
      * observers read xn), else op by op — the same computation */
     const sq_attn_front af = {.q = w->q, .k = w->k, .v = w->v, .norm = w->in_norm, .q_norm = w->q_norm,
-                              .k_norm = w->k_norm, .eps = m->eps, .n_heads = m->nh, .n_kv = m->nkv,
-                              .head_dim = hd, .inv_freq = m->inv_freq};
+                              .k_norm = w->k_norm, .eps = m->eps, .head_dim = hd, .inv_freq = m->inv_freq};
     if (obs || !be->attn_front ||
         !be->attn_front(ex, &af, hidden, rows, pos, m->kvf, cached ? m->kv_k : NULL, cached ? m->kv_v : NULL, m->q,
                         m->k, m->v)) {

@@ -278,7 +278,7 @@ static void run_attn_front(int d, int nh, int nkv, int hd, int K, int rows, bool
     float *norm = randv(d, 1.0f), *qn = randv(hd, 1.0f), *kn = randv(hd, 1.0f), *inv = malloc(hd / 2 * 4);
     for (int i = 0; i < hd / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)hd);
     const sq_attn_front af = {.q = &lq, .k = &lk, .v = &lv, .norm = norm, .q_norm = qn, .k_norm = kn, .eps = 1e-6f,
-                              .n_heads = nh, .n_kv = nkv, .head_dim = hd, .inv_freq = inv};
+                              .head_dim = hd, .inv_freq = inv};
     float *x = randv((size_t)rows * d, 3.0f);
     int pos[4], kvf[4];
     for (int r = 0; r < rows; r++) pos[r] = 3 + 7 * r, kvf[r] = r * ctx;
@@ -375,13 +375,13 @@ static void test_attn_front(void)
           gpu->be->prepare_linear(gpu, &lv) == SPARQ_OK && gpu->be->prepare_linear(gpu, &lk96) == SPARQ_OK);
     float *dx = up(NULL, 5 * 256 * 4), *dy = up(NULL, 5 * 256 * 4);
     const int pos[5] = {0, 1, 2, 3, 4};
-    sq_attn_front mixed = {.q = &lq, .k = &lk, .v = &lv, .norm = norm, .eps = 1e-6f, .n_heads = 2, .n_kv = 1,
+    sq_attn_front mixed = {.q = &lq, .k = &lk, .v = &lv, .norm = norm, .eps = 1e-6f,
                            .head_dim = 128, .inv_freq = inv};
     CHECK(!gpu->be->attn_front(gpu, &mixed, dx, 1, pos, pos, NULL, NULL, dy, dy, dy));
     sq_attn_front five = mixed;
     five.v = &lk;
     CHECK(!gpu->be->attn_front(gpu, &five, dx, 5, pos, pos, NULL, NULL, dy, dy, dy));
-    sq_attn_front h96 = {.q = &lk96, .k = &lk96, .v = &lk96, .norm = norm, .eps = 1e-6f, .n_heads = 4, .n_kv = 4,
+    sq_attn_front h96 = {.q = &lk96, .k = &lk96, .v = &lk96, .norm = norm, .eps = 1e-6f,
                          .head_dim = 96, .inv_freq = inv};
     CHECK(!gpu->be->attn_front(gpu, &h96, dx, 1, pos, pos, NULL, NULL, dy, dy, dy));
     CHECK(gpu->be->sync(gpu) == SPARQ_OK);

@@ -546,6 +546,169 @@ static void test_moe(void)
     }
 }
 
+
+/* attn_out (the split attention, then the output projection with the
+ * combine in its input launch) against the attention op and the linear, on
+ * the GPU (ao bit for bit; y up to the GEMV's atomics) and the CPU; and what
+ * it must leave to the ops: too few keys for the split kernel, heads of 64,
+ * five rows. */
+static void run_attn_out(int nh, int nkv, int rows, int L, int K, int d, bool expect)
+{
+    const int hd = 128, qd = nh * hd;
+    const size_t kvd = (size_t)nkv * hd, cache = (size_t)rows * L;
+    sq_linear lo = exl3_linear(qd, d, K, TRELLIS_CB_MUL1);
+    float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f), *q = randv((size_t)rows * qd, 1.0f);
+    int kvf[8], kvl[8];
+    for (int r = 0; r < rows; r++) kvf[r] = r * L, kvl[r] = L - (r * 5) % 7;
+    float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4), *dq = up(q, (size_t)rows * qd * 4);
+    float *dao[2] = {up(NULL, (size_t)rows * qd * 4), up(NULL, (size_t)rows * qd * 4)};
+    float *dy[2] = {up(NULL, (size_t)rows * d * 4), up(NULL, (size_t)rows * d * 4)};
+    CHECK(gpu->be->prepare_linear(gpu, &lo) == SPARQ_OK);
+    const float scale = 0.0884f;
+    gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, scale, dao[0]);
+    sq_linear_forward(gpu, &lo, dao[0], rows, dy[0]);
+    const bool took = gpu->be->attn_out(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, scale, dao[1], &lo, dy[1]);
+    CHECK_MSG(took == expect, "attn_out %s %d rows, %d/%d heads, %d keys", took ? "took" : "refused", rows, nh, nkv, L);
+    if (took) {
+        float *ao = malloc((size_t)rows * qd * 4), *ao2 = malloc((size_t)rows * qd * 4), *y = malloc((size_t)rows * d * 4),
+              *y2 = malloc((size_t)rows * d * 4), *yc = malloc((size_t)rows * d * 4), *aoc = malloc((size_t)rows * qd * 4);
+        down(ao, dao[0], (size_t)rows * qd * 4), down(ao2, dao[1], (size_t)rows * qd * 4);
+        down(y, dy[0], (size_t)rows * d * 4), down(y2, dy[1], (size_t)rows * d * 4);
+        cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, scale, aoc);
+        sq_linear_forward(cpu, &lo, aoc, rows, yc);
+        char what[128];
+        snprintf(what, sizeof what, "attn_out %d rows, %d/%d heads, %d keys, K %d", rows, nh, nkv, L, K);
+        CHECK_MSG(memcmp(ao, ao2, (size_t)rows * qd * 4) == 0, "%s: ao is not the attention op's", what);
+        check_nmse(y2, y, (size_t)rows * d, 1e-10, what);
+        check_nmse(y2, yc, (size_t)rows * d, 1e-5, what);
+        free(ao), free(ao2), free(y), free(y2), free(yc), free(aoc);
+    }
+    for (int i = 0; i < 2; i++) gpu->be->free(gpu, dao[i]), gpu->be->free(gpu, dy[i]);
+    gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq);
+    free(kc), free(vc), free(q);
+}
+
+static void test_attn_out(void)
+{
+    CHECK(sq_exec_reserve(cpu, sq_exec_scratch_floats(4096, 4096)) == SPARQ_OK);
+    for (int rows = 1; rows <= 4; rows++) run_attn_out(8, 2, rows, 520 + 90 * rows, 3, 512, true);
+    run_attn_out(32, 4, 1, 700, 4, 2048, true); /* Qwen3-30B-A3B's o_proj */
+    run_attn_out(32, 4, 2, 2100, 4, 2048, true);
+    run_attn_out(64, 4, 1, 600, 4, 4096, true); /* Qwen3-235B-A22B's */
+    run_attn_out(8, 2, 1, 200, 3, 512, false);  /* ≤ 256 keys: one-block-a-head attention */
+    run_attn_out(8, 2, 5, 700, 3, 512, false);  /* five rows: no integer GEMV */
+}
+
+/* add_norm_moe (add_rmsnorm, the router and its top-k in one launch, then
+ * the fused MoE adding into h) against add_rmsnorm and the moe op on the GPU
+ * (xn, the router logits, ids and weights bit for bit; h up to the MoE's
+ * atomics) and against the CPU's ops; and what it must refuse. */
+static void run_add_norm_moe(const sq_moe_layer *ml, int rows, bool expect, const char *what)
+{
+    const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k, R = 16;
+    CHECK_MSG(gpu->be->prepare_moe(gpu, ml, R) == SPARQ_OK, "add_norm_moe %s: %s", what, sparq_errmsg());
+    sq_moe_ws ws[2];
+    for (int i = 0; i < 2; i++)
+        ws[i] = (sq_moe_ws){up(NULL, (size_t)R * E * 4), up(NULL, (size_t)R * K * 4), up(NULL, (size_t)R * K * 4),
+                            up(NULL, (size_t)R * d * 4), up(NULL, (size_t)R * I * 4), up(NULL, (size_t)R * I * 4),
+                            up(NULL, (size_t)R * d * 4), up(NULL, (size_t)R * K * 4), up(NULL, (size_t)R * K * 4)};
+    static float *nw; /* kept alive: the backend keys its copy by the address */
+    static int nw_d;
+    if (nw_d < d) nw = randv((size_t)d, 1.0f), nw_d = d;
+    const size_t n = (size_t)rows * d, bytes = n * 4;
+    float *x = randv(n, 1.0f), *h = randv(n, 2.0f);
+    float *dx = up(x, bytes), *dh[2] = {up(h, bytes), up(h, bytes)}, *dxn[2] = {up(NULL, bytes), up(NULL, bytes)};
+    gpu->be->add_rmsnorm(gpu, dx, dh[0], rows, d, nw, 1e-6f, dxn[0]);
+    gpu->be->moe(gpu, ml, dxn[0], rows, dh[0], &ws[0], true);
+    const bool took = gpu->be->add_norm_moe(gpu, ml, dx, dh[1], rows, nw, 1e-6f, dxn[1], &ws[1]);
+    CHECK_MSG(took == expect, "add_norm_moe %s %s at %d rows", what, took ? "took" : "refused", rows);
+    CHECK_MSG(gpu->be->sync(gpu) == SPARQ_OK, "add_norm_moe %s at %d rows: %s", what, rows, sparq_errmsg());
+    if (took) {
+        float *hg[2] = {malloc(bytes), malloc(bytes)}, *xg[2] = {malloc(bytes), malloc(bytes)};
+        float *lg[2] = {malloc((size_t)rows * E * 4), malloc((size_t)rows * E * 4)};
+        float *wg[2] = {malloc((size_t)rows * K * 4), malloc((size_t)rows * K * 4)};
+        int *ig[2] = {malloc((size_t)rows * K * 4), malloc((size_t)rows * K * 4)};
+        for (int i = 0; i < 2; i++) {
+            down(hg[i], dh[i], bytes), down(xg[i], dxn[i], bytes), down(lg[i], ws[i].rl, (size_t)rows * E * 4);
+            down(wg[i], ws[i].rw, (size_t)rows * K * 4), down(ig[i], ws[i].ridx, (size_t)rows * K * 4);
+        }
+        char msg[128];
+        snprintf(msg, sizeof msg, "add_norm_moe %s rows %d", what, rows);
+        size_t bx = 0, bl = 0;
+        while (bx < n && !memcmp(&xg[0][bx], &xg[1][bx], 4)) bx++;
+        while (bl < (size_t)rows * E && !memcmp(&lg[0][bl], &lg[1][bl], 4)) bl++;
+        CHECK_MSG(bx == n, "%s: xn is not add_rmsnorm's (first at %zu: %.9g, not %.9g)", msg, bx, bx < n ? xg[1][bx] : 0,
+                  bx < n ? xg[0][bx] : 0);
+        CHECK_MSG(bl == (size_t)rows * E, "%s: router logits differ (first at %zu: %.9g, not %.9g)", msg, bl,
+                  bl < (size_t)rows * E ? lg[1][bl] : 0, bl < (size_t)rows * E ? lg[0][bl] : 0);
+        CHECK_MSG(memcmp(ig[0], ig[1], (size_t)rows * K * 4) == 0 && memcmp(wg[0], wg[1], (size_t)rows * K * 4) == 0,
+                  "%s: top-k ids or weights differ", msg);
+        check_nmse(hg[1], hg[0], n, 1e-10, msg);
+        /* the CPU: add_rmsnorm, then the reference MoE added */
+        float *hc = malloc(bytes), *xc = malloc(bytes), *oc = malloc(bytes);
+        memcpy(hc, h, bytes);
+        cpu->be->add_rmsnorm(cpu, x, hc, rows, d, nw, 1e-6f, xc);
+        moe_ref(ml, xc, rows, oc);
+        cpu->be->axpy(cpu, 1.0f, oc, n, hc);
+        check_nmse(hg[1], hc, n, 1e-5, msg);
+        for (int i = 0; i < 2; i++) free(hg[i]), free(xg[i]), free(lg[i]), free(wg[i]), free(ig[i]);
+        free(hc), free(xc), free(oc);
+    }
+    for (int i = 0; i < 2; i++) {
+        void *bufs[] = {ws[i].rl, ws[i].rw, ws[i].lw, ws[i].xg, ws[i].g, ws[i].u, ws[i].dn, ws[i].ridx, ws[i].rows_of};
+        for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++) gpu->be->free(gpu, bufs[j]);
+        gpu->be->free(gpu, dh[i]), gpu->be->free(gpu, dxn[i]);
+    }
+    gpu->be->free(gpu, dx);
+    free(x), free(h);
+}
+
+static sq_moe_layer exl3_moe(int E, int K, int d, int I, sq_linear_kind router_kind)
+{
+    sq_linear *gate = calloc(E, sizeof *gate), *upl = calloc(E, sizeof *upl), *dwn = calloc(E, sizeof *dwn);
+    for (int e = 0; e < E; e++) {
+        gate[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+        upl[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+        dwn[e] = exl3_linear(I, d, 3, TRELLIS_CB_MUL1);
+    }
+    sq_linear *router = calloc(1, sizeof *router);
+    *router = (sq_linear){.kind = router_kind, .in = d, .out = E, .w = rand_weight(router_kind, E, d)};
+    return (sq_moe_layer){.n_exp = E, .top_k = K, .norm_topk = true, .router = router, .gate = gate, .up = upl,
+                          .down = dwn};
+}
+
+/* A model's fused MoE layers share one scratch, so each shape gets an exec of its own. */
+static void fresh_gpu(sq_exec **keep)
+{
+    if (*keep) sq_exec_free(gpu);
+    else *keep = gpu;
+    CHECK(sq_exec_create_cuda(&gpu, 1) == SPARQ_OK);
+}
+
+static void test_add_norm_moe(void)
+{
+    CHECK(sq_exec_reserve(cpu, sq_exec_scratch_floats(2048, 512)) == SPARQ_OK);
+    sq_exec *keep = NULL;
+    const sq_linear_kind kinds[] = {SQ_LINEAR_BF16, SQ_LINEAR_F32, SQ_LINEAR_F16};
+    for (int k = 0; k < 3; k++) {
+        fresh_gpu(&keep);
+        sq_moe_layer ml = exl3_moe(16, 4, 256, 128, kinds[k]);
+        ml.norm_topk = k != 1;
+        for (int rows = 1; rows <= 8; rows += k + 2) run_add_norm_moe(&ml, rows, true, sq_linear_kind_name(kinds[k]));
+        run_add_norm_moe(&ml, 9, false, "nine rows");
+    }
+    fresh_gpu(&keep);
+    sq_moe_layer q3 = exl3_moe(128, 8, 2048, 128, SQ_LINEAR_BF16); /* Qwen3-30B-A3B's routing and width */
+    run_add_norm_moe(&q3, 1, true, "128 experts top-8, d 2048");
+    run_add_norm_moe(&q3, 8, true, "128 experts top-8, d 2048");
+    fresh_gpu(&keep);
+    sq_moe_layer wide = exl3_moe(300, 8, 256, 128, SQ_LINEAR_BF16); /* more experts than it takes */
+    run_add_norm_moe(&wide, 1, false, "300 experts");
+    CHECK(gpu->be->sync(gpu) == SPARQ_OK);
+    sq_exec_free(gpu);
+    gpu = keep;
+}
+
 int main(void)
 {
     const char *why = "";
@@ -564,6 +727,8 @@ int main(void)
     RUN(test_attn_front);
     RUN(test_router_embed);
     RUN(test_moe);
+    RUN(test_attn_out);
+    RUN(test_add_norm_moe);
     CHECK(gpu->be->sync(gpu) == SPARQ_OK);
     sq_exec_free(gpu);
     sq_exec_free(cpu);

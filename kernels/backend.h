@@ -273,22 +273,6 @@ typedef struct sq_backend {
      * on the CPU, whose graph runs the ops (they are its reference). */
     bool (*attn_front)(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,
                        const int *kv_first, float *kc, float *vc, float *q, float *k, float *v);
-
-    /* add_rmsnorm then the `moe` op adding into the residual, where the
-     * backend can fold them (issue 21): h += x; xn = rmsnorm(h) ⊙ w;
-     * h += MoE(xn), xn written too. Returns false, having done nothing, where
-     * it cannot (the graph then calls the two ops: the same computation).
-     * NULL on the CPU. */
-    /* attention (as the op) then y = o(ao), where the backend can fold the
-     * output projection's input into the attention's last launch (issue 21);
-     * ao is written too. false, having done nothing, where it cannot. NULL on
-     * the CPU. */
-    bool (*attn_out)(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
-                     const float *v, const int *kv_first, const int *kv_len, float scale, float *ao,
-                     const sq_linear *o, float *y);
-
-    bool (*add_norm_moe)(sq_exec *ex, const sq_moe_layer *ml, const float *x, float *h, int rows, const float *w,
-                         float eps, float *xn, const sq_moe_ws *ws);
 } sq_backend;
 
 

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kernels/cuda/attn_combine.cuh"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/sample_cuda.h"
 #include "kernels/cuda/trellis_cuda.h"
@@ -85,9 +84,6 @@ typedef struct step_graphs {
     bool pending;         /* a graph was launched and nothing has waited for it yet */
 } step_graphs;
 
-/* The fused ops (issue 21), as bits of SPARQ_CUDA_FUSED. */
-enum { FUSE_ATTN_FRONT = 1, FUSE_ATTN_OUT = 2, FUSE_ADD_NORM_MOE = 4, FUSE_ALL = 7 };
-
 typedef struct cuda_state {
     ent *tab;
     size_t cap, n;
@@ -115,12 +111,9 @@ typedef struct cuda_state {
     sparq_status err; /* first error any op met */
     char errmsg[512];
     float *attn_part; /* ATTN_SPLIT_SCRATCH bytes: the split attention's partial results */
-    unsigned *ticket; /* k_router_front's last-block ticket, 0 between launches */
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
-    /* the fused ops this exec takes (FUSE_*): all, or SPARQ_CUDA_FUSED's mask
-     * (0: every layer op by op; benchmarks) */
-    unsigned fuse;
+    bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
     int *smp_req;
     size_t smp_req_cap;
@@ -544,20 +537,22 @@ __device__ __forceinline__ float warp_sum(float v)
 
 /* --- dense linears ------------------------------------------------------------------ */
 
-/* A warp's prefetch of bytes at p into L2, a 128-byte line a lane a step. */
-__device__ __forceinline__ void prefetch_l2_warp(const void *p, size_t bytes, int lane)
-{
-    for (size_t b = (size_t)lane * 128; b < bytes; b += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + b));
-}
-
-/* A lane's part of rows ≤ R dot products of the weight row w with x[r] (the
- * warp's sum is the row's result): 8 elements a lane a step when vec (in % 8
- * == 0, w and x 16-byte aligned), else one. x may be in shared memory. */
+/* y[r, o] = Σ_i x[r, i]·W[o, i] for rows ≤ R: one warp per output o, the
+ * weight row read once (8 elements a lane when in % 8 == 0). 256 threads. */
 template <typename T, int R>
-__device__ __forceinline__ void gemv_dot(const T *__restrict__ w, const float *x, int in, int rows, bool vec, int lane,
-                                         float (&acc)[R])
+__global__ void __launch_bounds__(256) k_gemv(const T *__restrict__ W, const float *__restrict__ x,
+                                              float *__restrict__ y, int in, int out, int rows, bool vec)
 {
+    const int o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    griddep_launch();
+    const T *w = W + (size_t)o * in;
+    /* the weights do not depend on the previous kernel: into L2 while it ends */
+    if (o < out)
+        for (size_t b = (size_t)lane * 128; b < (size_t)in * sizeof(T); b += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)w + b));
+    griddep_wait();
+    if (o >= out) return;
+    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
     if (vec) {
@@ -583,23 +578,6 @@ __device__ __forceinline__ void gemv_dot(const T *__restrict__ w, const float *x
             }
         }
     }
-}
-
-/* y[r, o] = Σ_i x[r, i]·W[o, i] for rows ≤ R: one warp per output o, the
- * weight row read once (8 elements a lane when in % 8 == 0). 256 threads. */
-template <typename T, int R>
-__global__ void __launch_bounds__(256) k_gemv(const T *__restrict__ W, const float *__restrict__ x,
-                                              float *__restrict__ y, int in, int out, int rows, bool vec)
-{
-    const int o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    griddep_launch();
-    const T *w = W + (size_t)o * in;
-    /* the weights do not depend on the previous kernel: into L2 while it ends */
-    if (o < out) prefetch_l2_warp(w, (size_t)in * sizeof(T), lane);
-    griddep_wait();
-    if (o >= out) return;
-    float acc[R];
-    gemv_dot<T, R>(w, x, in, rows, vec, lane, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float s = warp_sum(acc[r]);
@@ -802,13 +780,6 @@ __global__ void __launch_bounds__(1024) k_rmsnorm(const float *x, float *h, int 
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
-/* k_rmsnorm's threads for rows of dim: about two elements a thread, 32..1024. */
-static int rmsnorm_threads(int dim)
-{
-    const int t = (dim / 2 + 31) / 32 * 32;
-    return t < 32 ? 32 : t > 1024 ? 1024 : t;
-}
-
 /* rmsnorm (h NULL) or add_rmsnorm of the rows. */
 static void rmsnorm_launch(sq_exec *ex, const float *x, float *h, int rows, int dim, const float *w, float eps,
                            float *y)
@@ -824,8 +795,9 @@ static void rmsnorm_launch(sq_exec *ex, const float *x, float *h, int rows, int 
     /* about two elements a thread: a row's loads (and add_rmsnorm's store to h, which the
      * compiler keeps in order with them) are then ~2 memory round trips, not dim/256
      * (8.7 µs for one 2048 row in 256 threads, ncu) */
-    launch(st->s, st, h ? k_rmsnorm<true> : k_rmsnorm<false>, rows, rmsnorm_threads(dim), 0, x, h, dim,
-           (const float *)dw, eps, y);
+    int threads = (dim / 2 + 31) / 32 * 32;
+    threads = threads < 32 ? 32 : threads > 1024 ? 1024 : threads;
+    launch(st->s, st, h ? k_rmsnorm<true> : k_rmsnorm<false>, rows, threads, 0, x, h, dim, (const float *)dw, eps, y);
 }
 
 static void cuda_rmsnorm(sq_exec *ex, const float *x, int rows, int dim, const float *w, float eps, float *y)
@@ -1022,15 +994,29 @@ __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads,
     }
 }
 
-/* Block (row, head): attn_combine.cuh's combine of its splits. */
+/* Block (row, head): out = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s, splits in order. */
 __global__ void k_attn_combine(const float *part, int n_heads, int hd, int splits, float *out)
 {
     pdl_enter();
     const float *pb = part + (size_t)blockIdx.x * splits * (hd + 2);
-    float M, inv;
-    attn_combine_scale(pb, hd, splits, M, inv);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++)
+        if (pb[(size_t)s * (hd + 2) + hd + 1] > 0.f) M = fmaxf(M, pb[(size_t)s * (hd + 2) + hd]);
+    float L = 0.f;
+    for (int s = 0; s < splits; s++) {
+        const float l = pb[(size_t)s * (hd + 2) + hd + 1];
+        if (l > 0.f) L = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), l, L);
+    }
+    const float inv = 1.0f / L;
     float *o = out + (size_t)blockIdx.x * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = attn_combine_dim(pb, hd, splits, M, inv, i);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float l = pb[(size_t)s * (hd + 2) + hd + 1];
+            if (l > 0.f) a = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), pb[(size_t)s * (hd + 2) + i], a);
+        }
+        o[i] = a * inv;
+    }
 }
 
 /* The split kernel's launch for these rows, or false (the one-block-a-head kernel serves them). */
@@ -1052,51 +1038,16 @@ static bool attn_split_shape(int rows, int n_heads, int n_kv, int hd, int mx, in
     return smem <= ATTN_SMEM_MAX;
 }
 
-/* The keys attention's launches are made for: the rows' most, in steps of
- * GRAPH_KV_BUCKET, so a graph step's launch holds for the keys of its bucket. */
-static int attn_keys(const int *kv_len, int rows)
-{
-    int mx = 0;
-    for (int r = 0; r < rows; r++)
-        if (kv_len[r] > mx) mx = kv_len[r];
-    return (mx + GRAPH_KV_BUCKET - 1) / GRAPH_KV_BUCKET * GRAPH_KV_BUCKET;
-}
-
-/* Whether the split kernel serves these rows (its shape in *per_split, *splits). */
-static bool attn_split_ok(const cuda_state *st, const float *k, const float *v, int rows, int n_heads, int n_kv,
-                          int hd, int mx, int *per_split, int *splits)
-{
-    return st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 &&
-           attn_split_shape(rows, n_heads, n_kv, hd, mx, per_split, splits);
-}
-
-/* The split kernel into st->attn_part; df, dl: the staged key ranges. */
-static void attn_split_launch(cuda_state *st, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
-                              const float *v, const int *df, const int *dl, float scale, int per_split, int splits)
-{
-    const size_t sm2 = (size_t)(n_heads / n_kv) * (size_t)(hd + per_split) * sizeof(float);
-    const unsigned blocks = (unsigned)(rows * n_kv * splits);
-    switch (n_heads / n_kv) {
-#define ATTN_SPLIT_CASE(G)                                                                                          \
-    case G:                                                                                                         \
-        launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split,  \
-               splits, st->attn_part);                                                                              \
-        break;
-        ATTN_SPLIT_CASE(1)
-        ATTN_SPLIT_CASE(2)
-        ATTN_SPLIT_CASE(4)
-        ATTN_SPLIT_CASE(8)
-        ATTN_SPLIT_CASE(16)
-#undef ATTN_SPLIT_CASE
-    }
-}
-
 static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
                            const float *v, const int *kv_first, const int *kv_len, float scale, float *out)
 {
     cuda_state *st = state_of(ex);
     if (rows <= 0) return;
-    const int mx = attn_keys(kv_len, rows);
+    int mx = 0;
+    for (int r = 0; r < rows; r++)
+        if (kv_len[r] > mx) mx = kv_len[r];
+    /* in steps of GRAPH_KV_BUCKET keys, so a graph step's launch holds for the keys of its bucket */
+    mx = (mx + GRAPH_KV_BUCKET - 1) / GRAPH_KV_BUCKET * GRAPH_KV_BUCKET;
     const size_t smem = ((size_t)hd + (size_t)mx) * sizeof(float);
     if (smem > ATTN_SMEM_MAX) {
         keep_err(st, sparq_err(SPARQ_E_UNSUPPORTED, "cuda attention: %d keys exceed this kernel's %d", mx,
@@ -1107,38 +1058,26 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
     if (!df || !dl || replaying(st, 4, P(q), P(k), P(out), (uint64_t)rows << 32 | (uint32_t)smem, P(df) ^ P(dl) << 1))
         return;
     int per_split, splits;
-    if (attn_split_ok(st, k, v, rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
-        attn_split_launch(st, q, rows, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, splits);
+    if (st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && attn_split_shape(rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
+        const size_t sm2 = (size_t)(n_heads / n_kv) * (size_t)(hd + per_split) * sizeof(float);
+        const unsigned blocks = (unsigned)(rows * n_kv * splits);
+        switch (n_heads / n_kv) {
+#define ATTN_SPLIT_CASE(G)                                                                                          \
+    case G:                                                                                                         \
+        launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split,  \
+               splits, st->attn_part);                                                                              \
+        break;
+            ATTN_SPLIT_CASE(1)
+            ATTN_SPLIT_CASE(2)
+            ATTN_SPLIT_CASE(4)
+            ATTN_SPLIT_CASE(8)
+            ATTN_SPLIT_CASE(16)
+#undef ATTN_SPLIT_CASE
+        }
         launch(st->s, st, k_attn_combine, rows * n_heads, 128, 0, st->attn_part, n_heads, hd, splits, out);
         return;
     }
     launch(st->s, st, k_attention, rows * n_heads, 128, smem, q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
-}
-
-/* attn_out: the split attention, then the output projection with the combine
- * in its input launch (trellis_cuda_gemv_attn). Taken for heads of 128, an
- * EXL3 mul1 projection on the integer GEMV's rows and the split kernel's
- * shapes (≥ ATTN_SPLIT_FROM keys); SPARQ_CUDA_FUSED=0 turns it off. */
-static bool cuda_attn_out(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
-                          const float *v, const int *kv_first, const int *kv_len, float scale, float *ao,
-                          const sq_linear *o, float *y)
-{
-    cuda_state *st = state_of(ex);
-    if (!(st->fuse & FUSE_ATTN_OUT) || !st->tws || rows < 1 || hd != 128 || o->kind != SQ_LINEAR_EXL3 || o->bias) return false;
-    const ent *e = find_ent(st, o->impl);
-    if (!e) return false;
-    trellis_cuda_linear *lin = (trellis_cuda_linear *)e->dev;
-    int per_split, splits;
-    if (!trellis_cuda_gemv_attn_ok(lin, rows, n_heads, st->tws) ||
-        !attn_split_ok(st, k, v, rows, n_heads, n_kv, hd, attn_keys(kv_len, rows), &per_split, &splits))
-        return false;
-    const int *df = stage(st, kv_first, (size_t)rows), *dl = stage(st, kv_len, (size_t)rows);
-    if (!df || !dl) return true; /* the staging error is kept */
-    if (replaying(st, 15, P(q), P(k), P(y), (uint64_t)rows << 32 | (uint32_t)splits, P(df) ^ P(dl) << 1 ^ P(lin) << 2))
-        return true;
-    attn_split_launch(st, q, rows, n_heads, n_kv, hd, k, v, df, dl, scale, per_split, splits);
-    keep_err(st, trellis_cuda_gemv_attn(lin, st->attn_part, rows, n_heads, splits, ao, y, st->tws, st->s));
-    return true;
 }
 
 /* --- router, elementwise, embed, KV ----------------------------------------------- */
@@ -1183,21 +1122,22 @@ __device__ __forceinline__ float topk_logit(unsigned key)
 #define TOPK_WARPS 4
 #define TOPK_WARP_MAX_EXP (32 * 32) /* 32 slots a lane: the taken bitmask's width */
 #define TOPK_WARP_MAX_K 32          /* one pick a lane */
-/* One row's top-k by one warp (the rule above): lr the row's n_exp logits
- * (CG: loaded through L2 only, for logits other blocks of the same launch
- * wrote), idx / w its k outputs. */
-template <int NPL, bool CG>
-__device__ __forceinline__ void topk_warp_row(const float *lr, int n_exp, int k, bool norm, int *idx, float *w)
+template <int NPL>
+__global__ void __launch_bounds__(32 * TOPK_WARPS) k_topk_warp(const float *logits, int rows, int n_exp, int k, bool norm,
+                                                              int *idx, float *w)
 {
+    pdl_enter();
     const unsigned all = 0xffffffffu;
-    const int lane = threadIdx.x % 32;
+    const int lane = threadIdx.x % 32, r = blockIdx.x * TOPK_WARPS + threadIdx.x / 32;
+    if (r >= rows) return;
+    const float *lr = logits + (size_t)r * n_exp;
     float l[NPL];
     unsigned taken = 0, key[NPL];
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NPL; j++) {
         const int e = lane + 32 * j;
-        l[j] = e < n_exp ? (CG ? __ldcg(lr + e) : lr[e]) : -INFINITY;
+        l[j] = e < n_exp ? lr[e] : -INFINITY;
         taken |= (unsigned)(e >= n_exp) << j;
         mx = fmaxf(mx, l[j]);
     }
@@ -1229,19 +1169,9 @@ __device__ __forceinline__ void topk_warp_row(const float *lr, int n_exp, int k,
         wi /= s;
     }
     if (lane < k) {
-        idx[lane] = pick;
-        w[lane] = wi;
+        idx[(size_t)r * k + lane] = pick;
+        w[(size_t)r * k + lane] = wi;
     }
-}
-
-template <int NPL>
-__global__ void __launch_bounds__(32 * TOPK_WARPS) k_topk_warp(const float *logits, int rows, int n_exp, int k, bool norm,
-                                                              int *idx, float *w)
-{
-    pdl_enter();
-    const int r = blockIdx.x * TOPK_WARPS + threadIdx.x / 32;
-    if (r >= rows) return;
-    topk_warp_row<NPL, false>(logits + (size_t)r * n_exp, n_exp, k, norm, idx + (size_t)r * k, w + (size_t)r * k);
 }
 
 static void cuda_router_topk(sq_exec *ex, const float *logits, int rows, int n_exp, int k, bool norm, int *idx,
@@ -1352,7 +1282,7 @@ static bool cuda_attn_front(sq_exec *ex, const sq_attn_front *a, const float *x,
                             const int *kv_first, float *kc, float *vc, float *q, float *k, float *v)
 {
     cuda_state *st = state_of(ex);
-    if (!(st->fuse & FUSE_ATTN_FRONT) || rows < 1 || !st->tws) return false;
+    if (st->no_fuse || rows < 1 || !st->tws) return false;
     const sq_linear *l3[3] = {a->q, a->k, a->v};
     trellis_cuda_linear *lin[3];
     for (int g = 0; g < 3; g++) {
@@ -1594,165 +1524,6 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     }
 }
 
-/* The rows up to which add_norm_moe runs k_router_front (k_gemv's widest),
- * its shared memory at most, and the loads a thread keeps in flight. */
-#define ROUTER_FRONT_ROWS 8
-#define ROUTER_FRONT_SMEM (96 << 10)
-#define ROUTER_FRONT_U 8
-
-/* add_rmsnorm, the router and its top-k in one launch (the add_norm_moe op,
- * issue 21): v = h + x, xn = rmsnorm(v) ⊙ nw, logits = xn·Wᵀ, the top-k of
- * every row, then h = v. Every block adds and normalises the rows itself into
- * shared memory, summing the squares in k_rmsnorm's order for `vthreads`
- * threads (rmsnorm_threads(d): virtual warp j of those is real warp j mod 8
- * here), so xn is add_rmsnorm's to the bit; a warp an output as k_gemv (the
- * same sums). The last block to finish (a ticket, reset by it) takes every
- * row's top-k (a warp a row) and writes h and xn: the others read h until
- * they finish. 256 threads, grid ⌈E/8⌉, rows·d floats of dynamic shared
- * memory. */
-template <typename T, int R, int NPL>
-__global__ void __launch_bounds__(256)
-    k_router_front(const float *__restrict__ x, float *h, const float *__restrict__ nw, float eps, int d, int vthreads,
-                   const T *__restrict__ W, int E, int rows, int k, bool norm, bool vec, float *__restrict__ xn,
-                   float *__restrict__ logits, int *__restrict__ idx, float *__restrict__ wt, unsigned *ticket)
-{
-    extern __shared__ float4 xs4[];
-    float *xs = (float *)xs4; /* rows × d */
-    __shared__ double part[ROUTER_FRONT_ROWS][32];
-    __shared__ float inv_s[ROUTER_FRONT_ROWS];
-    __shared__ bool last;
-    const unsigned all = 0xffffffffu;
-    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, o = blockIdx.x * 8 + wid, n = rows * d;
-    const int vw_n = vthreads / 32; /* k_rmsnorm's warps */
-    griddep_launch();
-    if (o < E) prefetch_l2_warp(W + (size_t)o * d, (size_t)d * sizeof(T), lane);
-    griddep_wait();
-    /* v = h + x for all rows: ROUTER_FRONT_U loads of each in flight before the stores */
-    for (int i0 = threadIdx.x; i0 < n; i0 += 256 * ROUTER_FRONT_U) {
-        float a[ROUTER_FRONT_U], b[ROUTER_FRONT_U];
-#pragma unroll
-        for (int u = 0; u < ROUTER_FRONT_U; u++) {
-            const int i = i0 + 256 * u;
-            a[u] = i < n ? h[i] : 0.0f;
-            b[u] = i < n ? x[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ROUTER_FRONT_U; u++)
-            if (i0 + 256 * u < n) xs[i0 + 256 * u] = a[u] + b[u];
-    }
-    __syncthreads();
-    /* each row's Σv² in k_rmsnorm's order: its warp j of vthreads is a task here */
-    for (int t = wid; t < rows * vw_n; t += 8) {
-        const int r = t / vw_n, vw = t - r * vw_n;
-        const float *xr = xs + (size_t)r * d;
-        double ss = 0;
-        for (int i = vw * 32 + lane; i < d; i += vthreads) ss += (double)xr[i] * xr[i];
-        for (int q = 16; q; q >>= 1) ss += __shfl_xor_sync(all, ss, q);
-        if (lane == 0) part[r][vw] = ss;
-    }
-    __syncthreads();
-    if (wid < rows) {
-        double v = lane < vw_n ? part[wid][lane] : 0.0;
-        for (int q = 16; q; q >>= 1) v += __shfl_xor_sync(all, v, q);
-        if (lane == 0) inv_s[wid] = (float)(1.0 / sqrt(v / d + eps));
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += 256) xs[i] = nw[i % d] * (xs[i] * inv_s[i / d]);
-    __syncthreads();
-    if (o < E) {
-        float acc[R];
-        gemv_dot<T, R>(W + (size_t)o * d, xs, d, rows, vec, lane, acc);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float s = warp_sum(acc[r]);
-            if (lane == 0 && r < rows) logits[(size_t)r * E + o] = s;
-        }
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *ticket = 0;
-    for (int r = wid; r < rows; r += 8)
-        topk_warp_row<NPL, true>(logits + (size_t)r * E, E, k, norm, idx + (size_t)r * k, wt + (size_t)r * k);
-    for (int i0 = threadIdx.x; i0 < n; i0 += 256 * ROUTER_FRONT_U) {
-        float a[ROUTER_FRONT_U], b[ROUTER_FRONT_U];
-#pragma unroll
-        for (int u = 0; u < ROUTER_FRONT_U; u++) {
-            const int i = i0 + 256 * u;
-            a[u] = i < n ? h[i] : 0.0f;
-            b[u] = i < n ? x[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ROUTER_FRONT_U; u++) {
-            const int i = i0 + 256 * u;
-            if (i < n) {
-                h[i] = a[u] + b[u];
-                xn[i] = xs[i];
-            }
-        }
-    }
-}
-
-
-template <typename T, int R, int NPL>
-static void router_front_launch(cuda_state *st, size_t smem, const float *x, float *h, const float *nw, float eps,
-                                int d, const void *W, int E, int rows, int k, bool norm, float *xn, const sq_moe_ws *ws)
-{
-    auto kern = k_router_front<T, R, NPL>;
-    if (smem > (48 << 10)) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    const bool vec = d % 8 == 0;
-    launch(st->s, st, kern, (E + 7) / 8, 256, smem, x, h, nw, eps, d, rmsnorm_threads(d), (const T *)W, E, rows, k,
-           norm, vec, xn, ws->rl, ws->ridx, ws->rw, st->ticket);
-}
-
-template <typename T>
-static void router_front_rows(cuda_state *st, size_t smem, const float *x, float *h, const float *nw, float eps,
-                              int d, const void *W, int E, int rows, int k, bool norm, float *xn, const sq_moe_ws *ws)
-{
-    if (rows == 1 && E <= 128) router_front_launch<T, 1, 4>(st, smem, x, h, nw, eps, d, W, E, rows, k, norm, xn, ws);
-    else if (rows == 1) router_front_launch<T, 1, 8>(st, smem, x, h, nw, eps, d, W, E, rows, k, norm, xn, ws);
-    else if (E <= 128) router_front_launch<T, 8, 4>(st, smem, x, h, nw, eps, d, W, E, rows, k, norm, xn, ws);
-    else router_front_launch<T, 8, 8>(st, smem, x, h, nw, eps, d, W, E, rows, k, norm, xn, ws);
-}
-
-/* add_norm_moe: k_router_front, then the fused MoE adding into h. Taken for
- * a routed layer with a fused MoE, a dense router without bias of ≤ 256
- * experts (top-k ≤ 32) and ≤ ROUTER_FRONT_ROWS rows whose normalised rows fit
- * in shared memory; SPARQ_CUDA_FUSED=0 turns it off. */
-static bool cuda_add_norm_moe(sq_exec *ex, const sq_moe_layer *ml, const float *x, float *h, int rows, const float *w,
-                              float eps, float *xn, const sq_moe_ws *ws)
-{
-    cuda_state *st = state_of(ex);
-    const sq_linear *rt = ml->router;
-    if (!(st->fuse & FUSE_ADD_NORM_MOE) || !st->ticket || !rt || rt->bias || rows < 1 || rows > ROUTER_FRONT_ROWS) return false;
-    if (rt->kind != SQ_LINEAR_F32 && rt->kind != SQ_LINEAR_BF16 && rt->kind != SQ_LINEAR_F16) return false;
-    const int d = rt->in, E = ml->n_exp, K = ml->top_k;
-    const size_t smem = (size_t)rows * d * sizeof(float);
-    if (rt->out != E || E > 256 || K > TOPK_WARP_MAX_K || K > E || smem > ROUTER_FRONT_SMEM) return false;
-    ent *fused = find_ent(st, ml->gate);
-    if (!fused) return false;
-    const size_t es = rt->kind == SQ_LINEAR_F32 ? 4 : 2;
-    void *dW, *dn;
-    sparq_status s = raw_get(st, rt->w, (size_t)d * E * es, &dW);
-    if (s == SPARQ_OK) s = raw_get(st, w, (size_t)d * sizeof(float), &dn);
-    if (s != SPARQ_OK) {
-        keep_err(st, s);
-        return true;
-    }
-    if (replaying(st, 14, P(fused->dev), P(x), P(h), (uint64_t)rows, P(xn) ^ P(ws->ridx) << 1)) return true;
-    const float *nw = (const float *)dn;
-    if (rt->kind == SQ_LINEAR_F32)
-        router_front_rows<float>(st, smem, x, h, nw, eps, d, dW, E, rows, K, ml->norm_topk, xn, ws);
-    else if (rt->kind == SQ_LINEAR_BF16)
-        router_front_rows<uint16_t>(st, smem, x, h, nw, eps, d, dW, E, rows, K, ml->norm_topk, xn, ws);
-    else router_front_rows<f16_t>(st, smem, x, h, nw, eps, d, dW, E, rows, K, ml->norm_topk, xn, ws);
-    keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, h, st->s));
-    return true;
-}
-
 /* Device pointer tables for a layer of dense experts of one kind, no biases
  * (keyed by the up array); anything else keeps to the grouped path. */
 static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int max_rows)
@@ -1976,7 +1747,6 @@ static void cuda_exec_free(sq_exec *ex)
     cudaFreeHost(st->h_stage);
     cudaFree(st->d_stage);
     cudaFree(st->attn_part);
-    cudaFree(st->ticket);
     cudaFreeHost(st->h_ids);
     cudaFreeHost(st->h_rows);
     cudaFreeHost(st->h_w);
@@ -2089,8 +1859,6 @@ static const sq_backend cuda_backend = {
     .step_graphs = cuda_step_graphs,
     .sample_select = cuda_sample_select,
     .attn_front = cuda_attn_front,
-    .attn_out = cuda_attn_out,
-    .add_norm_moe = cuda_add_norm_moe,
 };
 
 extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }
@@ -2117,8 +1885,6 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->d_stage, STAGE_INTS * sizeof(int)), "staging ring");
     if (s == SPARQ_OK) s = cuda_status(cudaStreamCreate(&st->s), "stream");
     if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->attn_part, ATTN_SPLIT_SCRATCH), "attention scratch");
-    if (s == SPARQ_OK) s = cuda_status(cudaMalloc((void **)&st->ticket, sizeof(unsigned)), "router ticket");
-    if (s == SPARQ_OK) s = cuda_status(cudaMemset(st->ticket, 0, sizeof(unsigned)), "router ticket");
     if (s == SPARQ_OK && getenv("SPARQ_CUDA_ATTN_SPLIT") && strcmp(getenv("SPARQ_CUDA_ATTN_SPLIT"), "0") == 0) {
         cudaFree(st->attn_part); /* the one-block-a-head kernel only (tests, comparisons) */
         st->attn_part = NULL;
@@ -2131,7 +1897,7 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
                         "attention shared memory");
     st->graph.max_rows = 16; /* the fused MoE's limit; prepare_moe lowers it for other experts */
     const char *fe = getenv("SPARQ_CUDA_FUSED");
-    st->fuse = fe ? (unsigned)strtoul(fe, NULL, 0) & FUSE_ALL : (unsigned)FUSE_ALL;
+    st->no_fuse = fe && strcmp(fe, "0") == 0;
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)

@@ -29,7 +29,6 @@
  * main kernel is 14.4 µs of 17.0 on 4096×14336 K=3, DRAM well below its peak.
  * Small linears are latency-bound: the launch floor of three chained
  * launches and the memory latency of the input and output stages. */
-#include "kernels/cuda/attn_combine.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemv_int.cuh"
 
@@ -81,35 +80,6 @@ __global__ void __launch_bounds__(128) k_gemv_int_input(const float *__restrict_
 #pragma unroll
     for (int e = 0; e < 4; e++) u[e] *= x[(size_t)r * k + (size_t)beta * 128 + lane + 32 * e];
     int_input_warp(u, beta, r, k, bq, sa, ch, usb, pc);
-}
-
-/* Grid (rows·n_heads), 128 threads, a block a (row, head) of 128
- * dimensions: the split attention's combine (attn_combine.cuh; thread i
- * dimension i, as k_attn_combine) into ao, then warp 0 runs k_gemv_int_input's
- * input transform of the output projection's 128-block h, which is head h,
- * on those values (trellis_cuda_gemv_attn). */
-__global__ void __launch_bounds__(128) k_attn_gemv_input(const float *__restrict__ part, int n_heads, int splits,
-                                                         float *__restrict__ ao, const __half *__restrict__ suh,
-                                                         uint32_t *__restrict__ bq, float *__restrict__ sa,
-                                                         int *__restrict__ ch, float *__restrict__ usb,
-                                                         int *__restrict__ pc)
-{
-    __shared__ float so[128];
-    griddep_launch();
-    const int w = blockIdx.x, r = w / n_heads, beta = w - r * n_heads, i = threadIdx.x;
-    griddep_wait();
-    const float *pb = part + (size_t)w * splits * 130;
-    float M, inv;
-    attn_combine_scale(pb, 128, splits, M, inv);
-    const float o = attn_combine_dim(pb, 128, splits, M, inv, i);
-    ao[(size_t)w * 128 + i] = o;
-    so[i] = o;
-    __syncthreads();
-    if (i >= 32) return;
-    float u[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) u[e] = __half2float(suh[(size_t)beta * 128 + i + 32 * e]) * so[i + 32 * e];
-    int_input_warp(u, beta, r, n_heads * 128, bq, sa, ch, usb, pc);
 }
 
 /* A warp's 128 output columns before svh: v = had128(t + D·Σu) from the
@@ -627,34 +597,4 @@ extern "C" sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const
     cfg.blockDim = dim3(128);
     CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_group_output, gp), "%s: grouped output transform launch", lin[0]->name);
     return SPARQ_OK;
-}
-
-extern "C" bool trellis_cuda_gemv_attn_ok(const trellis_cuda_linear *lin, int rows, int n_heads,
-                                          const trellis_cuda_ws *ws)
-{
-    if (!lin || !ws || lin->cb != CB_MUL1 || rows < 1 || rows > GEMV_INT_MAX_ROWS || n_heads < 1 ||
-        lin->k != n_heads * 128 || lin->k > ws->max_k || lin->n > ws->max_n)
-        return false;
-    const trellis_cuda_gemm_kernel kernel = trellis_cuda_gemm_choice(lin, rows);
-    return kernel != TRELLIS_CUDA_GEMM_TC && main_pick(lin->K, kernel).single;
-}
-
-extern "C" sparq_status trellis_cuda_gemv_attn(const trellis_cuda_linear *lin, const float *part, int rows,
-                                               int n_heads, int splits, float *ao, float *y, trellis_cuda_ws *ws,
-                                               void *stream)
-{
-    RETURN_IF(!part || !ao || !y || splits < 1, SPARQ_E_ARG, "cuda gemv attn: missing argument");
-    RETURN_IF(!trellis_cuda_gemv_attn_ok(lin, rows, n_heads, ws), SPARQ_E_UNSUPPORTED,
-              "%s: the integer GEMV does not take %d rows of %d heads of 128 as its input", lin ? lin->name : "?",
-              rows, n_heads);
-    cudaStream_t s = (cudaStream_t)stream;
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = pdl_config(attr, s);
-    cfg.gridDim = dim3(rows * n_heads);
-    cfg.blockDim = dim3(128);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_attn_gemv_input, part, n_heads, splits, ao,
-                                      (const __half *)lin->suh, ws->bq, ws->sa, ws->ch, ws->usb, ws->pc),
-                   "%s: attention combine + input transform launch", lin->name);
-    return gemv_int_launch(lin, ao, rows, y, ws, stream, trellis_cuda_gemm_choice(lin, rows),
-                           TRELLIS_CUDA_PART_MAIN | TRELLIS_CUDA_PART_OUTPUT);
 }

@@ -122,17 +122,6 @@ sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const *lin, int 
                                      float *const *y, const trellis_cuda_group_opts *o, trellis_cuda_ws *ws,
                                      void *stream);
 
-/* The output projection of a split decode attention (issue 21): y = ao·W
- * where ao is the combine of the split attention's partial results `part`
- * (rows × n_heads × splits records of 130 floats, kernels/cuda/
- * attn_combine.cuh), heads of 128, so head h is W's 128-input block h. The
- * combine runs in the GEMV's input launch (ao is written too): two launches
- * after the split attention instead of four. _ok: whether it takes this
- * linear (mul1, k = 128·n_heads, the integer GEMV at these rows) and rows. */
-bool trellis_cuda_gemv_attn_ok(const trellis_cuda_linear *lin, int rows, int n_heads, const trellis_cuda_ws *ws);
-sparq_status trellis_cuda_gemv_attn(const trellis_cuda_linear *lin, const float *part, int rows, int n_heads,
-                                    int splits, float *ao, float *y, trellis_cuda_ws *ws, void *stream);
-
 /* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on Q decoded into the
  * workspace (nothing is kept per linear). One prefill workspace serves every
  * linear with k·n ≤ max_kn, k ≤ max_k and n ≤ max_n on one stream at a

@@ -4,11 +4,6 @@
 
 #include "runtime/models/blocks.h"
 
-static sq_moe_ws moe_ws(const sq_block_moe_bufs *m)
-{
-    return (sq_moe_ws){m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
-}
-
 /* sq_block_moe on the host: b->mo = the MoE's output. */
 static void moe_host(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe_slots *sl, int d, const float *xn,
                      int rows, const sq_block_moe_bufs *m, const sq_observer *obs)
@@ -74,25 +69,12 @@ void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe
 {
     const sq_backend *be = ex->be;
     if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
-        const sq_moe_ws ws = moe_ws(m);
+        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
         be->moe(ex, ml, xn, rows, residual ? residual : m->mo, &ws, residual != NULL);
         return;
     }
     moe_host(ex, ml, L, sl, d, xn, rows, m, obs);
     if (residual) be->axpy(ex, 1.0f, m->mo, (size_t)rows * d, residual);
-}
-
-void sq_block_add_norm_moe(sq_exec *ex, const sq_moe_layer *ml, int layer, const sq_block_moe_slots *sl,
-                           const float *x, float *residual, int rows, int d, const float *w, float eps, float *xn,
-                           const sq_block_moe_bufs *b, const sq_observer *obs)
-{
-    const sq_backend *be = ex->be;
-    if (!obs && be->add_norm_moe) {
-        const sq_moe_ws ws = moe_ws(b);
-        if (be->add_norm_moe(ex, ml, x, residual, rows, w, eps, xn, &ws)) return;
-    }
-    be->add_rmsnorm(ex, x, residual, rows, d, w, eps, xn);
-    sq_block_moe(ex, ml, layer, sl, d, xn, rows, b, obs, residual);
 }
 
 void sq_swiglu_limit(const float *g, const float *u, size_t n, float limit, float *out)

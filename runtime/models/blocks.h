@@ -43,13 +43,6 @@ typedef struct sq_block_moe_slots {
 void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int layer, const sq_block_moe_slots *sl, int d,
                   const float *xn, int rows, const sq_block_moe_bufs *b, const sq_observer *obs, float *residual);
 
-/* residual += x, xn = rmsnorm(residual) ⊙ w, then sq_block_moe adding into
- * the residual: through the backend's add_norm_moe where it has one for this
- * layer (no observers), else add_rmsnorm and sq_block_moe. */
-void sq_block_add_norm_moe(sq_exec *ex, const sq_moe_layer *ml, int layer, const sq_block_moe_slots *sl,
-                           const float *x, float *residual, int rows, int d, const float *w, float eps, float *xn,
-                           const sq_block_moe_bufs *b, const sq_observer *obs);
-
 /* out[i] = silu(g[i])·u[i], or with limit > 0 silu(min(g[i], limit))·clamp(u[i], −limit, limit)
  * (DeepSeek V4.1's swiglu_limit): a / (1 + expf(−a)) · u in fp32. out may equal g. */
 void sq_swiglu_limit(const float *g, const float *u, size_t n, float limit, float *out);

@@ -470,16 +470,15 @@ static sparq_status q3_embed(const sq_model *mc, const int32_t *tokens, int n, f
     return SPARQ_OK;
 }
 
-/* hidden[rows, d] += proj, then += the MoE (or dense MLP) of post_norm(hidden):
- * runtime/models/blocks.h. */
-static void moe_block(q3 *m, int L, const float *proj, int rows, const sq_observer *obs, float *hidden)
+/* hidden[rows, d] += MoE (or dense MLP) of xn: runtime/models/blocks.h. */
+static void moe_block(q3 *m, int L, const float *xn, int rows, const sq_observer *obs, float *hidden)
 {
     const layer_w *w = &m->layers[L];
     const sq_block_moe_bufs b = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->mo,
                                  m->ridx, m->rows_of, m->cnt, m->off};
     const sq_block_moe_slots sl = w->moe ? (sq_block_moe_slots){S_ROUTER, S_GATE, S_UP, S_DOWN}
                                          : (sq_block_moe_slots){-1, S_MLP_GATE, S_MLP_UP, S_MLP_DOWN};
-    sq_block_add_norm_moe(m->c->ex, &w->ml, L, &sl, proj, hidden, rows, m->d, w->post_norm, m->eps, m->xn, &b, obs);
+    sq_block_moe(m->c->ex, &w->ml, L, &sl, m->d, xn, rows, &b, obs, hidden);
 }
 
 /* One decoder layer on rows whose key ranges are already in m->kvf / m->kvl.
@@ -516,16 +515,13 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
         if (cached) be->kv_store(ex, m->k, m->v, rows, kvd, m->kvf, pos, m->kv_k, m->kv_v);
     }
     const float *kb = cached ? m->kv_k : m->k, *vb = cached ? m->kv_v : m->v;
-    const float scale = 1.0f / sqrtf((float)hd);
-    if (obs || !be->attn_out ||
-        !be->attn_out(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, scale, m->ao, w->o, m->proj)) {
-        be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, scale, m->ao);
-        sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
-        sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
-    }
+    be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, 1.0f / sqrtf((float)hd), m->ao);
+    sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
+    sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
 
     /* MoE / MLP, on the residual plus the attention's output; the MoE adds into the residual */
-    moe_block(m, L, m->proj, rows, obs, hidden);
+    be->add_rmsnorm(ex, m->proj, hidden, rows, d, w->post_norm, m->eps, m->xn);
+    moe_block(m, L, m->xn, rows, obs, hidden);
 }
 
 /* First KV row of (seq, layer) in the whole cache, in rows of nkv*hd floats. */

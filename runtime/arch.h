@@ -133,6 +133,12 @@ typedef struct sq_arch_info {
      * the same rows (V4.1's pools and selections), so calibration runs every calibration row in a
      * cache slot of its own, one set for the reference path and one for the quantized path. */
     bool calib_per_seq;
+    /* The graph runs the expert split (`--split experts`, runtime/dist/dist.h):
+     * its MoE computes only the routed experts the process holds and hands the
+     * partial sum to the combine hook (sq_moe_layer.own_n / combine); false:
+     * plan, pack and load refuse that split, saying expert_split_why. */
+    bool expert_split;
+    const char *expert_split_why;
     /* The quantizer's default bits by tensor key, "GLOB=K" lines (NULL-terminated; NULL: none),
      * applied after its role rule (experts --bits, attention +2, dense and shared MLP +1) and
      * before the user's --recipe and --bits-for, last match winning. */

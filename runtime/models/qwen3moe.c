@@ -659,5 +659,6 @@ const sq_arch_info sq_arch_qwen3moe = {
     .n_tensors = (int)(sizeof q3_tensors / sizeof q3_tensors[0]),
     .kv_bytes = q3_kv_bytes,
     .workspace_terms = q3_workspace_terms,
+    .expert_split = true,
     .graph = &q3_graph,
 };

@@ -193,7 +193,16 @@ typedef struct sq_arch_scope {
     int first, end;
     bool embed, head;
     bool no_engram;
+    int own_n, own_k; /* the expert split: only routed experts e with e % own_n == own_k (own_n <= 1: all) */
 } sq_arch_scope;
+
+/* Does a process holding the routed experts e % own_n == own_k (own_n <= 1:
+ * all) hold instance e of slot l? Every instance of a slot that is not a
+ * routed expert. */
+static inline bool sq_arch_holds_instance(const sq_lin_desc *l, int e, int own_n, int own_k)
+{
+    return l->role != SQ_ROLE_EXPERT || own_n <= 1 || e % own_n == own_k;
+}
 
 /* Every problem found, one line each ("model.safetensors: tensor '...': shape
  * [256, 2048], expected [2048, 256]"); at most SQ_ARCH_PROBLEMS_KEPT are kept,

@@ -713,6 +713,18 @@ static sparq_status send_result(sq_dist *d, const sq_dist_msg *in, float *hidden
     return SPARQ_OK;
 }
 
+/* Test knob: SPARQ_DIST_DELAY_MS makes every step of a rank > 0 that much
+ * slower (a slow box or link), so the mpi suite can stop a rank in the
+ * middle of a generation of the tiny fixture. */
+static void test_delay(void)
+{
+    const char *env = getenv("SPARQ_DIST_DELAY_MS");
+    const long ms = env ? strtol(env, NULL, 10) : 0;
+    if (ms <= 0 || ms >= 100000) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* A rank > 0 of the expert split: every message comes from rank 0; a step is
  * embed + every layer (the MoE layers' all-gathers meet rank 0's and the
  * others'), and nothing goes back but figures. */
@@ -745,6 +757,7 @@ static sparq_status serve_experts(sq_dist *d)
             }
             hash_hidden(d, hidden, msg.rows);
             d->steps++;
+            test_delay();
         } else if (msg.op == OP_STATS) {
             st = t->vt->wait_send(t, SLOT_STATS, d->o.timeout_s); /* the previous request's, if any */
             sq_model_engram_report(d->m, &d->stats_out);
@@ -772,11 +785,6 @@ sparq_status sq_dist_serve(sq_dist *d)
     sq_transport *t = d->t;
     const bool last = d->rank == d->size - 1;
     const int prev = d->rank - 1;
-    /* Test knob: SPARQ_DIST_DELAY_MS makes every stage of this rank that much
-     * slower (a slow box or link), so the mpi suite can stop a rank in the
-     * middle of a generation of the tiny fixture. */
-    const char *delay_env = getenv("SPARQ_DIST_DELAY_MS");
-    const long delay_ms = delay_env ? strtol(delay_env, NULL, 10) : 0;
     for (;;) {
         char *buf;
         FORWARD_IF(take_buffer(d, &buf));
@@ -799,10 +807,7 @@ sparq_status sq_dist_serve(sq_dist *d)
             if (st == SPARQ_OK && work != hidden && !last) st = stage_out(d, hidden, work, msg.rows);
             if (st != SPARQ_OK) return sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
             d->steps++;
-            if (delay_ms > 0 && delay_ms < 100000) {
-                struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
-                nanosleep(&ts, NULL);
-            }
+            test_delay();
             if (last) FORWARD_IF(send_result(d, &msg, work));
             else FORWARD_IF(send_on(d, buf, got));
             break;

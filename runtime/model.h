@@ -146,8 +146,8 @@ bool sq_model_has_embed(const sq_model *m);
 bool sq_model_has_head(const sq_model *m);
 
 /* A node of an expert-split bundle (`sparq pack --split experts`): the box
- * count N it was packed for (it runs every layer and holds the routed experts
- * e with e mod N == its node), else 0. Each MoE layer then computes only the
+ * count N it was packed for, 1 included (it runs every layer and holds the
+ * routed experts e with e mod N == its node), else 0. Each MoE layer then computes only the
  * pairs of its experts and calls fn(user, part, rows, hidden_size) on its
  * partial output before adding it to the residual; fn must make it the
  * whole sum, identical on every rank (runtime/dist/dist.c sets it). Without

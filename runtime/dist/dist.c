@@ -265,7 +265,7 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
         st = sparq_err(SPARQ_E_FORMAT, "%s: node %d has embed=%d head=%d, which does not fit rank %d of %d", path,
                        d->rank, sq_model_has_embed(d->m), sq_model_has_head(d->m), d->rank, d->size);
     if (st == SPARQ_OK) st = attach_model(d);
-    if (st == SPARQ_OK && d->esplit) sq_model_set_moe_combine(d->m, combine_moe, d);
+    if (st == SPARQ_OK && d->esplit && d->size > 1) sq_model_set_moe_combine(d->m, combine_moe, d);
     st = exchange_load_status(d, path, st, reported);
     if (st != SPARQ_OK) {
         sq_model_free(d->m);

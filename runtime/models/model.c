@@ -548,7 +548,7 @@ void sq_model_layer_range(const sq_model *m, int *first, int *end)
 }
 bool sq_model_has_embed(const sq_model *m) { return m->has_embed; }
 
-int sq_model_expert_split(const sq_model *m) { return m->own_n > 1 ? m->own_n : 0; }
+int sq_model_expert_split(const sq_model *m) { return m->own_n; }
 
 void sq_model_set_moe_combine(sq_model *m, sparq_status (*fn)(void *user, float *part, int rows, int d), void *user)
 {

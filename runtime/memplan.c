@@ -409,6 +409,43 @@ static const char *blame_of(const sq_memplan_node *nd)
     return names[best];
 }
 
+/* Every node's total and headroom, then the verdict: fits, the worst node, its largest term. */
+static void plan_verdict(sq_memplan *plan)
+{
+    plan->fits = true;
+    plan->worst_node = 0;
+    for (int k = 0; k < plan->boxes; k++) {
+        sq_memplan_node *nd = &plan->nodes[k];
+        node_total(nd, plan->usable);
+        if (nd->headroom < 0) plan->fits = false;
+        if (nd->headroom < plan->nodes[plan->worst_node].headroom) plan->worst_node = k;
+    }
+    plan->blame = plan->fits ? "" : blame_of(&plan->nodes[plan->worst_node]);
+}
+
+/* What both splits start a plan with: the model's sums, the parameters and
+ * the zeroed nodes. On failure nothing is left allocated. */
+static sparq_status plan_begin(sq_memplan *plan, model_sums *s, const sq_model_config *cfg,
+                               const sq_memplan_tensor *tensors, size_t n_tensors, int boxes,
+                               const sq_memplan_params *p, const sq_memplan_budget *b, uint64_t usable)
+{
+    FORWARD_IF(sums_build(s, cfg, tensors, n_tensors));
+    plan->boxes = boxes;
+    plan->params = *p;
+    plan->budget = *b;
+    plan->usable = usable;
+    plan->n_layers = s->L;
+    plan->tied_head = !s->has_lm_head && cfg->tie_word_embeddings;
+    plan->engram_table_bytes = s->engram_tables;
+    plan->has_engram = s->engram_tables > 0;
+    plan->nodes = sparq_calloc((size_t)boxes, sizeof *plan->nodes);
+    if (!plan->nodes) {
+        sums_free(s);
+        return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
+    }
+    return SPARQ_OK;
+}
+
 /* The expert split (memplan.h): every node every layer, experts e mod boxes. */
 static sparq_status build_experts(sq_memplan *plan, const sq_model_config *cfg, const sq_memplan_tensor *tensors,
                                   size_t n_tensors, int boxes, const sq_memplan_params *p,
@@ -426,21 +463,8 @@ static sparq_status build_experts(sq_memplan *plan, const sq_model_config *cfg, 
               "--split experts: %d boxes but the model has only %lld routed experts per layer (each node needs "
               "at least one)", boxes, (long long)cfg->num_experts);
     model_sums s;
-    FORWARD_IF(sums_build(&s, cfg, tensors, n_tensors));
-    plan->boxes = boxes;
-    plan->params = *p;
-    plan->budget = *b;
-    plan->usable = usable;
-    plan->n_layers = s.L;
-    plan->tied_head = !s.has_lm_head && cfg->tie_word_embeddings;
-    plan->engram_table_bytes = s.engram_tables;
-    plan->has_engram = s.engram_tables > 0;
+    FORWARD_IF(plan_begin(plan, &s, cfg, tensors, n_tensors, boxes, p, b, usable));
     plan->n_experts = cfg->num_experts;
-    plan->nodes = sparq_calloc((size_t)boxes, sizeof *plan->nodes);
-    if (!plan->nodes) {
-        sums_free(&s);
-        return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
-    }
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < s.L; l++) moe_layers += sq_config_is_moe_layer(cfg, l);
     for (int k = 0; k < boxes; k++) {
@@ -461,18 +485,14 @@ static sparq_status build_experts(sq_memplan *plan, const sq_model_config *cfg, 
                 plan->nodes[k].weights = sparq_sat_add_u64(plan->nodes[k].weights, tensors[i].nbytes);
     }
     plan->weights_total = wt;
-    plan->fits = true;
     for (int k = 0; k < boxes; k++) {
         sq_memplan_node *nd = &plan->nodes[k];
         nd->kv = sq_memplan_kv_bytes_range(cfg, 0, s.L, p);
         nd->workspace = sq_memplan_workspace_bytes(cfg, p, nd->has_head);
         nd->comm = sq_memplan_comm_bytes(cfg, p, boxes);
         nd->margin = b->margin;
-        node_total(nd, usable);
-        if (nd->headroom < 0) plan->fits = false;
-        if (nd->headroom < plan->nodes[plan->worst_node].headroom) plan->worst_node = k;
     }
-    plan->blame = plan->fits ? "" : blame_of(&plan->nodes[plan->worst_node]);
+    plan_verdict(plan);
     sums_free(&s);
     return SPARQ_OK;
 }
@@ -493,19 +513,9 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
               "%d boxes but the model has only %lld layers (each node needs at least one)", boxes,
               (long long)cfg->num_hidden_layers);
     model_sums s;
-    FORWARD_IF(sums_build(&s, cfg, tensors, n_tensors));
-    plan->boxes = boxes;
-    plan->params = *p;
-    plan->budget = *b;
-    plan->usable = usable;
-    plan->n_layers = s.L;
-    plan->tied_head = !s.has_lm_head && cfg->tie_word_embeddings;
-    plan->engram_table_bytes = s.engram_tables;
-    plan->has_engram = s.engram_tables > 0;
-    plan->nodes = sparq_calloc((size_t)boxes, sizeof *plan->nodes);
+    FORWARD_IF(plan_begin(plan, &s, cfg, tensors, n_tensors, boxes, p, b, usable));
     int64_t *first = sparq_calloc((size_t)boxes, sizeof *first);
-    if (!plan->nodes || !first) {
-        sparq_free(first);
+    if (!first) {
         sums_free(&s);
         sq_memplan_free(plan);
         return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
@@ -520,7 +530,6 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
     uint64_t wt = sparq_sat_add_u64(sparq_sat_add_u64(s.embed, s.other), last_extra(&s, false));
     for (int64_t l = 0; l < s.L; l++) wt = sparq_sat_add_u64(wt, s.layer_bytes[l]);
     plan->weights_total = wt;
-    plan->fits = true;
     for (int k = 0; k < boxes; k++) {
         sq_memplan_node *nd = &plan->nodes[k];
         nd->node = k;
@@ -541,11 +550,8 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
         nd->engram_cache = nd->has_engram ? b->engram_cache : 0;
         nd->comm = sq_memplan_comm_bytes(cfg, p, boxes);
         nd->margin = b->margin;
-        node_total(nd, usable);
-        if (nd->headroom < 0) plan->fits = false;
-        if (nd->headroom < plan->nodes[plan->worst_node].headroom) plan->worst_node = k;
     }
-    plan->blame = plan->fits ? "" : blame_of(&plan->nodes[plan->worst_node]);
+    plan_verdict(plan);
     sparq_free(first);
     sums_free(&s);
     return SPARQ_OK;

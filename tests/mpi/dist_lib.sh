@@ -1,7 +1,14 @@
 # tests/mpi/dist_lib.sh — what the mpi suite's run scripts share (after
-# tests/lib.sh): finding a rank's process, waiting for mpirun, checking that no
-# rank is left, and a generation whose rank is stopped (SIGSTOP) mid-way.
-# stall() reads $MPIRUN, $SPARQ and $P from the script.
+# tests/lib.sh): the skip without MPI, $MPIRUN (passing SPARQ_DIST_DELAY_MS on,
+# 0 unless a command sets it), a cleanup that also kills the ranks of the
+# test's bundles, finding a rank's process, waiting for mpirun, checking that
+# no rank is left, and a generation whose rank is stopped (SIGSTOP) mid-way.
+# stall() reads $SPARQ and $P from the script.
+need_mpi
+MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
+export SPARQ_DIST_DELAY_MS=0
+# at exit, every process of the test's bundles (the ranks mpirun started)
+cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
 
 # the pid of rank R of the sparq job whose bundle is $1
 rank_pid() {

@@ -19,11 +19,6 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/dist_lib.sh"
 MODEL="$D/tiny-qwen3moe"
-need_mpi
-MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
-export SPARQ_DIST_DELAY_MS=0
-# at exit, every process of the test's bundles (the ranks mpirun started)
-cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
 
 for b in 1 2 3; do
   "$SPARQ" pack "$MODEL" "$T/b$b" --boxes $b --ctx 1024 --users 4 --chunk 64 >/dev/null 2>&1 && ok || bad "pack --boxes $b"

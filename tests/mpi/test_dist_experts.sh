@@ -14,10 +14,6 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/dist_lib.sh"
 MODEL="$D/tiny-qwen3moe"
-need_mpi
-MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
-export SPARQ_DIST_DELAY_MS=0
-cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
 
 "$SPARQ" pack "$MODEL" "$T/b1" --boxes 1 --ctx 1024 --users 4 --chunk 64 >/dev/null 2>&1 && ok || bad "pack --boxes 1"
 for b in 2 3; do

@@ -30,6 +30,7 @@
 
 #include "common/alloc.h"
 #include "common/progress.h"
+#include "dist_rank.h"
 #include "pack/pack.h"
 #include "runtime/dist/dist.h"
 #include "runtime/dist/transport.h"
@@ -95,18 +96,8 @@ static sparq_status leader(sq_dist *d, rank_arg *a)
 static void *rank_main(void *v)
 {
     rank_arg *a = v;
-    sq_model_opts mo;
-    sq_model_opts_default(&mo);
-    mo.n_threads = 1;
-    mo.ctx = CTX;
-    mo.n_seq = USERS;
-    mo.max_rows = CHUNK;
-    sq_dist_opts dop;
-    sq_dist_opts_default(&dop);
-    dop.timeout_s = a->timeout_s;
     sq_dist *d = NULL;
-    bool reported = false;
-    a->st = sq_dist_open(&d, a->bundle, &mo, &dop, a->t, &reported);
+    a->st = dist_rank_open(&d, a->bundle, a->t, SQ_DEVICE_CPU, CTX, USERS, CHUNK, a->timeout_s);
     const double t0 = sparq_now();
     if (a->st == SPARQ_OK) {
         if (a->t->rank == 0) {
@@ -140,19 +131,6 @@ static void run(const char *bundle, int ranks, int idle, double timeout_s, rank_
     for (int r = 0; r < ranks; r++) pthread_join(th[r], NULL);
 }
 
-static void pack(const char *model, const char *out, int boxes, sq_memplan_split split)
-{
-    sq_pack_options o;
-    sq_pack_options_default(&o);
-    o.boxes = boxes;
-    o.params.ctx = CTX;
-    o.params.users = USERS;
-    o.params.chunk = CHUNK;
-    o.params.split = split;
-    const sparq_status st = sq_pack_bundle(model, out, &o);
-    CHECK_MSG(st == SPARQ_OK, "pack %d boxes (%s): %s", boxes, sq_memplan_split_name(split), sparq_errmsg());
-}
-
 int main(void)
 {
     const char *fixture = t_data_path("tiny-qwen3moe");
@@ -161,7 +139,8 @@ int main(void)
     char bundle[4][600];
     for (int b = 1; b <= 3; b++) {
         snprintf(bundle[b], sizeof bundle[b], "%s/e%d", dir, b);
-        pack(fixture, bundle[b], b, SQ_SPLIT_EXPERTS);
+        const sparq_status st = dist_rank_pack(fixture, bundle[b], b, SQ_SPLIT_EXPERTS, CTX, USERS, CHUNK);
+        CHECK_MSG(st == SPARQ_OK, "pack %d boxes --split experts: %s", b, sparq_errmsg());
     }
     rank_arg one[1], folder[1];
     run(bundle[1], 1, -1, 60, one);

@@ -16,11 +16,13 @@ static const cli_spec spec = {
     "Lay MODEL out as a bundle for N boxes: OUT/manifest.json (model config, quantization, memory plan,\n"
     "node -> layers, size + XXH3-128 of every file and of every block), OUT/node-K/model.safetensors\n"
     "(4096-aligned, only node K's tensors), OUT/engram/engram-node-K.bin (the Engram tables of node\n"
-    "K's layers, when the model has them) and the config/tokenizer files. Refuses, before writing\n"
-    "anything, what `sparq plan` with the same options says will not fit. Writes OUT.partial/ and\n"
-    "renames it to OUT when complete.",
+    "K's layers, when the model has them) and the config/tokenizer files. With --split experts every\n"
+    "node's shard holds every layer but only its routed experts (e mod N == K), and node 0 the head.\n"
+    "Refuses, before writing anything, what `sparq plan` with the same options says will not fit.\n"
+    "Writes OUT.partial/ and renames it to OUT when complete.",
     opts,
     "example: sparq pack models/qwen3-exl3 bundles/qwen3-2box --boxes 2 --ctx 32768 --users 6\n"
+    "         sparq pack models/qwen3-exl3 bundles/qwen3-3box-experts --boxes 3 --split experts\n"
     "docs: docs/cli-pack.md, docs/bundle-format.md"};
 
 int cmd_pack(int argc, char **argv)

@@ -50,6 +50,12 @@ bool plan_opt_handle(const cli_spec *s, int id, const char *v, sq_pack_options *
             return false;
         }
         return true;
+    case 14:
+        if (!sq_memplan_split_parse(v, &o->params.split)) {
+            cli_usage_error(s, "--split: '%s' is not pipeline or experts", v);
+            return false;
+        }
+        return true;
     }
     return false;
 }
@@ -75,14 +81,17 @@ static const cli_opt opts[] = {
 static const cli_spec spec = {
     "plan", "MODEL [--boxes N] [budget and run options] [--json]",
     "Plan how MODEL (an HF-layout folder, any dtype incl. EXL3) splits over N boxes: contiguous layers per\n"
-    "node balanced by bytes and per-token work, and per node the weights, KV cache (ctx x users),\n"
+    "node balanced by bytes and per-token work (--split pipeline), or every layer on every node with the\n"
+    "routed experts divided (--split experts), and per node the weights, KV cache (ctx x users),\n"
     "workspace, Engram row cache, communication buffers and safety margin against the usable memory\n"
     "  usable = (mem-per-box - reserve-os - display-reserve + unlock-display) * gpu-util\n"
+    "It also prints the bytes and collectives one decoded token costs between the boxes, both splits.\n"
     "With --bits, the plan is of the EXL3 pack `sparq quantize` would make from MODEL (any stored form,\n"
     "a header-only copy too): each linear's bytes at its bits, everything else as stored.\n"
     "Exit status 0 when it fits, 1 when it does not (or on error), 2 on a usage error.",
     opts,
     "example: sparq plan models/qwen3-exl3 --boxes 2 --ctx 32768 --users 6\n"
+    "         sparq plan models/qwen3-exl3 --boxes 3 --split experts\n"
     "         sparq plan DeepSeek-V4.1-Flash --bits 2.9 --boxes 2 --ctx 131072 --users 4\n"
     "docs: docs/cli-plan.md"};
 
@@ -115,6 +124,29 @@ static void print_target(const sq_bits_policy *pol, const sq_quantplan_summary *
     printf("\n");
 }
 
+static json_t *traffic_json(const sq_memplan_traffic *t)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "bytes", json_integer((json_int_t)t->bytes));
+    json_object_set_new(o, "bytes_max_node", json_integer((json_int_t)t->bytes_max_node));
+    json_object_set_new(o, "messages", json_integer((json_int_t)t->messages));
+    json_object_set_new(o, "collectives", json_integer((json_int_t)t->collectives));
+    return o;
+}
+
+static void print_traffic(const sq_model_config *cfg, int boxes, sq_memplan_split chosen)
+{
+    printf("\ncommunication per decoded token on %d box%s (payload; one row):\n", boxes, boxes == 1 ? "" : "es");
+    for (int s = SQ_SPLIT_PIPELINE; s <= SQ_SPLIT_EXPERTS; s++) {
+        sq_memplan_traffic t;
+        sq_memplan_traffic_per_token(cfg, boxes, (sq_memplan_split)s, &t);
+        char a[32], b[32];
+        printf("  %-8s %11s in %llu messages, %lld collectives; busiest box sends %s%s\n",
+               sq_memplan_split_name((sq_memplan_split)s), fmt_size(a, 32, t.bytes), (unsigned long long)t.messages,
+               (long long)t.collectives, fmt_size(b, 32, t.bytes_max_node), s == (int)chosen ? "  (this plan)" : "");
+    }
+}
+
 static void print_table(const char *model, const sq_memplan *p)
 {
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[40];
@@ -122,6 +154,11 @@ static void print_table(const char *model, const sq_memplan *p)
     printf("run: ctx %lld x %lld users, chunk %lld, kv %s, %lld threads\n", (long long)p->params.ctx,
            (long long)p->params.users, (long long)p->params.chunk, sq_kv_dtype_name(p->params.kv_dtype),
            (long long)p->params.threads);
+    if (p->params.split == SQ_SPLIT_EXPERTS)
+        printf("split: experts (every node runs all %lld layers; routed expert e of every MoE layer on node e mod "
+               "%d; the head on node 0)\n", (long long)p->n_layers, p->boxes);
+    else
+        printf("split: pipeline (contiguous layers per node)\n");
     printf("budget per box: (%s - %s os - %s display + %s unlocked) x %.2f = %s usable\n",
            fmt_size(a, 32, p->budget.mem_per_box), fmt_size(b, 32, p->budget.reserve_os),
            fmt_size(c, 32, p->budget.display_reserve), fmt_size(d, 32, p->budget.unlock_display),
@@ -247,6 +284,14 @@ int cmd_plan(int argc, char **argv)
         for (int i = 0; i < p.boxes; i++) json_array_append_new(ssd, json_integer((json_int_t)p.nodes[i].engram_ssd));
         json_object_set_new(root, "engram_ssd", ssd);
         json_object_set_new(root, "ship_pools", json_boolean(o.params.ship_sources));
+        json_object_set_new(root, "split", json_string(sq_memplan_split_name(o.params.split)));
+        json_t *tr = json_object();
+        for (int s = SQ_SPLIT_PIPELINE; s <= SQ_SPLIT_EXPERTS; s++) {
+            sq_memplan_traffic t;
+            sq_memplan_traffic_per_token(&m.cfg, o.boxes, (sq_memplan_split)s, &t);
+            json_object_set_new(tr, sq_memplan_split_name((sq_memplan_split)s), traffic_json(&t));
+        }
+        json_object_set_new(root, "traffic_per_token", tr);
         if (bits > 0) {
             json_t *t = json_object();
             json_object_set_new(t, "bits", json_real(bits));
@@ -272,9 +317,12 @@ int cmd_plan(int argc, char **argv)
         if (o.params.ship_sources)
             printf("what-if --ship-pools: nodes keep copies of earlier source layers' pools (in kv); no runtime runs "
                    "this split yet, and the entries shipped per step are not in comm\n");
+        print_traffic(&m.cfg, o.boxes, o.params.split);
         printf("\nverdict: %s: %s\n", p.fits ? "fits" : "does not fit", why);
         if (!p.fits) {
             if (min_boxes) printf("smallest box count that fits: %d\n", min_boxes);
+            else if (o.params.split == SQ_SPLIT_EXPERTS)
+                printf("no box count up to %lld (one expert per box) fits\n", (long long)m.cfg.num_experts);
             else printf("no box count up to %lld (one layer per box) fits\n", (long long)p.n_layers);
             const char *bx = p.boxes == 1 ? "box" : "boxes";
             if (max_ctx) printf("largest ctx that fits on %d %s: %lld\n", p.boxes, bx, (long long)max_ctx);

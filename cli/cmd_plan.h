@@ -24,9 +24,12 @@
     {"chunk", 0, "N", "prefill rows per forward step (default 512)"},                                   \
     {"logits-rows", 0, "N", "rows of logits held at once (default: users)"},                            \
     {"kv-dtype", 0, "T", "KV cache element type: f32 (CPU runtime, default) or f16"},                  \
-    {"threads", 0, "N", "runtime threads per node, for per-thread scratch (default 32)"}
+    {"threads", 0, "N", "runtime threads per node, for per-thread scratch (default 32)"},              \
+    {"split", 0, "HOW", "pipeline (default: contiguous layers per node) or experts (every node runs "  \
+                        "every layer and holds routed experts e with e mod N == its node; the rest on "  \
+                        "every node, the head on node 0 only)"}
 
-enum { PLAN_OPT_COUNT = 14 };
+enum { PLAN_OPT_COUNT = 15 };
 
 /* Apply option `id` (< PLAN_OPT_COUNT) with value `val` to *o. Prints a usage
  * error and returns false on a bad value. */

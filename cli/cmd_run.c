@@ -11,7 +11,8 @@
  *
  * Under mpirun (a bundle packed for N boxes, `mpirun -np N sparq run BUNDLE
  * ...`) rank 0 does all of the above and the other ranks only serve their
- * pipeline stage (runtime/dist/dist.h); one rank or N, the command is the same.
+ * pipeline stage, or their share of the experts of an expert-split bundle
+ * (runtime/dist/dist.h); one rank or N, the command is the same.
  * --parallel N generates N continuations of the prompt at once (seeds
  * seed, seed+1, ...), split into micro-batches that keep every rank busy. */
 #include <stdio.h>
@@ -64,7 +65,9 @@ static const cli_spec spec = {
     "run", "MODEL [-p PROMPT] [options]",
     "Generate text with MODEL (a Hugging Face model directory, an EXL3 model, or a bundle from `sparq pack`) on "
     "the CPU, streaming it to stdout. Prompt and decode speeds are printed to stderr at the end. A bundle packed "
-    "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints). A bundle's "
+    "for N boxes runs as N processes, one per box: `mpirun -np N sparq run BUNDLE ...` (rank 0 prints), as a "
+    "pipeline of layers or, packed with --split experts, every rank running every layer with its share of the "
+    "routed experts (CPU backend). A bundle's "
     "files are checked at load, every block's XXH3-128 included; a damaged one is refused, naming the file and block.",
     opts,
     "examples:\n  sparq run build/tests/data/tiny-qwen3moe -p 'The file system' -n 64 --temp 0\n"

@@ -16,7 +16,8 @@
  * are answered 503.
  *
  * Under mpirun (a bundle packed for N boxes) rank 0 listens and the other
- * ranks serve their pipeline stage, as for `sparq run`. SIGINT / SIGTERM
+ * ranks serve their pipeline stage (or share of the experts), as for
+ * `sparq run`. SIGINT / SIGTERM
  * stop accepting, let the running requests finish, then stop; a model error
  * ends the requests with 500 and the server with status 1. */
 #include <errno.h>

@@ -103,6 +103,29 @@ static sparq_status get_req_int(const json_t *o, const char *key, int64_t lo, in
     return SPARQ_OK;
 }
 
+/* Node k's "expert_set" under the expert split: increasing ids, each e with e mod boxes == k. */
+static sparq_status parse_expert_set(const sq_manifest *m, sq_manifest_node *nd, const json_t *set, int k,
+                                     const char *name)
+{
+    RETURN_IF(!set, SPARQ_E_FORMAT,
+              "%s: plan node %d has no 'expert_set' (an expert-split bundle lists the routed experts each node "
+              "holds)", name, k);
+    RETURN_IF(!json_is_array(set) || json_array_size(set) == 0 || json_array_size(set) > (1u << 20), SPARQ_E_FORMAT,
+              "%s: plan node %d: 'expert_set' must be a non-empty array of expert ids", name, k);
+    int64_t prev = -1;
+    for (size_t i = 0; i < json_array_size(set); i++) {
+        const json_t *v = json_array_get(set, i);
+        const int64_t e = json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+        RETURN_IF(e <= prev || e >= (1 << 20) || e % m->boxes != k, SPARQ_E_FORMAT,
+                  "%s: plan node %d: 'expert_set' entry %zu is not an expert id above %lld with id mod %d == %d "
+                  "(expert e lives on node e mod boxes)", name, k, i, (long long)prev, m->boxes, k);
+        prev = e;
+    }
+    nd->n_expert_set = (int64_t)json_array_size(set);
+    nd->expert_set_max = prev;
+    return SPARQ_OK;
+}
+
 static sparq_status parse_plan(sq_manifest *m, const json_t *plan, const char *name)
 {
     RETURN_IF(!json_is_object(plan), SPARQ_E_FORMAT, "%s: 'plan' must be an object", name);
@@ -118,6 +141,19 @@ static sparq_status parse_plan(sq_manifest *m, const json_t *plan, const char *n
     RETURN_IF(!json_is_string(kd) || (strcmp(json_string_value(kd), "f32") && strcmp(json_string_value(kd), "f16")),
               SPARQ_E_FORMAT, "%s: plan 'kv_dtype' must be \"f32\" or \"f16\"", name);
     strcpy(m->kv_dtype, json_string_value(kd));
+    const json_t *sp = json_object_get(plan, "split");
+    m->split = SQ_MANIFEST_SPLIT_PIPELINE;
+    if (sp) {
+        RETURN_IF(!json_is_string(sp) || (strcmp(json_string_value(sp), "pipeline") &&
+                                          strcmp(json_string_value(sp), "experts")),
+                  SPARQ_E_FORMAT, "%s: plan 'split' must be \"pipeline\" or \"experts\"", name);
+        if (!strcmp(json_string_value(sp), "experts")) m->split = SQ_MANIFEST_SPLIT_EXPERTS;
+    }
+    const bool experts = m->split == SQ_MANIFEST_SPLIT_EXPERTS;
+    RETURN_IF(experts != (m->format_version == SQ_MANIFEST_VERSION_EXPERTS), SPARQ_E_FORMAT,
+              "%s: plan 'split' is \"%s\" but format_version is %d (%d is the expert split's, %d the pipeline's)",
+              name, experts ? "experts" : "pipeline", m->format_version, SQ_MANIFEST_VERSION_EXPERTS,
+              SQ_MANIFEST_VERSION);
     const json_t *nodes = json_object_get(plan, "nodes");
     RETURN_IF(!json_is_array(nodes) || json_array_size(nodes) != (size_t)m->boxes, SPARQ_E_FORMAT,
               "%s: plan 'nodes' must be an array of %d nodes", name, m->boxes);
@@ -130,8 +166,18 @@ static sparq_status parse_plan(sq_manifest *m, const json_t *plan, const char *n
         sq_manifest_node *nd = &m->nodes[k];
         FORWARD_IF(get_req_int(n, "node", k, k, &v, name));
         nd->node = k;
-        FORWARD_IF(get_req_int(n, "first_layer", next, next, &nd->first_layer, name));
-        FORWARD_IF(get_req_int(n, "n_layers", 1, 1 << 20, &nd->n_layers, name));
+        if (experts) { /* every node every layer: the same count on each */
+            FORWARD_IF(get_req_int(n, "first_layer", 0, 0, &nd->first_layer, name));
+            FORWARD_IF(get_req_int(n, "n_layers", k ? m->nodes[0].n_layers : 1, k ? m->nodes[0].n_layers : 1 << 20,
+                                   &nd->n_layers, name));
+            FORWARD_IF(parse_expert_set(m, nd, json_object_get(n, "expert_set"), k, name));
+        } else {
+            FORWARD_IF(get_req_int(n, "first_layer", next, next, &nd->first_layer, name));
+            FORWARD_IF(get_req_int(n, "n_layers", 1, 1 << 20, &nd->n_layers, name));
+            RETURN_IF(json_object_get(n, "expert_set"), SPARQ_E_FORMAT,
+                      "%s: plan node %d lists an 'expert_set', but the bundle is split as a pipeline", name, k);
+            nd->expert_set_max = -1;
+        }
         next += nd->n_layers;
         FORWARD_IF(get_req_int(n, "total", 0, INT64_MAX, &v, name));
         nd->total_bytes = (uint64_t)v;
@@ -197,9 +243,9 @@ static sparq_status parse_root(sq_manifest *m, const json_t *root, const char *n
               "%s: 'format' must be \"%s\" (not a sparq bundle manifest?)", name, SQ_MANIFEST_FORMAT);
     int64_t v = 0;
     FORWARD_IF(get_req_int(root, "format_version", 1, 1 << 20, &v, name));
-    RETURN_IF(v != SQ_MANIFEST_VERSION, SPARQ_E_UNSUPPORTED,
-              "%s: format_version %lld; this sparq reads version %d (repack with this version)", name,
-              (long long)v, SQ_MANIFEST_VERSION);
+    RETURN_IF(v != SQ_MANIFEST_VERSION && v != SQ_MANIFEST_VERSION_EXPERTS, SPARQ_E_UNSUPPORTED,
+              "%s: format_version %lld; this sparq reads versions %d and %d (repack with this version)", name,
+              (long long)v, SQ_MANIFEST_VERSION, SQ_MANIFEST_VERSION_EXPERTS);
     m->format_version = (int)v;
     FORWARD_IF(sq_json_get_str(root, "tool", m->tool, sizeof m->tool, name));
     FORWARD_IF(get_req_int(root, "block_size", 4096, (int64_t)1 << 40, &v, name));

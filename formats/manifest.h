@@ -6,7 +6,11 @@
  * The manifest lists every file with its size, its XXH3-128 (the same digest
  * `xxhsum -H2` prints) and the XXH3-128 of every block of `block_size` bytes
  * (the last block may be short), so a damaged byte is located, not just
- * detected. It also records the memory plan and node -> layers.
+ * detected. It also records the memory plan and node -> layers, and how the
+ * model is split: a pipeline of layers (format_version 1, which every
+ * bundle before the expert split is), or the routed experts divided with
+ * every node running every layer (format_version 2, plan "split":
+ * "experts", each node's "expert_set" listed).
  *
  * This module lives in formats/ (not pack/) because the runtime needs it at
  * load; formats/bundle.h checks a bundle's files against it, the one routine
@@ -22,7 +26,8 @@
 #include "common/status.h"
 
 #define SQ_MANIFEST_FORMAT "sparq-bundle"
-#define SQ_MANIFEST_VERSION 1
+#define SQ_MANIFEST_VERSION 1         /* a pipeline bundle */
+#define SQ_MANIFEST_VERSION_EXPERTS 2 /* an expert-split bundle (a version-1 reader refuses it by number) */
 #define SQ_MANIFEST_NAME "manifest.json"
 #define SQ_MANIFEST_MAX_SIZE ((size_t)256 << 20)
 #define SQ_BLOCK_SIZE_DEFAULT ((uint64_t)4 << 20)
@@ -61,7 +66,13 @@ typedef struct sq_manifest_node {
     uint64_t total_bytes;  /* the plan's per-node need */
     char engram_file[128]; /* the Engram table file this node reads ("engram_file"), "" if none */
     uint64_t engram_cache; /* the plan's Engram row cache of this node ("engram_cache", bytes; 0 if absent) */
+    /* the expert split: the routed experts of every MoE layer this node holds ("expert_set": ids in
+     * increasing order, each e with e mod boxes == node); 0 / -1 in a pipeline bundle */
+    int64_t n_expert_set, expert_set_max;
 } sq_manifest_node;
+
+/* The plan's "split" (the values of runtime/memplan.h's sq_memplan_split). */
+enum { SQ_MANIFEST_SPLIT_PIPELINE = 0, SQ_MANIFEST_SPLIT_EXPERTS = 1 };
 
 typedef struct sq_manifest {
     int format_version;
@@ -72,6 +83,7 @@ typedef struct sq_manifest {
     int64_t ctx, users, chunk, logits_rows;
     int64_t threads;           /* threads the workspace was planned for */
     char kv_dtype[8];
+    int split;                 /* SQ_MANIFEST_SPLIT_* ("split" absent: the pipeline) */
     sq_manifest_node *nodes;   /* [boxes] */
     sq_manifest_file *files;   /* [n_files], in manifest order */
     size_t n_files;
@@ -79,7 +91,9 @@ typedef struct sq_manifest {
 
 /* Parse manifest JSON text (len bytes). `name` is used in messages. Every
  * field is validated (types, ranges, paths, block counts vs sizes, node
- * indices, layers tiling [0, L) contiguously). Fuzz target entry point.
+ * indices, layers tiling [0, L) contiguously for the pipeline, every node
+ * holding all of [0, L) and an expert set of its own for the expert split).
+ * Fuzz target entry point.
  * On failure *m is left empty (sq_manifest_free is safe). */
 sparq_status sq_manifest_parse(sq_manifest *m, const char *json, size_t len, const char *name);
 /* Read <bundle_dir>/manifest.json. */

@@ -91,13 +91,29 @@ uint64_t sq_linear_stored_bytes(const sq_linear *l);
  * uploads a view as a linear of its own (prepare_linear keys on w). */
 sparq_status sq_linear_rows_view(const sq_linear *l, int row0, int rows, sq_linear *view);
 
+/* The expert split (runtime/dist/dist.h): turns a rank's partial MoE output
+ * part[rows, d] (the sum over the experts it holds) into the whole one, in
+ * place and bit-identical on every rank (an all-gather, then the pieces
+ * added in rank order), before it goes into the residual. */
+typedef struct sq_moe_combine {
+    sparq_status (*fn)(void *user, float *part, int rows, int d);
+    void *user;
+} sq_moe_combine;
+
 /* One layer's feed-forward for the `moe` op. router NULL: a dense MLP
- * (expert 0, weight 1). gate/up/down are arrays of n_exp linears. */
+ * (expert 0, weight 1). gate/up/down are arrays of n_exp linears.
+ * The expert split: own_n > 1 means this process holds only the experts e
+ * with e % own_n == own_k (the others' linears are empty): every row is
+ * routed as always, the pairs of other experts are skipped, and `combine`
+ * (when its fn is set) completes the sum. The host path does this; a device
+ * backend's `moe` refuses own_n > 1 (sq_exec_set_error). */
 typedef struct sq_moe_layer {
     int n_exp, top_k;
     bool norm_topk;           /* renormalise the top-k weights to sum 1 */
     const sq_linear *router;  /* [n_exp, d] or NULL */
     const sq_linear *gate, *up, *down;
+    int own_n, own_k;
+    const sq_moe_combine *combine;
 } sq_moe_layer;
 
 /* Workspace of the `moe` op, backend memory sized for max_rows rows:

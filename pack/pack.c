@@ -95,6 +95,7 @@ json_t *sq_pack_plan_json(const sq_memplan *p)
     e |= set_u64(o, "logits_rows", (uint64_t)(p->params.logits_rows > 0 ? p->params.logits_rows : 0));
     e |= json_object_set_new(o, "kv_dtype", json_string(sq_kv_dtype_name(p->params.kv_dtype)));
     e |= set_u64(o, "threads", (uint64_t)p->params.threads);
+    e |= json_object_set_new(o, "split", json_string(sq_memplan_split_name(p->params.split)));
     e |= set_u64(b, "mem_per_box", p->budget.mem_per_box);
     e |= set_u64(b, "reserve_os", p->budget.reserve_os);
     e |= set_u64(b, "display_reserve", p->budget.display_reserve);
@@ -122,6 +123,13 @@ json_t *sq_pack_plan_json(const sq_memplan *p)
         e |= json_object_set_new(n, "has_head", json_boolean(nd->has_head));
         e |= json_object_set_new(n, "has_engram", json_boolean(nd->has_engram));
         e |= json_object_set_new(n, "experts", json_integer(nd->experts));
+        if (p->params.split == SQ_SPLIT_EXPERTS) { /* the routed experts of every MoE layer it holds */
+            json_t *set = json_array();
+            e |= !set;
+            for (int64_t x = k; set && !e && x < p->n_experts; x += p->boxes)
+                e |= json_array_append_new(set, json_integer(x));
+            e |= !set || json_object_set_new(n, "expert_set", set);
+        }
         e |= set_u64(n, "weights", nd->weights);
         e |= set_u64(n, "kv", nd->kv);
         e |= set_u64(n, "workspace", nd->workspace);
@@ -318,9 +326,7 @@ static sparq_status write_node(pack_ctx *c, int k, sparq_progress *pr)
     st = sf_writer_set_metadata(w, "sparq.node", meta);
     for (size_t i = 0; i < sf_count(c->model.sf) && st == SPARQ_OK; i++) {
         const sf_tensor *t = sf_at(c->model.sf, i);
-        int also;
-        int n = sq_memplan_tensor_node(&c->plan, t->name, &also);
-        if (n != k && also != k) continue;
+        if (!sq_memplan_tensor_on_node(&c->plan, t->name, k)) continue;
         st = sf_writer_add_ref(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
     }
     if (st == SPARQ_OK) {
@@ -332,9 +338,7 @@ static sparq_status write_node(pack_ctx *c, int k, sparq_progress *pr)
 count:
     for (size_t i = 0; i < sf_count(c->model.sf); i++) {
         const sf_tensor *t = sf_at(c->model.sf, i);
-        int also;
-        int n = sq_memplan_tensor_node(&c->plan, t->name, &also);
-        if (n == k || also == k) bytes += t->nbytes;
+        if (sq_memplan_tensor_on_node(&c->plan, t->name, k)) bytes += t->nbytes;
     }
     sparq_progress_add(pr, bytes);
 done:
@@ -462,7 +466,9 @@ static sparq_status write_manifest(pack_ctx *c, sq_manifest_file *files, size_t 
     if (st != SPARQ_OK) goto done;
     int e = 0; /* jansson returns -1 on allocation failure: collect, then fail once */
     e |= json_object_set_new(root, "format", json_string(SQ_MANIFEST_FORMAT));
-    e |= json_object_set_new(root, "format_version", json_integer(SQ_MANIFEST_VERSION));
+    e |= json_object_set_new(root, "format_version",
+                             json_integer(c->plan.params.split == SQ_SPLIT_EXPERTS ? SQ_MANIFEST_VERSION_EXPERTS
+                                                                                   : SQ_MANIFEST_VERSION));
     e |= json_object_set_new(root, "tool", json_string("sparq " SPARQ_VERSION));
     e |= json_object_set_new(root, "checksum", json_string("xxh3-128"));
     e |= json_object_set_new(root, "block_size", json_integer((json_int_t)c->o->block_size));
@@ -526,7 +532,9 @@ static sparq_status pack_files(pack_ctx *c)
     size_t nf = 0;
     sparq_status st = SPARQ_OK;
     sparq_progress pr;
-    sparq_progress_begin(&pr, "pack: shards", c->plan.weights_total, SPARQ_PROGRESS_BYTES);
+    uint64_t shard_bytes = 0; /* the expert split writes the replicated part once per node */
+    for (int k = 0; k < boxes; k++) shard_bytes = sparq_sat_add_u64(shard_bytes, c->plan.nodes[k].weights);
+    sparq_progress_begin(&pr, "pack: shards", shard_bytes, SPARQ_PROGRESS_BYTES);
     for (int k = 0; k < boxes && st == SPARQ_OK; k++) {
         st = write_node(c, k, &pr);
         if (st == SPARQ_OK) st = list_file(files, &nf, node_rel(k), k);

@@ -47,6 +47,7 @@ static void check_node_terms(const sq_manifest *m, const sq_model_config *cfg, c
     p.chunk = m->chunk;
     p.logits_rows = m->logits_rows;
     p.threads = m->threads;
+    p.split = m->split == SQ_MANIFEST_SPLIT_EXPERTS ? SQ_SPLIT_EXPERTS : SQ_SPLIT_PIPELINE;
     sq_kv_dtype_parse(m->kv_dtype, &p.kv_dtype);
     const struct {
         const char *name;
@@ -78,8 +79,8 @@ static void check_node_terms(const sq_manifest *m, const sq_model_config *cfg, c
 }
 
 /* Node k's shard against the plan: its tensors, layers and weight bytes. */
-static sparq_status check_node_shard(const char *dir, const sq_manifest *m, const sq_memplan *pl, const json_t *n,
-                                     int k, sq_bundle_report *r)
+static sparq_status check_node_shard(const char *dir, const sq_manifest *m, const sq_memplan *pl,
+                                     const sq_model_config *cfg, const json_t *n, int k, sq_bundle_report *r)
 {
     char rel[64];
     snprintf(rel, sizeof rel, "node-%d/model.safetensors", k);
@@ -94,8 +95,13 @@ static sparq_status check_node_shard(const char *dir, const sq_manifest *m, cons
         return SPARQ_OK;
     }
     const sq_manifest_node *nd = &m->nodes[k];
+    const bool esplit = pl->params.split == SQ_SPLIT_EXPERTS;
+    const int64_t E = esplit && cfg->num_experts > 0 ? cfg->num_experts : 0;
     bool *seen = sparq_calloc((size_t)nd->n_layers + 1, sizeof *seen);
-    if (!seen) {
+    bool *seen_exp = sparq_calloc((size_t)(nd->n_layers * E) + 1, sizeof *seen_exp); /* [layer][expert] */
+    if (!seen || !seen_exp) {
+        sparq_free(seen);
+        sparq_free(seen_exp);
         sf_close(sf);
         return sparq_err(SPARQ_E_NOMEM, "out of memory");
     }
@@ -108,15 +114,19 @@ static sparq_status check_node_shard(const char *dir, const sq_manifest *m, cons
         bytes += t->nbytes;
         int also;
         const int at = sq_memplan_tensor_node(pl, t->name, &also);
-        if (at != k && also != k) {
+        if (!sq_memplan_tensor_on_node(pl, t->name, k)) {
             if (!misplaced++) first_bad = t->name, first_bad_node = at;
             continue;
         }
         int64_t layer;
         bool ex;
+        const int64_t e = esplit ? sq_memplan_expert_of(t->name) : -1;
         switch (sq_memplan_classify(t->name, &layer, &ex)) {
-        case SQ_TENSOR_LAYER: seen[layer - nd->first_layer] = true; break;
-        case SQ_TENSOR_EMBED: embed |= at == k; break;
+        case SQ_TENSOR_LAYER:
+            seen[layer - nd->first_layer] = true;
+            if (e >= 0 && e < E) seen_exp[(layer - nd->first_layer) * E + e] = true;
+            break;
+        case SQ_TENSOR_EMBED: embed |= at == k || also == SQ_MEMPLAN_EVERY_NODE; break;
         case SQ_TENSOR_HEAD:
         case SQ_TENSOR_FINAL_NORM: head = true; break;
         default: break;
@@ -136,6 +146,27 @@ static sparq_status check_node_shard(const char *dir, const sq_manifest *m, cons
                                  (long long)(nd->first_layer + L), k);
             break;
         }
+    if (esplit) { /* its expert set: the rule's, listed in the plan, every one present in every MoE layer */
+        const int64_t want = sq_memplan_experts_of_node(E, m->boxes, k);
+        if (nd->n_expert_set != want || nd->expert_set_max >= E)
+            sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                                 "%s: plan node %d lists %lld experts (up to id %lld), but %lld experts over %d boxes "
+                                 "give it %lld (expert e on node e mod %d)", SQ_MANIFEST_NAME, k,
+                                 (long long)nd->n_expert_set, (long long)nd->expert_set_max, (long long)E, m->boxes,
+                                 (long long)want, m->boxes);
+        bool missing = false;
+        for (int64_t L = 0; L < nd->n_layers && !missing; L++) {
+            if (!sq_config_is_moe_layer(cfg, nd->first_layer + L)) continue;
+            for (int64_t x = k; x < E && !missing; x += m->boxes)
+                if (!seen_exp[L * E + x]) {
+                    missing = true;
+                    sq_bundle_report_add(r, SPARQ_E_FORMAT,
+                                         "%s: no tensor of expert %lld of layer %lld, which the expert split gives "
+                                         "node %d", rel, (long long)x, (long long)(nd->first_layer + L), k);
+                }
+        }
+    }
+    sparq_free(seen_exp);
     if (embed != nd->has_embed || head != nd->has_head)
         sq_bundle_report_add(r, SPARQ_E_FORMAT,
                              "%s: %s the embeddings and %s the final norm / lm_head, but the plan says has_embed %s, "
@@ -246,14 +277,18 @@ static sparq_status check_manifest(const char *dir, const sq_manifest *m, int no
         pn[k].first_layer = m->nodes[k].first_layer;
         pn[k].n_layers = m->nodes[k].n_layers;
     }
-    const sq_memplan pl = {.boxes = m->boxes, .n_layers = end, .tied_head = json_is_true(json_object_get(plan, "tied_head")),
-                           .nodes = pn};
+    sq_memplan pl = {.boxes = m->boxes, .n_layers = end, .tied_head = json_is_true(json_object_get(plan, "tied_head")),
+                     .nodes = pn};
+    if (m->split == SQ_MANIFEST_SPLIT_EXPERTS) {
+        pl.params.split = SQ_SPLIT_EXPERTS;
+        pl.n_experts = cfg.num_experts;
+    }
     const json_t *nodes = json_object_get(plan, "nodes");
     for (int k = 0; k < m->boxes && st == SPARQ_OK; k++) {
         if (node >= 0 && k != node) continue;
         const json_t *n = json_array_get(nodes, (size_t)k);
         check_node_terms(m, &cfg, n, k, r);
-        st = check_node_shard(dir, m, &pl, n, k, r);
+        st = check_node_shard(dir, m, &pl, &cfg, n, k, r);
         if (st == SPARQ_OK) st = check_node_engram(dir, m, &cfg, k, r);
     }
 done:

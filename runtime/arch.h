@@ -133,6 +133,12 @@ typedef struct sq_arch_info {
      * the same rows (V4.1's pools and selections), so calibration runs every calibration row in a
      * cache slot of its own, one set for the reference path and one for the quantized path. */
     bool calib_per_seq;
+    /* The graph runs the expert split (`--split experts`, runtime/dist/dist.h):
+     * its MoE computes only the routed experts the process holds and hands the
+     * partial sum to the combine hook (sq_moe_layer.own_n / combine); false:
+     * plan, pack and load refuse that split, saying expert_split_why. */
+    bool expert_split;
+    const char *expert_split_why;
     /* The quantizer's default bits by tensor key, "GLOB=K" lines (NULL-terminated; NULL: none),
      * applied after its role rule (experts --bits, attention +2, dense and shared MLP +1) and
      * before the user's --recipe and --bits-for, last match winning. */
@@ -187,7 +193,16 @@ typedef struct sq_arch_scope {
     int first, end;
     bool embed, head;
     bool no_engram;
+    int own_n, own_k; /* the expert split: only routed experts e with e % own_n == own_k (own_n <= 1: all) */
 } sq_arch_scope;
+
+/* Does a process holding the routed experts e % own_n == own_k (own_n <= 1:
+ * all) hold instance e of slot l? Every instance of a slot that is not a
+ * routed expert. */
+static inline bool sq_arch_holds_instance(const sq_lin_desc *l, int e, int own_n, int own_k)
+{
+    return l->role != SQ_ROLE_EXPERT || own_n <= 1 || e % own_n == own_k;
+}
 
 /* Every problem found, one line each ("model.safetensors: tensor '...': shape
  * [256, 2048], expected [2048, 256]"); at most SQ_ARCH_PROBLEMS_KEPT are kept,

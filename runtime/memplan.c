@@ -42,6 +42,16 @@ bool sq_kv_dtype_parse(const char *s, sq_kv_dtype *out)
     return true;
 }
 
+const char *sq_memplan_split_name(sq_memplan_split s) { return s == SQ_SPLIT_EXPERTS ? "experts" : "pipeline"; }
+
+bool sq_memplan_split_parse(const char *s, sq_memplan_split *out)
+{
+    if (!strcmp(s, "pipeline")) *out = SQ_SPLIT_PIPELINE;
+    else if (!strcmp(s, "experts")) *out = SQ_SPLIT_EXPERTS;
+    else return false;
+    return true;
+}
+
 void sq_memplan_params_default(sq_memplan_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -105,10 +115,38 @@ uint64_t sq_memplan_cuda_prefill_bytes(uint64_t max_kn, uint64_t max_k, uint64_t
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes)
 {
     if (boxes <= 1) return 0;
+    if (p->split == SQ_SPLIT_EXPERTS) {
+        const uint64_t rows = sq_memplan_pos(sq_memplan_rows(p));
+        const uint64_t t[] = {sq_memplan_prod(4, (const uint64_t[]){(uint64_t)boxes, rows,
+                                                                    sq_memplan_pos(sq_arch_hidden_width(cfg)), 4}),
+                              sparq_sat_mul_u64(rows, 12), 64, SQ_MEMPLAN_COMM_FIXED};
+        return sq_memplan_sum(4, t);
+    }
     /* a row is what the stages exchange: hidden_width floats (V4.1: 4 streams + mix + id) */
     uint64_t bufs = sq_memplan_prod(5, (const uint64_t[]){2, 2, sq_memplan_pos(sq_memplan_rows(p)),
                                                          sq_memplan_pos(sq_arch_hidden_width(cfg)), 4});
     return sparq_sat_add_u64(bufs, SQ_MEMPLAN_COMM_FIXED);
+}
+
+void sq_memplan_traffic_per_token(const sq_model_config *cfg, int boxes, sq_memplan_split split,
+                                  sq_memplan_traffic *out)
+{
+    memset(out, 0, sizeof *out);
+    if (boxes <= 1) return;
+    const uint64_t N = (uint64_t)boxes, W = sq_memplan_pos(sq_arch_hidden_width(cfg)) * 4;
+    if (split == SQ_SPLIT_PIPELINE) {
+        const uint64_t V = sq_memplan_pos(cfg->vocab_size) * 4;
+        out->bytes = (N - 1) * W + V;
+        out->bytes_max_node = W > V ? W : V; /* a middle node sends W, the last V */
+        out->messages = N;
+        return;
+    }
+    int64_t M = 0;
+    for (int64_t l = 0; l < cfg->num_hidden_layers; l++) M += sq_config_is_moe_layer(cfg, l);
+    out->collectives = M;
+    out->bytes = (N - 1) * 12 + (uint64_t)M * N * (N - 1) * W;
+    out->bytes_max_node = (N - 1) * (12 + (uint64_t)M * W);
+    out->messages = (N - 1) * (1 + (uint64_t)M * N);
 }
 
 /* ---- budget ---- */
@@ -185,6 +223,19 @@ sq_tensor_class sq_memplan_classify(const char *name, int64_t *layer, bool *is_e
     if (layer) *layer = (c == SQ_TENSOR_LAYER || c == SQ_TENSOR_ENGRAM_TABLE) ? l : -1;
     if (is_expert) *is_expert = ex;
     return c;
+}
+
+int64_t sq_memplan_expert_of(const char *name)
+{
+    int64_t l;
+    bool ex;
+    if (sq_memplan_classify(name, &l, &ex) != SQ_TENSOR_LAYER || !ex) return -1;
+    const char *p = strstr(name, "experts.");
+    while (p && p > name && p[-1] != '.') p = strstr(p + 1, "experts."); /* "shared_experts." is no expert */
+    if (!p || !isdigit((unsigned char)p[8])) return -1;
+    int64_t e = 0;
+    for (p += 8; isdigit((unsigned char)*p) && e < 100000000; p++) e = e * 10 + (*p - '0');
+    return *p == '.' ? e : -1;
 }
 
 /* ---- plan ---- */
@@ -358,6 +409,94 @@ static const char *blame_of(const sq_memplan_node *nd)
     return names[best];
 }
 
+/* Every node's total and headroom, then the verdict: fits, the worst node, its largest term. */
+static void plan_verdict(sq_memplan *plan)
+{
+    plan->fits = true;
+    plan->worst_node = 0;
+    for (int k = 0; k < plan->boxes; k++) {
+        sq_memplan_node *nd = &plan->nodes[k];
+        node_total(nd, plan->usable);
+        if (nd->headroom < 0) plan->fits = false;
+        if (nd->headroom < plan->nodes[plan->worst_node].headroom) plan->worst_node = k;
+    }
+    plan->blame = plan->fits ? "" : blame_of(&plan->nodes[plan->worst_node]);
+}
+
+/* What both splits start a plan with: the model's sums, the parameters and
+ * the zeroed nodes. On failure nothing is left allocated. */
+static sparq_status plan_begin(sq_memplan *plan, model_sums *s, const sq_model_config *cfg,
+                               const sq_memplan_tensor *tensors, size_t n_tensors, int boxes,
+                               const sq_memplan_params *p, const sq_memplan_budget *b, uint64_t usable)
+{
+    FORWARD_IF(sums_build(s, cfg, tensors, n_tensors));
+    plan->boxes = boxes;
+    plan->params = *p;
+    plan->budget = *b;
+    plan->usable = usable;
+    plan->n_layers = s->L;
+    plan->tied_head = !s->has_lm_head && cfg->tie_word_embeddings;
+    plan->engram_table_bytes = s->engram_tables;
+    plan->has_engram = s->engram_tables > 0;
+    plan->nodes = sparq_calloc((size_t)boxes, sizeof *plan->nodes);
+    if (!plan->nodes) {
+        sums_free(s);
+        return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
+    }
+    return SPARQ_OK;
+}
+
+/* The expert split (memplan.h): every node every layer, experts e mod boxes. */
+static sparq_status build_experts(sq_memplan *plan, const sq_model_config *cfg, const sq_memplan_tensor *tensors,
+                                  size_t n_tensors, int boxes, const sq_memplan_params *p,
+                                  const sq_memplan_budget *b, uint64_t usable)
+{
+    const sq_arch_info *a = sq_arch_of(cfg);
+    RETURN_IF(!a, SPARQ_E_UNSUPPORTED, "architecture '%s' not supported", cfg->model_type);
+    RETURN_IF(!a->expert_split, SPARQ_E_UNSUPPORTED,
+              "%s cannot be split by experts yet: %s; use --split pipeline", cfg->model_type,
+              a->expert_split_why ? a->expert_split_why : "its graph has no expert ownership");
+    RETURN_IF(cfg->num_experts < 1, SPARQ_E_UNSUPPORTED,
+              "--split experts: the model has no routed experts (num_experts %lld); use --split pipeline",
+              (long long)cfg->num_experts);
+    RETURN_IF(boxes > cfg->num_experts, SPARQ_E_ARG,
+              "--split experts: %d boxes but the model has only %lld routed experts per layer (each node needs "
+              "at least one)", boxes, (long long)cfg->num_experts);
+    model_sums s;
+    FORWARD_IF(plan_begin(plan, &s, cfg, tensors, n_tensors, boxes, p, b, usable));
+    plan->n_experts = cfg->num_experts;
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < s.L; l++) moe_layers += sq_config_is_moe_layer(cfg, l);
+    for (int k = 0; k < boxes; k++) {
+        sq_memplan_node *nd = &plan->nodes[k];
+        nd->node = k;
+        nd->first_layer = 0;
+        nd->n_layers = s.L;
+        nd->has_embed = true;
+        nd->has_head = k == 0;
+        nd->experts = moe_layers * sq_memplan_experts_of_node(cfg->num_experts, boxes, k);
+    }
+    uint64_t wt = 0;
+    for (size_t i = 0; i < n_tensors; i++) {
+        if (sq_memplan_classify(tensors[i].name, NULL, NULL) == SQ_TENSOR_ENGRAM_TABLE) continue;
+        wt = sparq_sat_add_u64(wt, tensors[i].nbytes);
+        for (int k = 0; k < boxes; k++)
+            if (sq_memplan_tensor_on_node(plan, tensors[i].name, k))
+                plan->nodes[k].weights = sparq_sat_add_u64(plan->nodes[k].weights, tensors[i].nbytes);
+    }
+    plan->weights_total = wt;
+    for (int k = 0; k < boxes; k++) {
+        sq_memplan_node *nd = &plan->nodes[k];
+        nd->kv = sq_memplan_kv_bytes_range(cfg, 0, s.L, p);
+        nd->workspace = sq_memplan_workspace_bytes(cfg, p, nd->has_head);
+        nd->comm = sq_memplan_comm_bytes(cfg, p, boxes);
+        nd->margin = b->margin;
+    }
+    plan_verdict(plan);
+    sums_free(&s);
+    return SPARQ_OK;
+}
+
 sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, const sq_memplan_tensor *tensors,
                               size_t n_tensors, int boxes, const sq_memplan_params *p,
                               const sq_memplan_budget *b)
@@ -369,23 +508,14 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
               (long long)p->users, (long long)p->chunk);
     uint64_t usable;
     FORWARD_IF(sq_memplan_usable(b, &usable));
+    if (p->split == SQ_SPLIT_EXPERTS) return build_experts(plan, cfg, tensors, n_tensors, boxes, p, b, usable);
     RETURN_IF(boxes > cfg->num_hidden_layers, SPARQ_E_ARG,
               "%d boxes but the model has only %lld layers (each node needs at least one)", boxes,
               (long long)cfg->num_hidden_layers);
     model_sums s;
-    FORWARD_IF(sums_build(&s, cfg, tensors, n_tensors));
-    plan->boxes = boxes;
-    plan->params = *p;
-    plan->budget = *b;
-    plan->usable = usable;
-    plan->n_layers = s.L;
-    plan->tied_head = !s.has_lm_head && cfg->tie_word_embeddings;
-    plan->engram_table_bytes = s.engram_tables;
-    plan->has_engram = s.engram_tables > 0;
-    plan->nodes = sparq_calloc((size_t)boxes, sizeof *plan->nodes);
+    FORWARD_IF(plan_begin(plan, &s, cfg, tensors, n_tensors, boxes, p, b, usable));
     int64_t *first = sparq_calloc((size_t)boxes, sizeof *first);
-    if (!plan->nodes || !first) {
-        sparq_free(first);
+    if (!first) {
         sums_free(&s);
         sq_memplan_free(plan);
         return sparq_err(SPARQ_E_NOMEM, "memory plan: out of memory");
@@ -400,7 +530,6 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
     uint64_t wt = sparq_sat_add_u64(sparq_sat_add_u64(s.embed, s.other), last_extra(&s, false));
     for (int64_t l = 0; l < s.L; l++) wt = sparq_sat_add_u64(wt, s.layer_bytes[l]);
     plan->weights_total = wt;
-    plan->fits = true;
     for (int k = 0; k < boxes; k++) {
         sq_memplan_node *nd = &plan->nodes[k];
         nd->node = k;
@@ -421,11 +550,8 @@ sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, cons
         nd->engram_cache = nd->has_engram ? b->engram_cache : 0;
         nd->comm = sq_memplan_comm_bytes(cfg, p, boxes);
         nd->margin = b->margin;
-        node_total(nd, usable);
-        if (nd->headroom < 0) plan->fits = false;
-        if (nd->headroom < plan->nodes[plan->worst_node].headroom) plan->worst_node = k;
     }
-    plan->blame = plan->fits ? "" : blame_of(&plan->nodes[plan->worst_node]);
+    plan_verdict(plan);
     sparq_free(first);
     sums_free(&s);
     return SPARQ_OK;
@@ -444,7 +570,16 @@ int sq_memplan_tensor_node(const sq_memplan *plan, const char *name, int *also)
     bool ex;
     const int last = plan->boxes - 1;
     if (also) *also = -1;
-    switch (sq_memplan_classify(name, &l, &ex)) {
+    const sq_tensor_class c = sq_memplan_classify(name, &l, &ex);
+    if (plan->params.split == SQ_SPLIT_EXPERTS) {
+        const int64_t e = sq_memplan_expert_of(name);
+        if (c == SQ_TENSOR_ENGRAM_TABLE) return -1;
+        if (e >= 0) return sq_memplan_expert_owner(e, plan->boxes);
+        if (c == SQ_TENSOR_HEAD || c == SQ_TENSOR_FINAL_NORM || c == SQ_TENSOR_LAST_OTHER) return 0;
+        if (also && plan->boxes > 1) *also = SQ_MEMPLAN_EVERY_NODE;
+        return 0;
+    }
+    switch (c) {
     case SQ_TENSOR_LAYER:
         for (int k = 0; k < plan->boxes; k++)
             if (l >= plan->nodes[k].first_layer && l < plan->nodes[k].first_layer + plan->nodes[k].n_layers)
@@ -462,6 +597,13 @@ int sq_memplan_tensor_node(const sq_memplan *plan, const char *name, int *also)
     return -1;
 }
 
+bool sq_memplan_tensor_on_node(const sq_memplan *plan, const char *name, int k)
+{
+    int also;
+    const int n = sq_memplan_tensor_node(plan, name, &also);
+    return n == k || also == k || (also == SQ_MEMPLAN_EVERY_NODE && k >= 0 && k < plan->boxes);
+}
+
 sparq_status sq_memplan_suggest(const sq_memplan *plan, const sq_model_config *cfg,
                                 const sq_memplan_tensor *tensors, size_t n_tensors, int *min_boxes,
                                 int64_t *max_ctx)
@@ -469,7 +611,8 @@ sparq_status sq_memplan_suggest(const sq_memplan *plan, const sq_model_config *c
     *min_boxes = 0;
     *max_ctx = 0;
     sq_memplan t;
-    for (int nb = plan->boxes + 1; nb <= plan->n_layers && nb <= 1024; nb++) {
+    const int64_t most = plan->params.split == SQ_SPLIT_EXPERTS ? cfg->num_experts : plan->n_layers;
+    for (int nb = plan->boxes + 1; nb <= most && nb <= 1024; nb++) {
         sparq_status st = sq_memplan_build(&t, cfg, tensors, n_tensors, nb, &plan->params, &plan->budget);
         if (st == SPARQ_E_UNSUPPORTED) { /* no split into nb nodes respects the architecture's cuts */
             sparq_err_clear();

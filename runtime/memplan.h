@@ -22,7 +22,19 @@
  * decoded token: non-expert weights + top_k/n_experts of the expert weights).
  * Node 0 also holds the embeddings (memory, no work); the last node the final
  * norm and lm_head (memory and work) — and, with tied embeddings and no
- * separate lm_head tensor, a second copy of the embedding matrix. */
+ * separate lm_head tensor, a second copy of the embedding matrix.
+ *
+ * Expert split (params.split = SQ_SPLIT_EXPERTS, `--split experts`): every
+ * node runs every layer; routed expert e of every MoE layer lives on node
+ * e mod boxes (sq_memplan_expert_owner), everything else on every node,
+ * except the final norm and lm_head, which only node 0 holds (only the leader
+ * samples, so the others skip the head). Per node:
+ *     weights = the replicated part + its experts (node 0: + final norm, head)
+ *     kv      = every layer's KV cache
+ *     comm    = boxes * rows * hidden_width * 4 (the all-gathered partial MoE
+ *               sums, its own included) + rows * 12 + 64 (the step message:
+ *               sequence, position and token of each row, and a header)
+ *               + SQ_MEMPLAN_COMM_FIXED   (0 with one box) */
 #ifndef SPARQ_RUNTIME_MEMPLAN_H
 #define SPARQ_RUNTIME_MEMPLAN_H
 
@@ -45,6 +57,29 @@ uint64_t sq_kv_dtype_bytes(sq_kv_dtype dt);
 const char *sq_kv_dtype_name(sq_kv_dtype dt);
 bool sq_kv_dtype_parse(const char *s, sq_kv_dtype *out);
 
+/* How a bundle divides the model between its boxes. */
+typedef enum sq_memplan_split {
+    SQ_SPLIT_PIPELINE = 0, /* contiguous layers per node; hidden states go node to node */
+    SQ_SPLIT_EXPERTS = 1,  /* every node runs every layer; the routed experts are divided */
+} sq_memplan_split;
+
+/* "pipeline" / "experts"; parse returns false if unknown. */
+const char *sq_memplan_split_name(sq_memplan_split s);
+bool sq_memplan_split_parse(const char *s, sq_memplan_split *out);
+
+/* The node that holds routed expert e under the expert split: e mod boxes.
+ * Round robin rather than contiguous ranges: routers favour neighbouring
+ * expert ids unevenly less often than they favour whole ranges (the ids are
+ * arbitrary, but training often leaves clusters of hot experts), and the
+ * pack layout is no harder either way (every expert is its own tensors). */
+static inline int sq_memplan_expert_owner(int64_t e, int boxes) { return boxes > 1 ? (int)(e % boxes) : 0; }
+
+/* How many of n_experts node k holds under the expert split. */
+static inline int64_t sq_memplan_experts_of_node(int64_t n_experts, int boxes, int k)
+{
+    return boxes > 1 ? (n_experts - k + boxes - 1) / boxes : n_experts;
+}
+
 typedef struct sq_memplan_params {
     int64_t ctx;          /* tokens per sequence the KV cache holds (default 32768) */
     int64_t users;        /* sequences decoded together (default 6) */
@@ -58,6 +93,7 @@ typedef struct sq_memplan_params {
                              architecture's split_ok forbids it, keeping its own copy of the caches
                              of earlier source layers its layers read (kv_bytes counts them; the
                              source's node would ship each step's new entries with the hidden row) */
+    sq_memplan_split split; /* default SQ_SPLIT_PIPELINE */
 } sq_memplan_params;
 
 void sq_memplan_params_default(sq_memplan_params *p);
@@ -144,7 +180,28 @@ uint64_t sq_memplan_sum(int n, const uint64_t *v);
 uint64_t sq_memplan_prod(int n, const uint64_t *v);
 
 #define SQ_MEMPLAN_COMM_FIXED ((uint64_t)64 << 20)
+/* The comm term of p->split (the pipeline's above, the expert split's in the
+ * header comment). */
 uint64_t sq_memplan_comm_bytes(const sq_model_config *cfg, const sq_memplan_params *p, int boxes);
+
+/* What one decoded token (one row) sends between the boxes, payload only
+ * (message headers left out), W = hidden_width * 4 bytes, V = vocab * 4,
+ * M = MoE layers, N = boxes (everything 0 with one box):
+ *   pipeline: N - 1 hops of W, then V of logits from the last node to node 0:
+ *             bytes = (N-1)·W + V, messages = N, collectives 0;
+ *   experts:  node 0 sends the row's token, sequence and position (12 bytes)
+ *             to every other node, then each MoE layer is one all-gather in
+ *             which every node sends its W of partial sums to every other:
+ *             bytes = (N-1)·12 + M·N·(N-1)·W, messages = (N-1)·(1 + M·N),
+ *             collectives M; the busiest node sends (N-1)·(12 + M·W). */
+typedef struct sq_memplan_traffic {
+    uint64_t bytes;          /* all boxes together */
+    uint64_t bytes_max_node; /* the busiest box's sends */
+    uint64_t messages;
+    int64_t collectives;
+} sq_memplan_traffic;
+void sq_memplan_traffic_per_token(const sq_model_config *cfg, int boxes, sq_memplan_split split,
+                                  sq_memplan_traffic *out);
 
 /* --- the budget of one box ---------------------------------------------- */
 
@@ -181,6 +238,8 @@ typedef enum sq_tensor_class {
 /* Classify a tensor name; *layer gets L for LAYER and ENGRAM_TABLE, else -1.
  * *is_expert is true for routed-expert tensors (".experts.<E>."). */
 sq_tensor_class sq_memplan_classify(const char *name, int64_t *layer, bool *is_expert);
+/* The routed expert a tensor belongs to (the E of ".experts.<E>."), or -1. */
+int64_t sq_memplan_expert_of(const char *name);
 
 typedef struct sq_memplan_tensor {
     const char *name;
@@ -195,7 +254,8 @@ typedef struct sq_memplan_node {
     bool has_embed, has_head;        /* has_head: final norm + lm_head (+ tied embedding) */
     bool has_engram;                 /* holds a layer with an Engram table */
     uint64_t engram_ssd;             /* bytes of its layers' Engram tables (on the node's SSD, not in memory) */
-    int64_t experts;                 /* routed experts held (all experts of its MoE layers) */
+    int64_t experts;                 /* routed experts held, summed over its MoE layers (the pipeline: all
+                                        experts of its layers; the expert split: its share of every layer) */
     uint64_t weights, kv, workspace, engram_cache, comm, margin;
     uint64_t total;                  /* sum of the six terms (saturating) */
     int64_t headroom;                /* usable - total (negative: does not fit) */
@@ -211,6 +271,7 @@ typedef struct sq_memplan {
     bool has_engram;                 /* the model has Engram tables (kept on the SSD) */
     uint64_t engram_table_bytes;     /* their size on disk */
     uint64_t weights_total;          /* every in-memory tensor once */
+    int64_t n_experts;               /* routed experts per MoE layer (the expert split; 0 otherwise) */
     sq_memplan_node *nodes;          /* [boxes] */
     bool fits;
     int worst_node;                  /* smallest headroom */
@@ -218,8 +279,11 @@ typedef struct sq_memplan {
 } sq_memplan;
 
 /* Plan `boxes` nodes for a model described by cfg and its tensors (every
- * tensor of the checkpoint with its byte size, any dtype). SPARQ_E_ARG when
- * boxes < 1 or boxes > layers; SPARQ_E_FORMAT when a layer index is outside
+ * tensor of the checkpoint with its byte size, any dtype), split as p->split
+ * says. SPARQ_E_ARG when boxes < 1 or boxes > layers (the pipeline) or
+ * boxes > num_experts (the expert split, which is SPARQ_E_UNSUPPORTED for a
+ * model without routed experts or an architecture whose graph cannot skip
+ * experts: sq_arch_info.expert_split); SPARQ_E_FORMAT when a layer index is outside
  * the config's layer count. Not fitting is NOT an error: check plan->fits.
  * Free with sq_memplan_free. */
 sparq_status sq_memplan_build(sq_memplan *plan, const sq_model_config *cfg, const sq_memplan_tensor *tensors,
@@ -229,8 +293,14 @@ void sq_memplan_free(sq_memplan *plan);
 
 /* Which node holds a tensor: returns the node (0..boxes-1) and, for a tied
  * embedding also used as lm_head, sets *also to the last node (else -1).
- * Engram tables return -1 (they go to engram/, not a node shard). */
+ * Engram tables return -1 (they go to engram/, not a node shard). Under the
+ * expert split a routed expert's owner, node 0 for the head and final norm,
+ * and for a tensor every node holds 0 with *also = SQ_MEMPLAN_EVERY_NODE. */
+#define SQ_MEMPLAN_EVERY_NODE (-2)
 int sq_memplan_tensor_node(const sq_memplan *plan, const char *name, int *also);
+/* Does node k's shard hold the tensor (either split)? What pack writes by
+ * and verify checks against. */
+bool sq_memplan_tensor_on_node(const sq_memplan *plan, const char *name, int k);
 
 /* When a plan does not fit: the smallest box count (boxes+1 .. n_layers) that
  * fits with the same parameters (0 if none), and the largest ctx (1 .. ctx)

@@ -145,6 +145,16 @@ void sq_model_layer_range(const sq_model *m, int *first, int *end);
 bool sq_model_has_embed(const sq_model *m);
 bool sq_model_has_head(const sq_model *m);
 
+/* A node of an expert-split bundle (`sparq pack --split experts`): the box
+ * count N it was packed for, 1 included (it runs every layer and holds the
+ * routed experts e with e mod N == its node), else 0. Each MoE layer then computes only the
+ * pairs of its experts and calls fn(user, part, rows, hidden_size) on its
+ * partial output before adding it to the residual; fn must make it the
+ * whole sum, identical on every rank (runtime/dist/dist.c sets it). Without
+ * fn a rank's layers use only their own experts' share. */
+int sq_model_expert_split(const sq_model *m);
+void sq_model_set_moe_combine(sq_model *m, sparq_status (*fn)(void *user, float *part, int rows, int d), void *user);
+
 /* Tokens currently in the KV cache of seq; reset empties it. */
 int sq_model_seq_len(const sq_model *m, int seq);
 void sq_model_seq_reset(sq_model *m, int seq);

@@ -6,10 +6,13 @@
  *   control  rank k -> k+1: msg_hdr (reset / truncate / shutdown)
  *   result   last -> 0:     msg_hdr with n_out, then n_out rows of logits
  *                           [n_out, vocab] f32 in messages of ≤ LOGIT_CHUNK rows
+ *   estep    0 -> every rank (the expert split): msg_hdr, seqs[rows], pos[rows],
+ *            tokens[rows] i32; control messages likewise go to every rank
  * Buffers: two message buffers per rank, each one step (the plan's comm
  * term, runtime/memplan.h), used alternately so rank k can receive step i+1
  * while step i is still being sent; the last rank adds LOGIT_CHUNK rows of
- * logits. Nothing is allocated after open. */
+ * logits. The expert split: one step message and the all-gather's
+ * [size, max_rows, d] pieces. Nothing is allocated after open. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +31,10 @@
 #define SLOT_RESULT_HDR 2     /* send slots: 0, 1 = message buffers; 2, 3 = results */
 #define SLOT_RESULT_ROWS 3
 #define SLOT_STATS 4          /* a worker's figures to rank 0 */
+#define SLOT_FANOUT 5         /* the expert split: rank 0's sends to rank r use slot 5 + (r - 1) % 11 */
+#define N_FANOUT (SQ_TRANSPORT_SLOTS - SLOT_FANOUT)
 
-enum { OP_STEP = SQ_DIST_OP_STEP, OP_RESET, OP_TRUNCATE, OP_SHUTDOWN, OP_STATS };
+enum { OP_STEP = SQ_DIST_OP_STEP, OP_RESET, OP_TRUNCATE, OP_SHUTDOWN, OP_STATS, OP_ESTEP };
 
 typedef struct msg_hdr {
     uint32_t magic;
@@ -68,6 +73,9 @@ struct sq_dist {
     int q_done;       /* entries from q_head whose result is already received */
     uint32_t next_id;
     uint64_t steps;
+    bool esplit;      /* the expert split (every rank every layer; the MoE combined by all-gather) */
+    float *gbuf;      /* the expert split: the all-gathered partial sums [size][max_rows * d] */
+    uint64_t hidden_hash;
     bool borrowed_model;        /* sq_dist_wrap: the caller frees the model */
     sq_transport *own_transport; /* sq_dist_wrap: a local transport we made */
 };
@@ -76,6 +84,7 @@ void sq_dist_opts_default(sq_dist_opts *o) { o->timeout_s = 60.0; }
 
 static size_t step_bytes(const sq_dist *d, int rows)
 {
+    if (d->esplit) return sizeof(msg_hdr) + (size_t)rows * 3 * sizeof(int32_t);
     return sizeof(msg_hdr) + (size_t)rows * 2 * sizeof(int32_t) + (size_t)rows * (size_t)d->d * sizeof(float);
 }
 
@@ -181,6 +190,14 @@ static sparq_status attach_model(sq_dist *d)
     d->buf_bytes = step_bytes(d, d->max_rows);
     d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
     d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
+    if (d->esplit && d->size > 1) { /* one step message, the all-gather's pieces */
+        d->buf[0] = sparq_aligned_alloc(64, d->buf_bytes);
+        d->gbuf = sparq_aligned_alloc(64, (size_t)d->size * (size_t)d->max_rows * (size_t)d->d * sizeof(float));
+        RETURN_IF(!d->pos || !d->seqs || !d->buf[0] || !d->gbuf, SPARQ_E_NOMEM,
+                  "rank %d: cannot allocate the expert split's buffers (%d x %d rows of %d floats)", d->rank, d->size,
+                  d->max_rows, d->d);
+        return SPARQ_OK;
+    }
     const bool pipe = d->size > 1, last = pipe && d->rank == d->size - 1;
     if (pipe)
         for (int i = 0; i < 2; i++) d->buf[i] = sparq_aligned_alloc(64, d->buf_bytes);
@@ -190,6 +207,34 @@ static sparq_status attach_model(sq_dist *d)
                   (pipe && d->rank == 0 && !d->qrows), SPARQ_E_NOMEM,
               "rank %d: cannot allocate the pipeline buffers (2 x %zu bytes)", d->rank, d->buf_bytes);
     return SPARQ_OK;
+}
+
+/* The expert split's combine (sq_model_set_moe_combine): every rank's partial
+ * MoE sum, gathered, then added in rank order 0..N-1 (never in arrival order,
+ * never through MPI_Allreduce, whose order is the library's), so every rank
+ * ends the layer with the same floats. */
+static sparq_status combine_moe(void *user, float *part, int rows, int width)
+{
+    sq_dist *d = user;
+    const size_t n = (size_t)rows * (size_t)width;
+    const sparq_status st = d->t->vt->allgather(d->t, part, n * sizeof(float), d->gbuf, d->o.timeout_s);
+    if (st != SPARQ_OK) return sparq_err_context(st, "the MoE combine of a %d-row step", rows);
+    memcpy(part, d->gbuf, n * sizeof(float));
+    for (int r = 1; r < d->size; r++) {
+        const float *p = d->gbuf + (size_t)r * n;
+        for (size_t i = 0; i < n; i++) part[i] += p[i];
+    }
+    return SPARQ_OK;
+}
+
+/* The expert split: fold a step's final hidden states into the rank's hash. */
+static void hash_hidden(sq_dist *d, const float *hidden, int rows)
+{
+    sq_digest g;
+    sq_digest_of(hidden, (size_t)rows * (size_t)d->d * sizeof(float), &g);
+    uint64_t x;
+    memcpy(&x, g.b, sizeof x);
+    d->hidden_hash = (d->hidden_hash << 7 | d->hidden_hash >> 57) ^ x;
 }
 
 sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
@@ -212,12 +257,15 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
     opts.node = t->rank;
     opts.nodes = t->size;
     sparq_status st = sq_model_load(&d->m, path, &opts);
-    /* consistency of the layer split: rank 0 embeds, the last rank has the head */
-    if (st == SPARQ_OK &&
-        ((d->rank == 0) != sq_model_has_embed(d->m) || (d->rank == d->size - 1) != sq_model_has_head(d->m)))
+    if (st == SPARQ_OK) d->esplit = sq_model_expert_split(d->m) > 0;
+    /* consistency of the split: rank 0 embeds, the last rank has the head (the
+     * pipeline); every rank embeds, rank 0 alone has the head (the expert split) */
+    const bool embed = d->esplit || d->rank == 0, head = d->esplit ? d->rank == 0 : d->rank == d->size - 1;
+    if (st == SPARQ_OK && (embed != sq_model_has_embed(d->m) || head != sq_model_has_head(d->m)))
         st = sparq_err(SPARQ_E_FORMAT, "%s: node %d has embed=%d head=%d, which does not fit rank %d of %d", path,
                        d->rank, sq_model_has_embed(d->m), sq_model_has_head(d->m), d->rank, d->size);
     if (st == SPARQ_OK) st = attach_model(d);
+    if (st == SPARQ_OK && d->esplit && d->size > 1) sq_model_set_moe_combine(d->m, combine_moe, d);
     st = exchange_load_status(d, path, st, reported);
     if (st != SPARQ_OK) {
         sq_model_free(d->m);
@@ -269,6 +317,7 @@ void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s)
     s->bytes_sent = d->t->bytes_sent;
     s->msgs_sent = d->t->msgs_sent;
     s->steps = d->steps;
+    s->hidden_hash = d->hidden_hash;
 }
 
 void sq_dist_abort(sq_dist *d, int code) { d->t->vt->abort(d->t, code); }
@@ -322,8 +371,25 @@ static sparq_status send_on(sq_dist *d, char *buf, size_t n)
     return SPARQ_OK;
 }
 
+/* The expert split, rank 0: the message in d->buf[0] to every other rank.
+ * The buffer is reused only once every send from it has completed. */
+static sparq_status send_all(sq_dist *d, size_t n)
+{
+    for (int r = 1; r < d->size; r++)
+        FORWARD_IF(d->t->vt->isend(d->t, r, SQ_TAG_STEP, d->buf[0], n, SLOT_FANOUT + (r - 1) % N_FANOUT));
+    for (int r = 1; r < d->size; r++) FORWARD_IF(d->t->vt->wait_send(d->t, SLOT_FANOUT + (r - 1) % N_FANOUT,
+                                                                     d->o.timeout_s));
+    return SPARQ_OK;
+}
+
 static sparq_status send_control(sq_dist *d, int op, int seq, int n)
 {
+    if (d->esplit && d->size > 1) {
+        if (d->rank != 0) return SPARQ_OK;
+        const msg_hdr h = {.magic = MSG_MAGIC, .op = op, .seq = seq, .n = n};
+        memcpy(d->buf[0], &h, sizeof h);
+        return send_all(d, sizeof h);
+    }
     if (d->size == 1 || d->rank == d->size - 1) return SPARQ_OK;
     char *buf;
     FORWARD_IF(take_buffer(d, &buf));
@@ -375,11 +441,23 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
     if (d->q_n == QCAP) FORWARD_IF(sq_dist_wait(d));
     FORWARD_IF(row_positions(d, rows, seqs));
     d->steps++;
-    if (d->size == 1) {
-        /* everything here, synchronously */
+    if (d->size == 1 || d->esplit) {
+        /* everything here, synchronously; the expert split first tells every rank what to run */
+        if (d->esplit && d->size > 1) {
+            const msg_hdr h = {.magic = MSG_MAGIC, .op = OP_ESTEP, .id = d->next_id++, .rows = rows};
+            memcpy(d->buf[0], &h, sizeof h);
+            int32_t *ids = (int32_t *)(void *)(d->buf[0] + sizeof h);
+            for (int r = 0; r < rows; r++) {
+                ids[r] = seqs[r];
+                ids[rows + r] = d->pos[r];
+                ids[2 * rows + r] = tokens[r];
+            }
+            FORWARD_IF(send_all(d, step_bytes(d, rows)));
+        }
         float *hidden = sq_model_hidden_buffer(d->m);
         FORWARD_IF(sq_model_embed(d->m, tokens, rows, hidden));
         FORWARD_IF(sq_model_forward_rows(d->m, hidden, rows, seqs, d->pos));
+        if (d->esplit) hash_hidden(d, hidden, rows);
         const int n_out = n_out_rows(mode, rows);
         const float *first = hidden + (size_t)(rows - n_out) * d->d;
         /* in LOGIT_CHUNK rows, exactly as the last rank of a pipeline does: the
@@ -581,6 +659,26 @@ sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidd
         out->hidden = (const char *)buf + sizeof h + (size_t)h.rows * 2 * sizeof(int32_t);
         return SPARQ_OK;
     }
+    case OP_ESTEP: {
+        RETURN_IF(h.rows < 1 || h.rows > max_rows, SPARQ_E_COMM, "step %u from rank %d has %d rows (1..%d)",
+                  (unsigned)h.id, src, (int)h.rows, max_rows);
+        const size_t want = sizeof h + (size_t)h.rows * 3 * sizeof(int32_t);
+        RETURN_IF(n != want, SPARQ_E_COMM, "step %u from rank %d: %zu bytes, expected %zu for %d rows of tokens",
+                  (unsigned)h.id, src, n, want, (int)h.rows);
+        const int32_t *ids = (const int32_t *)(const void *)((const char *)buf + sizeof h);
+        for (int r = 0; r < h.rows; r++) {
+            int32_t sq, ps, tk;
+            memcpy(&sq, ids + r, 4);
+            memcpy(&ps, ids + h.rows + r, 4);
+            memcpy(&tk, ids + 2 * h.rows + r, 4);
+            RETURN_IF(sq < 0 || sq >= n_seq || ps < 0 || tk < 0, SPARQ_E_COMM,
+                      "step %u from rank %d: row %d has sequence %d, position %d, token %d", (unsigned)h.id, src, r,
+                      (int)sq, (int)ps, (int)tk);
+        }
+        out->rows = h.rows;
+        out->ids = ids;
+        return SPARQ_OK;
+    }
     case OP_RESET:
     case OP_TRUNCATE:
     case OP_SHUTDOWN:
@@ -615,17 +713,78 @@ static sparq_status send_result(sq_dist *d, const sq_dist_msg *in, float *hidden
     return SPARQ_OK;
 }
 
+/* Test knob: SPARQ_DIST_DELAY_MS makes every step of a rank > 0 that much
+ * slower (a slow box or link), so the mpi suite can stop a rank in the
+ * middle of a generation of the tiny fixture. */
+static void test_delay(void)
+{
+    const char *env = getenv("SPARQ_DIST_DELAY_MS");
+    const long ms = env ? strtol(env, NULL, 10) : 0;
+    if (ms <= 0 || ms >= 100000) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A rank > 0 of the expert split: every message comes from rank 0; a step is
+ * embed + every layer (the MoE layers' all-gathers meet rank 0's and the
+ * others'), and nothing goes back but figures. */
+static sparq_status serve_experts(sq_dist *d)
+{
+    sq_transport *t = d->t;
+    float *hidden = sq_model_hidden_buffer(d->m);
+    int32_t *tok = sparq_malloc((size_t)d->max_rows * sizeof *tok);
+    RETURN_IF(!tok, SPARQ_E_NOMEM, "rank %d: out of memory", d->rank);
+    sparq_status st = SPARQ_OK;
+    while (st == SPARQ_OK) {
+        size_t got = 0;
+        /* idle between requests: no deadline (rank 0 may wait for a user; its heartbeat bounds this) */
+        st = t->vt->recv(t, 0, SQ_TAG_STEP, d->buf[0], d->buf_bytes, &got, -1.0);
+        sq_dist_msg msg;
+        if (st == SPARQ_OK)
+            st = sq_dist_msg_parse(d->buf[0], got, d->max_rows, d->d, sq_model_options(d->m)->n_seq, 0, &msg);
+        if (st != SPARQ_OK) break;
+        if (msg.op == OP_ESTEP) {
+            for (int r = 0; r < msg.rows; r++) {
+                memcpy(&d->seqs[r], msg.ids + r, 4);
+                memcpy(&d->pos[r], msg.ids + msg.rows + r, 4);
+                memcpy(&tok[r], msg.ids + 2 * msg.rows + r, 4);
+            }
+            st = sq_model_embed(d->m, tok, msg.rows, hidden);
+            if (st == SPARQ_OK) st = sq_model_forward_rows(d->m, hidden, msg.rows, d->seqs, d->pos);
+            if (st != SPARQ_OK) {
+                st = sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
+                break;
+            }
+            hash_hidden(d, hidden, msg.rows);
+            d->steps++;
+            test_delay();
+        } else if (msg.op == OP_STATS) {
+            st = t->vt->wait_send(t, SLOT_STATS, d->o.timeout_s); /* the previous request's, if any */
+            sq_model_engram_report(d->m, &d->stats_out);
+            if (st == SPARQ_OK) st = t->vt->isend(t, 0, SQ_TAG_STATS, &d->stats_out, sizeof d->stats_out, SLOT_STATS);
+        } else if (msg.op == OP_RESET) {
+            sq_model_seq_reset(d->m, msg.seq);
+        } else if (msg.op == OP_TRUNCATE) {
+            sq_model_seq_truncate(d->m, msg.seq, msg.n);
+        } else if (msg.op == OP_SHUTDOWN) {
+            for (int s = 0; s < SQ_TRANSPORT_SLOTS && st == SPARQ_OK; s++) st = t->vt->wait_send(t, s, d->o.timeout_s);
+            break;
+        } else {
+            st = sparq_err(SPARQ_E_COMM, "rank %d: operation %d from rank 0 in an expert-split run", d->rank, msg.op);
+        }
+    }
+    sparq_free(tok);
+    if (st != SPARQ_OK && !strstr(sparq_errmsg(), "rank ")) return sparq_err_context(st, "rank %d", d->rank);
+    return st;
+}
+
 sparq_status sq_dist_serve(sq_dist *d)
 {
     RETURN_IF(d->rank == 0, SPARQ_E_STATE, "rank 0 does not serve");
+    if (d->esplit) return serve_experts(d);
     sq_transport *t = d->t;
     const bool last = d->rank == d->size - 1;
     const int prev = d->rank - 1;
-    /* Test knob: SPARQ_DIST_DELAY_MS makes every stage of this rank that much
-     * slower (a slow box or link), so the mpi suite can stop a rank in the
-     * middle of a generation of the tiny fixture. */
-    const char *delay_env = getenv("SPARQ_DIST_DELAY_MS");
-    const long delay_ms = delay_env ? strtol(delay_env, NULL, 10) : 0;
     for (;;) {
         char *buf;
         FORWARD_IF(take_buffer(d, &buf));
@@ -648,10 +807,7 @@ sparq_status sq_dist_serve(sq_dist *d)
             if (st == SPARQ_OK && work != hidden && !last) st = stage_out(d, hidden, work, msg.rows);
             if (st != SPARQ_OK) return sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
             d->steps++;
-            if (delay_ms > 0 && delay_ms < 100000) {
-                struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
-                nanosleep(&ts, NULL);
-            }
+            test_delay();
             if (last) FORWARD_IF(send_result(d, &msg, work));
             else FORWARD_IF(send_on(d, buf, got));
             break;
@@ -693,6 +849,7 @@ void sq_dist_close(sq_dist *d)
     sparq_aligned_free(d->buf[0]);
     sparq_aligned_free(d->buf[1]);
     sparq_aligned_free(d->lbuf);
+    sparq_aligned_free(d->gbuf);
     sparq_free(d->pos);
     sparq_free(d->seqs);
     sparq_free(d->qrows);

@@ -1,4 +1,5 @@
-/* runtime/dist/dist.h — one model over several processes: a pipeline over layers.
+/* runtime/dist/dist.h — one model over several processes: a pipeline over
+ * layers, or the routed experts split between them.
  *
  * `mpirun -np N sparq run BUNDLE` starts N ranks; rank K loads node-K/ of a
  * bundle packed for N boxes (its contiguous layers; node 0 also the
@@ -26,6 +27,23 @@
  * calls run everything locally and synchronously: `sparq run` has one code
  * path. The arithmetic per layer is that of sq_model_forward, so logits are
  * bit-identical for any number of ranks (given the same thread count).
+ *
+ * The expert split (a bundle packed with --split experts): every rank holds
+ * every layer and the routed experts e with e mod N == rank (rank 0 alone
+ * the head). A step is rank 0 sending the rows' tokens, sequences and
+ * positions to every other rank (SQ_DIST_OP_ESTEP), then every rank running
+ * embed and every layer on the same rows. At each MoE layer a rank routes
+ * every row (the same router on the same input: the same choice on every
+ * rank), computes only the (row, expert) pairs of its experts, and the
+ * partial sums are combined by ONE all-gather (sq_transport allgather) and
+ * added in rank order 0..N-1 on every rank, so all ranks hold the same
+ * floats after every layer, whatever the timing. Rank 0 applies the head;
+ * the others skip it (they do not hold it: cheaper than computing logits to
+ * throw away). Steps are synchronous (no micro-batching: every rank is busy
+ * in every step anyway). With one rank nothing is combined, and the
+ * arithmetic is sq_model_forward's to the bit; with N ranks the experts' sum
+ * is grouped by rank, so logits differ from one rank's by float rounding
+ * (tests/runtime/test_dist_experts.c derives the bound).
  *
  * Failures: every wait has a deadline (opts.timeout_s). When the leader's
  * deadline passes it pings the other ranks and names the first that does not
@@ -125,6 +143,9 @@ int sq_dist_seq_len(const sq_dist *d, int seq);
 typedef struct sq_dist_stats {
     double t_wait;
     uint64_t bytes_sent, msgs_sent, steps;
+    /* the expert split: a running hash of every step's final hidden states on
+     * this rank (equal on every rank when they agree to the bit); 0 otherwise */
+    uint64_t hidden_hash;
 } sq_dist_stats;
 void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s);
 
@@ -137,12 +158,20 @@ sparq_status sq_dist_engram_stats(sq_dist *d, sq_model_engram_stats *all);
 
 /* --- the wire (exposed for the fuzz target) ------------------------------------ */
 
-enum { SQ_DIST_OP_STEP = 1, SQ_DIST_OP_RESET, SQ_DIST_OP_TRUNCATE, SQ_DIST_OP_SHUTDOWN, SQ_DIST_OP_STATS };
+enum {
+    SQ_DIST_OP_STEP = 1,
+    SQ_DIST_OP_RESET,
+    SQ_DIST_OP_TRUNCATE,
+    SQ_DIST_OP_SHUTDOWN,
+    SQ_DIST_OP_STATS,
+    SQ_DIST_OP_ESTEP, /* the expert split: rank 0 -> every rank, a step's rows as tokens */
+};
 
 typedef struct sq_dist_msg {
     int op;                  /* SQ_DIST_OP_* */
     uint32_t id;             /* step number */
-    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32 */
+    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32;
+                                estep: ids = seqs[rows], pos[rows], then tokens[rows]; hidden NULL */
     sq_logits_mode mode;
     const int32_t *ids;      /* point into the buffer (may be unaligned for int32: read with memcpy) */
     const char *hidden;
@@ -151,7 +180,8 @@ typedef struct sq_dist_msg {
 
 /* Check a message a stage received from rank src: magic, known operation,
  * exact size for its kind, rows in 1..max_rows, every row's sequence in
- * [0, n_seq) and position ≥ 0. The message names src and what is wrong. */
+ * [0, n_seq), position ≥ 0 and (estep) token ≥ 0. The message names src and
+ * what is wrong. */
 sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
                                sq_dist_msg *out);
 

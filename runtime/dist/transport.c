@@ -47,6 +47,12 @@ static sparq_status local_gather(sq_transport *t, const void *mine, size_t n, vo
     memmove(all, mine, n);
     return SPARQ_OK;
 }
+static sparq_status local_allgather(sq_transport *t, const void *mine, size_t n, void *all, double timeout_s)
+{
+    (void)t, (void)timeout_s;
+    memmove(all, mine, n);
+    return SPARQ_OK;
+}
 static int local_find_silent(sq_transport *t, double wait_s)
 {
     (void)t, (void)wait_s;
@@ -59,8 +65,11 @@ static void local_abort(sq_transport *t, int code)
 }
 static void local_close(sq_transport *t) { sparq_free(t); }
 
-static const sq_transport_vt local_vt = {local_isend,  local_wait_send,   local_send_done, local_recv, local_bcast,
-                                         local_gather, local_find_silent, local_abort,     local_close};
+static const sq_transport_vt local_vt = {.isend = local_isend, .wait_send = local_wait_send,
+                                         .send_done = local_send_done, .recv = local_recv, .bcast = local_bcast,
+                                         .gather = local_gather, .allgather = local_allgather,
+                                         .find_silent = local_find_silent, .abort = local_abort,
+                                         .close = local_close};
 
 sparq_status sq_transport_local(sq_transport **out)
 {

@@ -39,6 +39,7 @@ enum sq_transport_tag {
     SQ_TAG_RESULT = 2, /* logits from the last stage to rank 0 */
     SQ_TAG_INIT = 3,   /* start-up exchanges */
     SQ_TAG_STATS = 4,  /* a rank's figures to rank 0 (sq_dist_engram_stats) */
+    SQ_TAG_GATHER = 5, /* the pieces of an all-gather (the experts split's combine) */
 };
 
 typedef struct sq_transport sq_transport;
@@ -54,6 +55,17 @@ typedef struct sq_transport_vt {
     sparq_status (*bcast)(sq_transport *t, int root, void *buf, size_t n);
     /* Rank 0 gets every rank's n bytes in rank order in all[size * n]. */
     sparq_status (*gather)(sq_transport *t, const void *mine, size_t n, void *all);
+    /* Every rank gets every rank's n bytes in rank order in all[size * n]
+     * (all + rank * n is its own `mine`). Point-to-point underneath (tag
+     * SQ_TAG_GATHER), never MPI's collectives: each wait has the deadline
+     * timeout_s and a late piece names the rank it is missing from, so a
+     * stopped or dead rank ends every other rank's wait within the timeout.
+     * Every rank must call it the same number of times in the same order
+     * (pieces of one tag from one rank arrive in order, so successive
+     * all-gathers cannot mix). Callers that reduce the pieces add them in
+     * rank order on every rank: the result is then bit-identical everywhere
+     * and independent of arrival order (runtime/dist/dist.c). */
+    sparq_status (*allgather)(sq_transport *t, const void *mine, size_t n, void *all, double timeout_s);
     /* Ping every other rank; the lowest rank that does not answer within
      * wait_s seconds, or -1 when all answer. */
     int (*find_silent)(sq_transport *t, double wait_s);

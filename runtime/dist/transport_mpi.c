@@ -11,7 +11,9 @@
  * after keepalive(), a thread of rank 0 sends every other rank a heartbeat
  * every timeout / 4 (MPI_THREAD_MULTIPLE), and a rank that has heard nothing
  * from rank 0 for a whole timeout ends its wait naming it — even the idle
- * wait for the next request, which has no deadline of its own. */
+ * wait for the next request, which has no deadline of its own. allgather is
+ * one Isend / Irecv per peer (tag SQ_TAG_GATHER) and the same kind of test
+ * loop over all of them, so a piece that does not come names its rank. */
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
@@ -46,6 +48,7 @@ typedef struct mpi_transport {
     pthread_cond_t hb_cv;
     double hb_period;
     MPI_Request *hb_send;
+    MPI_Request *ag_req;  /* allgather: [size] receives, then [size] sends */
 } mpi_transport;
 
 static const char *mpi_errstr(int rc, char buf[MPI_MAX_ERROR_STRING])
@@ -202,6 +205,65 @@ static sparq_status m_gather(sq_transport *bt, const void *mine, size_t n, void 
     return SPARQ_OK;
 }
 
+static sparq_status m_allgather(sq_transport *bt, const void *mine, size_t n, void *all, double timeout_s)
+{
+    mpi_transport *t = (mpi_transport *)bt;
+    const int N = bt->size, me = bt->rank;
+    RETURN_IF(n > (size_t)INT32_MAX, SPARQ_E_RANGE, "rank %d: all-gather of %zu bytes is too large", me, n);
+    char *const base = all;
+    memmove(base + (size_t)me * n, mine, n);
+    if (N == 1) return SPARQ_OK;
+    MPI_Request *rq = t->ag_req;
+    for (int r = 0; r < N; r++) {
+        rq[r] = rq[N + r] = MPI_REQUEST_NULL;
+        if (r == me) continue;
+        MPI_TRY(MPI_Irecv(base + (size_t)r * n, (int)n, MPI_BYTE, r, SQ_TAG_GATHER, t->comm, &rq[r]),
+                "all-gather: receive from rank %d", r);
+        MPI_TRY(MPI_Isend(base + (size_t)me * n, (int)n, MPI_BYTE, r, SQ_TAG_GATHER, t->comm, &rq[N + r]),
+                "all-gather: send to rank %d", r);
+    }
+    bt->bytes_sent += (uint64_t)n * (uint64_t)(N - 1);
+    bt->msgs_sent += (uint64_t)(N - 1);
+    const double t0 = sparq_now();
+    sparq_status st = SPARQ_OK;
+    for (;;) {
+        int missing = -1; /* the lowest rank whose piece (or whose receipt of ours) is still pending */
+        for (int i = 0; i < 2 * N && st == SPARQ_OK; i++) {
+            if (rq[i] == MPI_REQUEST_NULL) continue;
+            int flag = 0;
+            const int rc = MPI_Test(&rq[i], &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) {
+                char eb[MPI_MAX_ERROR_STRING];
+                st = sparq_err(SPARQ_E_COMM, "rank %d: all-gather with rank %d failed: %s", me, i % N,
+                               mpi_errstr(rc, eb));
+            } else if (!flag && (missing < 0 || i % N < missing)) {
+                missing = i % N;
+            }
+        }
+        if (st != SPARQ_OK || missing < 0) break;
+        service_pings(t);
+        const double el = sparq_now() - t0;
+        if (t->live_timeout > 0 && sparq_now() - t->last_heard > t->live_timeout)
+            st = sparq_err(SPARQ_E_TIMEOUT,
+                           "rank %d: all-gather: rank 0 has said nothing for %.1f s (no heartbeat within the "
+                           "--timeout of %.1f s): rank 0 is stopped, hung or dead", me, sparq_now() - t->last_heard,
+                           t->live_timeout);
+        else if (timeout_s >= 0 && el > timeout_s)
+            st = sparq_err(SPARQ_E_TIMEOUT, "rank %d: all-gather of %zu bytes: nothing from rank %d after %.1f s "
+                           "(the --timeout): rank %d is stopped, hung or dead", me, n, missing, el, missing);
+        if (st != SPARQ_OK) break;
+        nap(el);
+    }
+    bt->t_wait += sparq_now() - t0;
+    if (st != SPARQ_OK) /* the job is about to end: drop what is still pending */
+        for (int i = 0; i < 2 * N; i++)
+            if (rq[i] != MPI_REQUEST_NULL) {
+                if (i < N) MPI_Cancel(&rq[i]);
+                MPI_Request_free(&rq[i]);
+            }
+    return st;
+}
+
 static int m_find_silent(sq_transport *bt, double wait_s)
 {
     mpi_transport *t = (mpi_transport *)bt;
@@ -342,11 +404,14 @@ static void m_close(sq_transport *bt)
     int fin = 0;
     MPI_Finalized(&fin);
     if (t->we_initialized && !fin) MPI_Finalize();
+    sparq_free(t->ag_req);
     sparq_free(t);
 }
 
-static const sq_transport_vt mpi_vt = {m_isend,  m_wait_send,   m_send_done, m_recv,  m_bcast,
-                                       m_gather, m_find_silent, m_abort,     m_close, m_keepalive};
+static const sq_transport_vt mpi_vt = {.isend = m_isend, .wait_send = m_wait_send, .send_done = m_send_done,
+                                       .recv = m_recv, .bcast = m_bcast, .gather = m_gather,
+                                       .allgather = m_allgather, .find_silent = m_find_silent, .abort = m_abort,
+                                       .close = m_close, .keepalive = m_keepalive};
 
 sparq_status sq_transport_mpi(sq_transport **out)
 {
@@ -375,6 +440,12 @@ sparq_status sq_transport_mpi(sq_transport **out)
     MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(t->comm, &t->base.rank);
     MPI_Comm_size(t->comm, &t->base.size);
+    t->ag_req = sparq_calloc(2 * (size_t)t->base.size, sizeof *t->ag_req);
+    if (!t->ag_req) {
+        MPI_Comm_free(&t->comm);
+        sparq_free(t);
+        return sparq_err(SPARQ_E_NOMEM, "transport: out of memory");
+    }
     if (t->base.rank != 0) MPI_Irecv(&t->ping_buf, 1, MPI_INT, 0, TAG_PING, t->comm, &t->ping_req);
     *out = &t->base;
     return SPARQ_OK;

@@ -6,7 +6,8 @@
  * the destination's queue, so every send has completed when it returns.
  * recv waits on the hub's condition variable with its deadline. bcast and
  * gather are built from tagged point-to-point messages (tag SQ_TAG_INIT, as
- * the MPI transport's start-up exchanges are collective and ordered). The
+ * the MPI transport's start-up exchanges are collective and ordered), and
+ * allgather likewise (tag SQ_TAG_GATHER, with the caller's deadline). The
  * hub is freed when the last rank closes it. */
 #include <errno.h>
 #include <pthread.h>
@@ -17,7 +18,7 @@
 #include "common/progress.h"
 #include "runtime/dist/transport.h"
 
-enum { N_TAGS = 5 }; /* SQ_TAG_STEP .. SQ_TAG_STATS */
+enum { N_TAGS = 6 }; /* SQ_TAG_STEP .. SQ_TAG_GATHER */
 
 typedef struct tmsg {
     struct tmsg *next;
@@ -139,6 +140,25 @@ static sparq_status th_gather(sq_transport *t, const void *mine, size_t n, void 
     return SPARQ_OK;
 }
 
+/* Send mine to every other rank, then take each rank's piece in rank order. */
+static sparq_status th_allgather(sq_transport *t, const void *mine, size_t n, void *all, double timeout_s)
+{
+    for (int r = 0; r < t->size; r++)
+        if (r != t->rank) FORWARD_IF(th_isend(t, r, SQ_TAG_GATHER, mine, n, 0));
+    memmove((char *)all + (size_t)t->rank * n, mine, n);
+    for (int r = 0; r < t->size; r++) {
+        if (r == t->rank) continue;
+        size_t got = 0;
+        const sparq_status st = th_recv(t, r, SQ_TAG_GATHER, (char *)all + (size_t)r * n, n, &got, timeout_s);
+        RETURN_IF(st == SPARQ_E_TIMEOUT, st, "rank %d: all-gather of %zu bytes: nothing from rank %d within %.1f s "
+                  "(the --timeout): rank %d is stopped, hung or dead", t->rank, n, r, timeout_s, r);
+        FORWARD_IF(st);
+        RETURN_IF(got != n, SPARQ_E_COMM, "rank %d: all-gather: %zu bytes from rank %d, expected %zu", t->rank, got,
+                  r, n);
+    }
+    return SPARQ_OK;
+}
+
 static int th_find_silent(sq_transport *t, double wait_s)
 {
     (void)t, (void)wait_s;
@@ -171,8 +191,10 @@ static void th_close(sq_transport *t)
     sparq_free(h);
 }
 
-static const sq_transport_vt threads_vt = {th_isend,  th_wait_send,   th_send_done, th_recv, th_bcast,
-                                           th_gather, th_find_silent, th_abort,     th_close};
+static const sq_transport_vt threads_vt = {.isend = th_isend, .wait_send = th_wait_send,
+                                           .send_done = th_send_done, .recv = th_recv, .bcast = th_bcast,
+                                           .gather = th_gather, .allgather = th_allgather,
+                                           .find_silent = th_find_silent, .abort = th_abort, .close = th_close};
 
 sparq_status sq_transport_threads(int size, sq_transport **out)
 {

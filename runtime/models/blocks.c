@@ -46,7 +46,7 @@ static void moe_host(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_
     }
     for (int e = 0; e < E; e++) {
         const int first = m->cnt[e], n = m->cnt[e + 1] - first;
-        if (n == 0) continue;
+        if (n == 0 || (ml->own_n > 1 && e % ml->own_n != ml->own_k)) continue; /* another rank's expert */
         const sq_linear *gl = &ml->gate[e], *ul = &ml->up[e], *dl = &ml->down[e];
         const int I = gl->out;
         for (int j = 0; j < n; j++)
@@ -69,11 +69,23 @@ void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe
 {
     const sq_backend *be = ex->be;
     if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
+        if (ml->own_n > 1) { /* its kernels read every expert id on the device: no skip there yet */
+            sq_exec_set_error(ex, sparq_err(SPARQ_E_UNSUPPORTED, "%s: the expert split runs on the CPU backend only "
+                                            "(the device MoE computes every routed expert)", be->name));
+            return;
+        }
         const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
         be->moe(ex, ml, xn, rows, residual ? residual : m->mo, &ws, residual != NULL);
         return;
     }
     moe_host(ex, ml, L, sl, d, xn, rows, m, obs);
+    if (ml->combine && ml->combine->fn) { /* the expert split: every rank's experts, summed in rank order */
+        const sparq_status st = ml->combine->fn(ml->combine->user, m->mo, rows, d);
+        if (st != SPARQ_OK) {
+            sq_exec_set_error(ex, st);
+            return;
+        }
+    }
     if (residual) be->axpy(ex, 1.0f, m->mo, (size_t)rows * d, residual);
 }
 

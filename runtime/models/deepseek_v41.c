@@ -1715,6 +1715,9 @@ const sq_arch_info sq_arch_deepseek_v41 = {
     .hidden_width = v41_hidden_width,
     .split_ok = v41_split_ok,
     .calib_per_seq = true,
+    .expert_split_why = "its MoE (hash-routed first layers, the shared expert, the clamped SwiGLU) runs in "
+                        "runtime/models/deepseek_v41.c's own block, which does not skip the experts a rank does "
+                        "not hold",
     .default_bits = v41_default_bits,
     .kv_bytes = v41_kv_bytes,
     .workspace_terms = v41_workspace_terms,

@@ -238,6 +238,7 @@ static sparq_status bind_layer(sq_model *m, int L)
     char key[256];
     for (int s = 0; s < d->n_slots; s++)
         for (int e = 0; e < d->slot[s].instances; e++) {
+            if (!sq_arch_holds_instance(&d->slot[s], e, m->own_n, m->own_k)) continue; /* another rank's expert */
             FORWARD_IF(sq_lin_key(&d->slot[s], L, e, key, sizeof key));
             FORWARD_IF(sq_mdl_bind_linear(m, &ll->lin[s][e], key, d->slot[s].out, d->slot[s].in));
         }
@@ -320,6 +321,12 @@ static sparq_status open_bundle(sq_model *m, const char *dir, sq_model_opts *o, 
         m->end = (int)(nd->first_layer + nd->n_layers);
         m->has_embed = nd->has_embed;
         m->has_head = nd->has_head;
+        if (man.split == SQ_MANIFEST_SPLIT_EXPERTS) { /* every layer here, the routed experts e mod boxes */
+            m->own_n = man.boxes;
+            m->own_k = o->node;
+            m->own_listed = nd->n_expert_set;
+            m->own_listed_max = nd->expert_set_max;
+        }
         char sub[32];
         snprintf(sub, sizeof sub, "node-%d", o->node);
         *weights_dir = sparq_path_join(dir, sub);
@@ -381,6 +388,22 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
     if (m->arch->check) TRY(m->arch->check(c, dir));
     m->n_layers = (int)c->num_hidden_layers;
     if (m->end < 0) m->end = m->n_layers;
+    if (m->own_n > 0) { /* the expert split: the manifest's expert set must be the rule's over config.json */
+        if (!m->arch->expert_split)
+            FAIL(SPARQ_E_UNSUPPORTED, "%s: the bundle is split by experts, but %s cannot run that split: %s; pack it "
+                 "again with --split pipeline", dir, c->model_type,
+                 m->arch->expert_split_why ? m->arch->expert_split_why : "its graph has no expert ownership");
+        const int64_t want = sq_memplan_experts_of_node(c->num_experts, m->own_n, m->own_k);
+        if (m->own_listed != want || m->own_listed_max >= c->num_experts)
+            FAIL(SPARQ_E_FORMAT, "%s/%s: plan node %d lists %lld routed experts (up to id %lld), but %lld experts "
+                 "over %d boxes give it %lld (expert e on node e mod %d); `sparq verify %s`", dir, SQ_MANIFEST_NAME,
+                 m->own_k, (long long)m->own_listed, (long long)m->own_listed_max, (long long)c->num_experts,
+                 m->own_n, (long long)want, m->own_n, dir);
+        if (m->own_n > 1 && m->opts.device != SQ_DEVICE_CPU)
+            FAIL(SPARQ_E_UNSUPPORTED, "%s: the expert split runs on the CPU backend only for now (the CUDA "
+                 "backend's fused MoE computes every routed expert it is given); run it with --device cpu, or pack "
+                 "with --split pipeline", dir);
+    }
     if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
         FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,
              m->end, m->n_layers);
@@ -402,7 +425,9 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
 
     if (m->opts.base_dir && !weights_dir) TRY(sf_open_overlay(&m->sf, dir, m->opts.base_dir));
     else TRY(sf_open(&m->sf, weights_dir ? weights_dir : dir));
-    TRY(sq_arch_check_tensors(c, m->sf, &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head, m->bundle},
+    TRY(sq_arch_check_tensors(c, m->sf,
+                              &(sq_arch_scope){m->first, m->end, m->has_embed, m->has_head, m->bundle, m->own_n,
+                                               m->own_k},
                               dir, NULL));
     m->layers = sparq_calloc((size_t)m->n_layers, sizeof *m->layers);
     m->seq_len = sparq_calloc((size_t)m->opts.n_seq, sizeof(int));
@@ -522,6 +547,14 @@ void sq_model_layer_range(const sq_model *m, int *first, int *end)
     *end = m->end;
 }
 bool sq_model_has_embed(const sq_model *m) { return m->has_embed; }
+
+int sq_model_expert_split(const sq_model *m) { return m->own_n; }
+
+void sq_model_set_moe_combine(sq_model *m, sparq_status (*fn)(void *user, float *part, int rows, int d), void *user)
+{
+    m->combine.fn = fn;
+    m->combine.user = user;
+}
 bool sq_model_has_head(const sq_model *m) { return m->has_head; }
 float *sq_model_hidden_buffer(sq_model *m) { return m->arch->graph->hidden_buffer(m); }
 

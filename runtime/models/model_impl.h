@@ -61,6 +61,9 @@ struct sq_model {
     int n_layers;
     int first, end;            /* layers this process holds: [first, end) (all, unless a node of a bundle) */
     bool has_embed, has_head;  /* embeddings (first node) / final norm + lm_head (last node) */
+    int own_n, own_k;          /* the expert split: routed experts e with e % own_n == own_k (own_n 0: all) */
+    int64_t own_listed, own_listed_max; /* the expert split: the manifest's expert set of this node (count, max) */
+    sq_moe_combine combine;    /* the expert split: completes each MoE layer's sum (sq_model_set_moe_combine) */
     sq_layer_lin *layers;      /* [n_layers]; bound for [first, end) */
     sq_linear head;
     int *seq_len;              /* [opts.n_seq] tokens cached per sequence */
@@ -85,7 +88,8 @@ sparq_status sq_mdl_bind_vec(sq_model *m, const char *name, int n, float **out);
 sparq_status sq_mdl_bind_linear(sq_model *m, sq_linear *l, const char *key, int out, int in);
 void sq_mdl_free_linear(sq_linear *l);
 /* Bind every slot instance of the layers [first, end) as their descriptions
- * name them (the architecture's load calls this first). */
+ * name them (the architecture's load calls this first); under the expert
+ * split the routed experts of other ranks stay empty linears (zeroed). */
 sparq_status sq_mdl_bind_layers(sq_model *m);
 /* A device exec: the bytes the load will take on the device — the weights
  * this process holds, own_bytes (the architecture's KV cache, workspace and

@@ -223,7 +223,8 @@ static sparq_status load_layer(q3 *m, int L)
         w->down = sq_mdl_lin(c, L, S_MLP_DOWN, 0);
     }
     w->ml = (sq_moe_layer){.n_exp = w->n_exp, .top_k = w->moe ? m->top_k : 1, .norm_topk = c->cfg.norm_topk_prob,
-                           .router = w->router, .gate = w->gate, .up = w->up, .down = w->down};
+                           .router = w->router, .gate = w->gate, .up = w->up, .down = w->down,
+                           .own_n = w->moe ? c->own_n : 0, .own_k = c->own_k, .combine = w->moe ? &c->combine : NULL};
     return SPARQ_OK;
 }
 
@@ -659,5 +660,6 @@ const sq_arch_info sq_arch_qwen3moe = {
     .n_tensors = (int)(sizeof q3_tensors / sizeof q3_tensors[0]),
     .kv_bytes = q3_kv_bytes,
     .workspace_terms = q3_workspace_terms,
+    .expert_split = true,
     .graph = &q3_graph,
 };

@@ -163,6 +163,7 @@ typedef struct tcheck {
     sparq_status first;   /* status of the first problem */
     bool nomem;
     bool no_engram;       /* the Engram tables are not expected (a bundle node) */
+    int own_n, own_k;     /* the expert split: the routed experts expected (sq_arch_holds_instance) */
 } tcheck;
 
 static void problem(tcheck *c, sparq_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -329,6 +330,7 @@ static void check_layer(tcheck *c, int L)
     char key[256], what[128];
     for (int s = 0; s < d.n_slots; s++)
         for (int e = 0; e < d.slot[s].instances; e++) {
+            if (!sq_arch_holds_instance(&d.slot[s], e, c->own_n, c->own_k)) continue; /* another node's expert */
             if (sq_lin_key(&d.slot[s], L, e, key, sizeof key) != SPARQ_OK) {
                 problem(c, SPARQ_E_RANGE, "layer %d: %s", L, sparq_errmsg());
                 sparq_err_clear();
@@ -376,7 +378,8 @@ sparq_status sq_arch_check_tensors(const sq_model_config *cfg, const sf_model *s
     RETURN_IF(sc->first < 0 || sc->end > n_layers || sc->first > sc->end, SPARQ_E_RANGE,
               "%s: layers [%d, %d) outside the model's %d", where, sc->first, sc->end, n_layers);
     const size_t n = sf_count(sf);
-    tcheck c = {.cfg = cfg, .a = a, .sf = sf, .p = p, .first = SPARQ_OK, .no_engram = sc->no_engram};
+    tcheck c = {.cfg = cfg, .a = a, .sf = sf, .p = p, .first = SPARQ_OK, .no_engram = sc->no_engram,
+                .own_n = sc->own_n, .own_k = sc->own_k};
     c.used = sparq_calloc(n ? n : 1, sizeof *c.used);
     int *count = sparq_calloc((size_t)(sc->end - sc->first) + 1, sizeof *count); /* tensors per layer in scope */
     if (!c.used || !count) {

@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz_dist_msg.c — libFuzzer target for the pipeline wire
  * (sq_dist_msg_parse, runtime/dist/dist.h): what a rank accepts from its
- * predecessor. An accepted step must have exactly the size its rows imply,
- * ids in range, and the hidden states inside the buffer. */
+ * predecessor (or, the expert split, from rank 0). An accepted step must have
+ * exactly the size its rows imply, ids in range, and the hidden states (an
+ * expert-split step: the tokens) inside the buffer. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,6 +32,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sink += f;
         }
         (void)sink;
+    } else if (m.op == SQ_DIST_OP_ESTEP) {
+        if (m.rows < 1 || m.rows > MAX_ROWS || m.hidden) __builtin_trap();
+        if (size != 32 + (size_t)m.rows * 12) __builtin_trap();
+        for (int r = 0; r < m.rows; r++) {
+            int32_t s, p, k;
+            memcpy(&s, m.ids + r, 4);
+            memcpy(&p, m.ids + m.rows + r, 4);
+            memcpy(&k, m.ids + 2 * m.rows + r, 4);
+            if (s < 0 || s >= N_SEQ || p < 0 || k < 0) __builtin_trap();
+        }
     } else if (size != 32) {
         __builtin_trap();
     }

@@ -17,12 +17,8 @@
 # Usage: test_dist.sh SPARQ_BIN (SPARQ_TEST_DATA points at BUILD/tests/data).
 set -u
 . "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/dist_lib.sh"
 MODEL="$D/tiny-qwen3moe"
-need_mpi
-MPIRUN="mpirun --oversubscribe -x SPARQ_DIST_DELAY_MS"
-export SPARQ_DIST_DELAY_MS=0
-# at exit, every process of the test's bundles (the ranks mpirun started)
-cleanup() { pkill -9 -f "$T/" 2>/dev/null; rm -rf "$T"; }
 
 for b in 1 2 3; do
   "$SPARQ" pack "$MODEL" "$T/b$b" --boxes $b --ctx 1024 --users 4 --chunk 64 >/dev/null 2>&1 && ok || bad "pack --boxes $b"
@@ -88,33 +84,6 @@ mpirun --oversubscribe -np 1 "$SPARQ" run "$T/b2" -p "$P" -n 2 : -np 1 "$SPARQ" 
 [ $rc -ne 0 ] && ok || bad "different bundles on the ranks: exit 0"
 grep -q "rank 1: its manifest.json differs from rank 0's" "$T/mx" && ok || bad "different bundles: $(cat "$T/mx")"
 
-# the pid of rank R of the sparq job whose bundle is $1
-rank_pid() {
-  for p in $(pgrep -f "sparq run $1"); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo $p; return; fi
-  done
-}
-# wait up to 20 s until file $1 has output (the generation has started)
-started() {
-  i=0
-  while [ ! -s "$1" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
-  sleep 0.5
-}
-# wait for mpirun ($1) up to $2 s; sets RC to its exit status, 999 if it is still running
-# (not through $(...): a subshell cannot wait for this shell's child, its wait says 127)
-running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; } # an exited child is a zombie until waited for
-wait_for() {
-  i=0
-  while running "$1" && [ $i -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i+1)); done
-  if running "$1"; then RC=999; else wait "$1"; RC=$?; fi
-}
-# no sparq process of bundle $1 is left (after $2)
-none_left() {
-  sleep 0.5
-  [ -z "$(pgrep -f "sparq run $1")" ] && ok || bad "$2: sparq processes left behind"
-  pkill -9 -f "sparq run $1" 2>/dev/null
-}
-
 # a rank dies mid-generation
 SPARQ_DIST_DELAY_MS=20 $MPIRUN -np 3 "$SPARQ" run "$T/b3" -p "$P" -n 900 --ignore-eos --temp 0 -t 1 \
   >"$T/k.out" 2>"$T/k.err" &
@@ -130,23 +99,6 @@ echo "--- kill: what the ranks and mpirun said:"; cat "$T/k.err"
 [ -s "$T/k.out" ] && ok || bad "kill: nothing was generated before the kill (not mid-generation)"
 none_left "$T/b3" kill
 
-# stall NAME NP BUNDLE RANK TIMEOUT: a generation on NP ranks with --timeout TIMEOUT, rank RANK
-# stopped (SIGSTOP) once it has started; waits up to 30 s for mpirun, sets RC (999: still running)
-# and SECS (how long every rank took to end after the stop); stderr in $T/NAME.err
-stall() {
-  SPARQ_DIST_DELAY_MS=20 $MPIRUN -np $2 "$SPARQ" run "$3" -p "$P" -n 4000 --ignore-eos --temp 0 -t 1 --timeout $5 \
-    >"$T/$1.out" 2>"$T/$1.err" &
-  mp=$!
-  started "$T/$1.out"
-  victim=$(rank_pid "$3" $4)
-  [ -n "$victim" ] && ok || bad "$1: rank $4 not found"
-  [ -n "$victim" ] && kill -STOP "$victim"
-  t0=$(date +%s)
-  wait_for $mp 30
-  SECS=$(( $(date +%s) - t0 ))
-  [ "$RC" != 999 ] && [ "$RC" != 0 ] && ok || bad "$1: mpirun exit '$RC' (999 = still running after 30 s)"
-  echo "--- $1: what the ranks and mpirun said:"; cat "$T/$1.err"
-}
 # a rank stalls (SIGSTOP): rank 0's deadline names it, every rank ends
 stall stall 3 "$T/b3" 1 2
 grep -q "rank 1 does not answer" "$T/stall.err" && ok || bad "stall: rank 0 does not name rank 1: $(cat "$T/stall.err")"

@@ -6,7 +6,10 @@
  *  - a receive nobody answers times out with a message naming the peer, and
  *    does not hang;
  *  - find_silent() finds nobody silent while every rank waits in recv;
- *  - gather and bcast move the right bytes. */
+ *  - gather and bcast move the right bytes;
+ *  - allgather gives every rank every rank's piece in rank order, many times
+ *    in a row (pieces of successive calls never mix), and a rank that does
+ *    not take part makes the others' allgather time out naming it. */
 #include <string.h>
 
 #include "common/progress.h"
@@ -92,6 +95,28 @@ int main(void)
     int32_t word = me == 0 ? 4242 : 0;
     CHECK(t->vt->bcast(t, 0, &word, sizeof word) == SPARQ_OK);
     CHECK_EQ_INT(word, 4242);
+
+    /* allgather: 50 rounds of 1000 ints, rank r's piece r*1e6 + round*1000 + i */
+    enum { AG = 1000 };
+    static int32_t piece[AG], every[16 * AG];
+    int bad = 0;
+    for (int k = 0; k < 50 && n <= 16; k++) {
+        for (int i = 0; i < AG; i++) piece[i] = me * 1000000 + k * 1000 + i;
+        CHECK(t->vt->allgather(t, piece, sizeof piece, every, 30) == SPARQ_OK);
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < AG; i++) bad += every[r * AG + i] != r * 1000000 + k * 1000 + i;
+    }
+    CHECK_EQ_INT(bad, 0);
+    /* the last rank sits this one out: the others time out naming it */
+    if (me != n - 1) {
+        const double t0 = sparq_now();
+        CHECK(t->vt->allgather(t, piece, sizeof piece, every, 0.5) == SPARQ_E_TIMEOUT);
+        char want[64];
+        snprintf(want, sizeof want, "nothing from rank %d", n - 1);
+        CHECK_MSG(strstr(sparq_errmsg(), want) != NULL, "%s", sparq_errmsg());
+        CHECK(sparq_now() - t0 < 5);
+    }
+    CHECK(t->vt->bcast(t, 0, &word, sizeof word) == SPARQ_OK); /* everyone past it */
 
     sq_transport_close(t);
     return t_summary();

@@ -418,7 +418,9 @@ static void test_manifest_rejects(void)
         const char *from, *to, *msg;
     } cases[] = {
         {"\"format\": \"sparq-bundle\"", "\"format\": \"other\"", "'format'"},
-        {"\"format_version\": 1", "\"format_version\": 2", "format_version 2"},
+        {"\"format_version\": 1", "\"format_version\": 3", "format_version 3"},
+        /* version 2 is the expert split's: a pipeline plan under it is refused */
+        {"\"format_version\": 1", "\"format_version\": 2", "is \"pipeline\" but format_version is 2"},
         {"\"block_size\": 65536", "\"block_size\": 65535", "power of two"},
         {"\"path\": \"tokenizer.json\"", "\"path\": \"../tokenizer.json\"", "without '..'"},
         {"\"path\": \"tokenizer.json\"", "\"path\": \"config.json\"", "listed twice"},

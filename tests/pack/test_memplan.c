@@ -254,6 +254,38 @@ static void test_split_and_fit(void)
     CHECK_STR_CONTAINS(sparq_errmsg(), "model.layers.8.self_attn.q_proj.weight");
 }
 
+/* The expert split's naming and ownership rules (the numbers of a whole plan:
+ * tests/pack/test_split_experts.sh, from the fixture's header). */
+static void test_expert_rules(void)
+{
+    CHECK_EQ_INT(sq_memplan_expert_of("model.layers.3.mlp.experts.12.up_proj.weight"), 12);
+    CHECK_EQ_INT(sq_memplan_expert_of("model.layers.3.mlp.experts.12.up_proj.trellis"), 12);
+    CHECK_EQ_INT(sq_memplan_expert_of("layers.2.ffn.experts.7.w1.weight"), 7);
+    CHECK_EQ_INT(sq_memplan_expert_of("layers.2.ffn.shared_experts.w1.weight"), -1);
+    CHECK_EQ_INT(sq_memplan_expert_of("model.layers.3.mlp.gate.weight"), -1);
+    CHECK_EQ_INT(sq_memplan_expert_of("model.layers.3.mlp.experts.x.up_proj.weight"), -1);
+    CHECK_EQ_INT(sq_memplan_expert_of("lm_head.weight"), -1);
+    for (int e = 0; e < 16; e++) CHECK_EQ_INT(sq_memplan_expert_owner(e, 3), e % 3);
+    CHECK_EQ_INT(sq_memplan_expert_owner(5, 1), 0);
+    CHECK_EQ_INT(sq_memplan_experts_of_node(16, 3, 0), 6);
+    CHECK_EQ_INT(sq_memplan_experts_of_node(16, 3, 2), 5);
+    CHECK_EQ_INT(sq_memplan_experts_of_node(16, 1, 0), 16);
+    sq_memplan_split sp;
+    CHECK(sq_memplan_split_parse("experts", &sp) && sp == SQ_SPLIT_EXPERTS);
+    CHECK(sq_memplan_split_parse("pipeline", &sp) && sp == SQ_SPLIT_PIPELINE);
+    CHECK(!sq_memplan_split_parse("layers", &sp));
+    sq_memplan_node nodes[3] = {{0}};
+    sq_memplan pl = {.boxes = 3, .nodes = nodes, .params = {.split = SQ_SPLIT_EXPERTS}};
+    for (int k = 0; k < 3; k++) {
+        CHECK(sq_memplan_tensor_on_node(&pl, "model.layers.0.self_attn.q_proj.weight", k));
+        CHECK(sq_memplan_tensor_on_node(&pl, "model.embed_tokens.weight", k));
+        CHECK_EQ_INT(sq_memplan_tensor_on_node(&pl, "lm_head.weight", k), k == 0);
+        CHECK_EQ_INT(sq_memplan_tensor_on_node(&pl, "model.norm.weight", k), k == 0);
+        CHECK_EQ_INT(sq_memplan_tensor_on_node(&pl, "model.layers.1.mlp.experts.7.down_proj.weight", k), k == 1);
+    }
+    CHECK(!sq_memplan_tensor_on_node(&pl, "model.layers.0.self_attn.q_proj.weight", 3));
+}
+
 static void test_alloc_faults(void)
 {
     sq_model_config c = tiny_cfg();
@@ -284,5 +316,6 @@ int main(void)
     RUN(test_classify);
     RUN(test_split_and_fit);
     RUN(test_alloc_faults);
+    RUN(test_expert_rules);
     return t_summary();
 }

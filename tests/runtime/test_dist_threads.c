@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "dist_rank.h"
 #include "gpu/gpu_probe.h"
 #include "pack/pack.h"
 #include "runtime/dist/dist.h"
@@ -85,19 +86,8 @@ static sparq_status leader(sq_dist *d, float *out, size_t *n_out)
 static void *rank_main(void *v)
 {
     rank_arg *a = v;
-    sq_model_opts mo;
-    sq_model_opts_default(&mo);
-    mo.n_threads = 1;
-    mo.device = device;
-    mo.ctx = CTX; /* what a bundle was packed for; a model folder needs them given */
-    mo.n_seq = USERS;
-    mo.max_rows = CHUNK;
-    sq_dist_opts dop;
-    sq_dist_opts_default(&dop);
-    dop.timeout_s = 300;
     sq_dist *d = NULL;
-    bool reported = false;
-    a->st = sq_dist_open(&d, a->bundle, &mo, &dop, a->t, &reported);
+    a->st = dist_rank_open(&d, a->bundle, a->t, device, CTX, USERS, CHUNK, 300);
     if (a->st == SPARQ_OK) {
         if (a->t->rank == 0) {
             vocab = (int)sq_dist_cfg(d)->vocab_size;
@@ -147,13 +137,7 @@ static void check_fixture(const char *name, int max_boxes)
     char bundle[4][600];
     for (int b = 1; b <= max_boxes; b++) {
         snprintf(bundle[b], sizeof bundle[b], "%s/b%d", dir, b);
-        sq_pack_options o;
-        sq_pack_options_default(&o);
-        o.boxes = b;
-        o.params.ctx = CTX;
-        o.params.users = USERS;
-        o.params.chunk = CHUNK;
-        const sparq_status st = sq_pack_bundle(fixture, bundle[b], &o);
+        const sparq_status st = dist_rank_pack(fixture, bundle[b], b, SQ_SPLIT_PIPELINE, CTX, USERS, CHUNK);
         CHECK_MSG(st == SPARQ_OK, "%s: pack %d boxes: %s", name, b, sparq_errmsg());
     }
     size_t n1 = 0, nd = 0;

@@ -1,5 +1,6 @@
-/* tools/bench/dist_bench.c — throughput of the multi-process pipeline
- * (runtime/dist/dist.h), run under mpirun like `sparq run`:
+/* tools/bench/dist_bench.c — throughput of the multi-process runtime
+ * (runtime/dist/dist.h), a pipeline or an expert-split bundle (the bundle
+ * says which), run under mpirun like `sparq run`:
  *
  *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K]
  *
@@ -10,8 +11,11 @@
  * runtime/generate.h; best of K) and prints aggregate and per-sequence
  * tokens/s, the ratio to U = 1 measured in the same run, and the
  * communication part of one token: (R-1) step hops + 1 logits message.
- * tools/bench/dist_bench.sh runs it on 1, 2 and 3 ranks and adds the ratio
- * to one rank. */
+ * An expert-split bundle: the wire is rank 0's message of a one-row step to
+ * rank 1 and the all-gather of one row's partial MoE sums (median of 2000),
+ * and one token's communication is the step message + one all-gather per
+ * MoE layer. tools/bench/dist_bench.sh runs it on 1, 2 and 3 ranks, both
+ * splits, and adds the ratio to one rank. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +29,24 @@ static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Median time of an all-gather of n bytes from every rank. */
+static double allgather_time(sq_transport *t, size_t n, int reps)
+{
+    char *mine = sparq_calloc(1, n), *all = sparq_calloc((size_t)t->size, n);
+    double *dt = sparq_malloc((size_t)reps * sizeof(double));
+    for (int i = 0; i < reps; i++) {
+        const double t0 = sparq_now();
+        t->vt->allgather(t, mine, n, all, 10);
+        dt[i] = sparq_now() - t0;
+    }
+    qsort(dt, (size_t)reps, sizeof(double), cmp_d);
+    const double med = dt[reps / 2];
+    sparq_free(mine);
+    sparq_free(all);
+    sparq_free(dt);
+    return med;
 }
 
 /* Median one-way time of an n-byte message between ranks a and b. */
@@ -87,14 +109,22 @@ int main(int argc, char **argv)
         return 1;
     }
     const int R = t->size, D = (int)sq_dist_cfg(d)->hidden_size, V = (int)sq_dist_cfg(d)->vocab_size;
-    /* the wire, before the pipeline starts: every neighbour pair, then last -> 0 */
-    const size_t step_msg = 32 + 8 + (size_t)D * 4, logit_msg = (size_t)V * 4;
-    double hop = 0, back = 0;
-    for (int k = 0; k + 1 < R; k++) {
+    const bool esplit = sq_model_expert_split(sq_dist_model(d)) > 0;
+    int M = 0; /* MoE layers: one all-gather each under the expert split */
+    for (int l = 0; l < (int)sq_dist_cfg(d)->num_hidden_layers; l++) M += sq_config_is_moe_layer(sq_dist_cfg(d), l);
+    /* the wire, before the steps start: every neighbour pair, then last -> 0 (the pipeline); rank 0 -> 1 and
+     * the all-gather of one row (the expert split) */
+    const size_t step_msg = esplit ? 32 + 12 : 32 + 8 + (size_t)D * 4, logit_msg = (size_t)V * 4;
+    double hop = 0, back = 0, gather = 0;
+    for (int k = 0; k + 1 < R && !esplit; k++) {
         double h = pingpong(t, k, k + 1, step_msg, 2000);
         if (t->rank == k) hop = h; /* rank k measured its own hop */
     }
-    if (R > 1) back = pingpong(t, R - 1, 0, logit_msg, 2000);
+    if (R > 1 && !esplit) back = pingpong(t, R - 1, 0, logit_msg, 2000);
+    if (R > 1 && esplit) {
+        hop = pingpong(t, 0, 1, step_msg, 2000);
+        gather = allgather_time(t, (size_t)D * 4, 2000);
+    }
     if (t->rank != 0) {
         st = sq_dist_serve(d);
         if (st != SPARQ_OK) fprintf(stderr, "dist_bench: %s\n", sparq_errmsg());
@@ -103,11 +133,15 @@ int main(int argc, char **argv)
         return st == SPARQ_OK ? 0 : 1;
     }
     /* per-token communication: assume every hop like rank 0's (one box type) */
-    const double comm = (R - 1) * hop + back;
-    printf("dist_bench: %s, %d rank%s, %d thread(s) each, hidden %d, vocab %d\n", path, R, R == 1 ? "" : "s",
-           threads, D, V);
-    printf("wire: step message %zu B one-way %.1f us; logits message %zu B one-way %.1f us; per token %.1f us\n",
-           step_msg, hop * 1e6, logit_msg, back * 1e6, comm * 1e6);
+    const double comm = esplit ? (R > 1 ? hop + M * gather : 0) : (R - 1) * hop + back;
+    printf("dist_bench: %s, %d rank%s, %d thread(s) each, hidden %d, vocab %d, split %s\n", path, R,
+           R == 1 ? "" : "s", threads, D, V, esplit ? "experts" : "pipeline");
+    if (esplit)
+        printf("wire: step message %zu B one-way %.1f us; all-gather of %d B per rank %.1f us, %d per token "
+               "(MoE layers); per token %.1f us\n", step_msg, hop * 1e6, D * 4, gather * 1e6, M, comm * 1e6);
+    else
+        printf("wire: step message %zu B one-way %.1f us; logits message %zu B one-way %.1f us; per token %.1f us\n",
+               step_msg, hop * 1e6, logit_msg, back * 1e6, comm * 1e6);
     printf("%-6s %-6s %-12s %-12s %-10s %-14s\n", "ranks", "users", "agg tok/s", "per-seq", "vs 1 user",
            "comm/token us");
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8};

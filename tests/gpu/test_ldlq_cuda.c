@@ -458,7 +458,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot open golden data: %s\n", sparq_errmsg());
         return 1;
     }
-    if (sparq_pool_create(&g_pool, 0) != SPARQ_OK || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {
+    if (sparq_pool_create(&g_pool, 0) != SPARQ_OK || ldlq_cuda_create(0, 0, &g_ctx) != SPARQ_OK) {
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }

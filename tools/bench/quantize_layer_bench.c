@@ -430,7 +430,7 @@ int main(int argc, char **argv)
         cudaStreamCreateWithPriority(&B.hstream, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||
         cublasSetStream(B.blas, B.hstream) != CUBLAS_STATUS_SUCCESS ||
         cudaMalloc((void **)&B.dx, (size_t)(kmax + 256) * kmax * 4) != cudaSuccess ||
-        cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {
+        cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess || ldlq_cuda_create(0, 0, &g_ctx) != SPARQ_OK) {
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }

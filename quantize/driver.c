@@ -90,7 +90,9 @@ static sparq_status open_devices(qjob *j)
     if (!j->gops) return sparq_err_context(SPARQ_E_UNSUPPORTED, "--device cuda: no usable GPU");
     for (int i = 0; i < n; i++) {
         const sparq_status st = j->gops->create(dv[i], 0, &j->gdev[i]);
-        if (st != SPARQ_OK) return sparq_err_context(st, "--devices (entry %d, CUDA device %d)", i + 1, dv[i]);
+        if (st != SPARQ_OK && o->n_devices > 0)
+            return sparq_err_context(st, "--device cuda (--devices entry %d)", i + 1);
+        if (st != SPARQ_OK) return sparq_err_context(st, "--device cuda");
         j->n_gdev = i + 1;
         j->rep->devices[i] = dv[i];
     }

@@ -212,6 +212,14 @@ static void batch_cost(void *ctx, int m, qz_pipe_cost *c)
     c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess);
 }
 
+/* Testing: SPARQ_QUANT_GPU_MAX_BATCH=N caps every batch at N weights (many small batches, so
+ * that --devices spreads a small model's layer over every device); 0 or unset: no cap. */
+static int max_batch(void)
+{
+    const char *e = getenv("SPARQ_QUANT_GPU_MAX_BATCH");
+    return e ? atoi(e) : 0;
+}
+
 /* The batch sizes: qz_pipe_fit's rule (two batches at once; docs/cli-quantize.md, "On the
  * GPU") over the device's free memory after the encoders, less a margin, and the host
  * budget qz_cuda_host_budget, within the group of items[first] (one shape and K). */
@@ -234,6 +242,8 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
                             .busy = busy != NULL};
     L->plan_first = first;
     *out = qz_pipe_fit(&r, avail, batch_cost, L);
+    const int cap = max_batch();
+    if (cap > 0 && *out > cap) *out = cap;
     if (*out > 0 || busy) return SPARQ_OK;
     const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
     return sparq_err(SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free", it[0].key,
@@ -418,7 +428,7 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     qz_pipe_ops ops[QZ_PIPE_MAX];
     for (int d = 0; d < nd; d++) {
         dv[d] = (gdev){.L = &gl, .c = j->gdev[d]};
-        snprintf(dv[d].name, sizeof dv[d].name, "CUDA device %d", j->o->devices[d]);
+        snprintf(dv[d].name, sizeof dv[d].name, "CUDA device %d", j->rep->devices[d]);
         ops[d] = (qz_pipe_ops){&dv[d], plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch,
                                release_batch, nd > 1 ? dv[d].name : NULL};
     }

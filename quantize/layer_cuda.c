@@ -183,7 +183,10 @@ typedef struct glayer {
     double (*g_shared)[TRELLIS_K_MAX + 1];
     bool gpu_hess;
     int plan_first; /* the item plan_batch sizes a batch from (plans run one at a time) */
+    int n_dev;      /* pipelines (--devices entries) */
 } glayer;
+
+_Static_assert(QZ_MAX_DEVICES <= QZ_PIPE_MAX, "a pipeline per --devices entry");
 
 /* One device's pipeline over the layer: the callbacks' ctx. */
 typedef struct gdev {
@@ -222,7 +225,8 @@ static int max_batch(void)
 
 /* The batch sizes: qz_pipe_fit's rule (two batches at once; docs/cli-quantize.md, "On the
  * GPU") over the device's free memory after the encoders, less a margin, and the host
- * budget qz_cuda_host_budget, within the group of items[first] (one shape and K). */
+ * budget qz_cuda_host_budget (shared evenly by the --devices' pipelines, so that all of
+ * them together stay within it), within the group of items[first] (one shape and K). */
 static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *out)
 {
     gdev *d = ctx;
@@ -238,7 +242,7 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
     FORWARD_IF(j->gops->mem_info(d->c, &fr, &tot));
     const size_t margin = (size_t)512 << 20;
     const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev_bytes : 0,
-                            .host = qz_cuda_host_budget(j), .host_held = busy ? busy->host_bytes : 0,
+                            .host = qz_cuda_host_budget(j) / (uint64_t)L->n_dev, .host_held = busy ? busy->host_bytes : 0,
                             .busy = busy != NULL};
     L->plan_first = first;
     *out = qz_pipe_fit(&r, avail, batch_cost, L);
@@ -424,6 +428,7 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}};
     glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians()};
     const int nd = j->n_gdev;
+    gl.n_dev = nd;
     gdev dv[QZ_PIPE_MAX];
     qz_pipe_ops ops[QZ_PIPE_MAX];
     for (int d = 0; d < nd; d++) {

@@ -192,6 +192,7 @@ _Static_assert(QZ_MAX_DEVICES <= QZ_PIPE_MAX, "a pipeline per --devices entry");
 typedef struct gdev {
     glayer *L;
     ldlq_cuda *c;
+    int share;     /* the contexts on its GPU (a device listed twice: 2); each plans from its share */
     char name[48]; /* "CUDA device N": its errors' context */
 } gdev;
 
@@ -241,6 +242,9 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
     FORWARD_IF(j->gops->encoder_bytes(d->c, it[0].K, j->o->cb, &enc));
     FORWARD_IF(j->gops->mem_info(d->c, &fr, &tot));
     const size_t margin = (size_t)512 << 20;
+    /* contexts on one GPU see each other's memory: a batch planned by one and not yet submitted
+     * is not taken from the free memory the other sees, so each plans from its share */
+    fr /= (size_t)d->share;
     const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev_bytes : 0,
                             .host = qz_cuda_host_budget(j) / (uint64_t)L->n_dev, .host_held = busy ? busy->host_bytes : 0,
                             .busy = busy != NULL};
@@ -433,6 +437,7 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     qz_pipe_ops ops[QZ_PIPE_MAX];
     for (int d = 0; d < nd; d++) {
         dv[d] = (gdev){.L = &gl, .c = j->gdev[d]};
+        for (int e = 0; e < nd; e++) dv[d].share += j->rep->devices[e] == j->rep->devices[d];
         snprintf(dv[d].name, sizeof dv[d].name, "CUDA device %d", j->rep->devices[d]);
         ops[d] = (qz_pipe_ops){&dv[d], plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch,
                                release_batch, nd > 1 ? dv[d].name : NULL};

@@ -24,7 +24,7 @@
  * The CPU stages stay in queue order (the pipe runs prepares one at a time),
  * each weight's results go to its own slot (ql[ref]), and its words do not
  * depend on the batch or the device that made them: the output is the one
- * GPU's, byte for byte (tests/gpu/test_device_cli.sh). */
+ * GPU's, byte for byte (tests/gpu/test_quantize_devices.sh). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

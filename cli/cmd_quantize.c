@@ -13,7 +13,8 @@
 
 enum {
     O_BITS, O_BITS_FOR, O_RECIPE, O_HEAD_BITS, O_CALIB, O_CALIB_ROWS, O_CALIB_LEN, O_RANDOM, O_CODEBOOK, O_METHOD,
-    O_RTN_GROUP, O_SCALE, O_WORK, O_RESUME, O_REPORT, O_PLOT, O_MAX_MEM, O_SHARD, O_SEED, O_THREADS, O_DEVICE, O_STOP, O_QUIET
+    O_RTN_GROUP, O_SCALE, O_WORK, O_RESUME, O_REPORT, O_PLOT, O_MAX_MEM, O_SHARD, O_SEED, O_THREADS, O_DEVICE, O_DEVICES, O_STOP,
+    O_QUIET
 };
 
 static const cli_opt opts[] = {
@@ -50,9 +51,13 @@ static const cli_opt opts[] = {
     [O_SEED] = {"seed", 0, "N", "seed of the random signs and random rows (default 0)"},
     [O_THREADS] = {"threads", 't', "N", "worker threads (default: all CPUs)"},
     [O_DEVICE] = {"device", 0, "DEV", "cpu (default) or cuda: with cuda the trellis search, the LDLQ error "
-                                      "feedback and the proxy errors run on GPU 0, many experts at a time; the "
-                                      "calibration forward and the Hessians stay on the CPU. Same format, same "
-                                      "results up to the order of fp32 sums (docs/cli-quantize.md)"},
+                                      "feedback and the proxy errors run on GPU 0 (or the --devices), many experts "
+                                      "at a time; the calibration forward and the Hessians stay on the CPU. Same "
+                                      "format, same results up to the order of fp32 sums (docs/cli-quantize.md)"},
+    [O_DEVICES] = {"devices", 0, "LIST", "CUDA device ordinals sharing each layer's GPU work, e.g. 0,1 (implies "
+                                         "--device cuda; default 0; at most 16, one listed twice gets two "
+                                         "contexts): the output is byte-identical to one GPU's; the MoE "
+                                         "calibration capture and lm_head run on the first"},
     [O_STOP] = {"stop-after-layer", 0, "L", "testing: stop (exit 1) after layer L's checkpoint"},
     [O_QUIET] = {"quiet", 'q', NULL, "no report table on stdout"},
     {0}};
@@ -97,6 +102,12 @@ static void print_table(const qz_report *r, const qz_opts *o)
            r->random_rows);
     printf("%d tensors; %llu weights quantized in %.1f s = %.0f weights/s; total %s\n", r->n_tensors,
            (unsigned long long)r->n_weights, r->quant_seconds, wps, tot);
+    if (r->n_devices > 0) {
+        printf("GPU busy %.1f s:", r->gpu_seconds);
+        for (int i = 0; i < r->n_devices; i++)
+            printf("%s device %d %.1f s", i ? "," : "", r->devices[i], r->gpu_seconds_dev[i]);
+        printf("\n");
+    }
     printf("memory: peak RSS %s measured (VmHWM), estimate %s, --max-mem bound %s%s\n", rss, est, bound,
            r->skeleton ? "; FP8/MXFP4 source (dequantised per layer)" : "");
     if (r->quality_tokens > 0)
@@ -111,7 +122,7 @@ int cmd_quantize(int argc, char **argv)
     qz_opts o;
     qz_opts_default(&o);
     const char *report = NULL, *plot = NULL;
-    bool quiet = false;
+    bool quiet = false, device_given = false, devices_given = false;
     cli_args a;
     const char *v;
     int id;
@@ -192,9 +203,15 @@ int cmd_quantize(int argc, char **argv)
             o.threads = (int)ll;
             break;
         case O_DEVICE:
+            device_given = true;
             if (strcmp(v, "cpu") == 0) o.device = QZ_DEVICE_CPU;
             else if (strcmp(v, "cuda") == 0) o.device = QZ_DEVICE_CUDA;
             else return cli_usage_error(&spec, "--device: expected cpu or cuda, not '%s'", v);
+            break;
+        case O_DEVICES:
+            if (qz_devices_parse(v, o.devices, &o.n_devices) != SPARQ_OK)
+                return cli_usage_error(&spec, "%s", sparq_errmsg());
+            devices_given = true;
             break;
         case O_STOP:
             if (!cli_parse_int(&spec, "stop-after-layer", v, 0, 1 << 20, &ll)) return 2;
@@ -204,6 +221,9 @@ int cmd_quantize(int argc, char **argv)
         }
     }
     if (id != CLI_END) return id == CLI_HELP ? 0 : 2;
+    if (devices_given && device_given && o.device == QZ_DEVICE_CPU)
+        return cli_usage_error(&spec, "--devices needs --device cuda (or no --device)");
+    if (devices_given) o.device = QZ_DEVICE_CUDA;
     if (a.npos != 2) return cli_usage_error(&spec, "expected MODEL and OUT");
     o.model_dir = a.pos[0];
     o.out_dir = a.pos[1];

@@ -13,7 +13,8 @@
  * expert e from the other; later calls find the weights resident. At a
  * pass's end the accumulators are downloaded into the host hess_acc, so
  * qz_capture_finish and the Hessian preparation see what the CPU capture
- * would have made (to fp32 summation order). */
+ * would have made (to fp32 summation order). With --devices it runs on the
+ * first device listed (the LDLQ's batches are shared over all of them). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/trellis.h"
 #include "kernels/cuda/calib_cuda.h"
+#include "kernels/cuda/ldlq_cuda.h"
 #include "quantize/job.h"
 
 typedef struct gpu_engine {
@@ -212,6 +214,10 @@ sparq_status qz_calib_gpu_setup(qjob *j, int L, const sq_layer_desc *desc, layer
     const calib_cuda_ops *ops = sq_cuda_calib_ops();
     if (!ops) return sparq_err_context(SPARQ_E_UNSUPPORTED, "layer %d: the GPU calibration", L);
     size_t fixed = 0, per = 0, fr = 0, tot = 0;
+    /* on the first --devices entry: an ldlq call sets this thread's device to its context's
+     * (making the other entries' contexts left it on the last), and the capture's calls all
+     * come from this thread */
+    FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
     FORWARD_IF(ops->mem_info(&fr, &tot));
     ops->plan(&dm, &fixed, &per);
     const size_t reserve = ((size_t)512 << 20) + ((size_t)4 << 30);

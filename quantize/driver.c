@@ -53,12 +53,60 @@ void qz_opts_default(qz_opts *o)
     o->scale_search = QZ_SCALE_FULL;
 }
 
+sparq_status qz_devices_parse(const char *list, int *devices, int *n_devices)
+{
+    *n_devices = 0;
+    RETURN_IF(!list || !*list, SPARQ_E_ARG, "--devices: empty list (give CUDA device ordinals, e.g. 0,1)");
+    int n = 0;
+    for (const char *p = list;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        RETURN_IF(len == 0, SPARQ_E_ARG, "--devices %s: entry %d is empty", list, n + 1);
+        int v = 0;
+        for (size_t i = 0; i < len; i++) {
+            RETURN_IF(p[i] < '0' || p[i] > '9' || i >= 3, SPARQ_E_ARG,
+                      "--devices %s: '%.*s' is not a CUDA device ordinal (0..999)", list, (int)len, p);
+            v = v * 10 + (p[i] - '0');
+        }
+        RETURN_IF(n == QZ_MAX_DEVICES, SPARQ_E_ARG, "--devices %s: more than %d devices", list, QZ_MAX_DEVICES);
+        devices[n++] = v;
+        if (!end) break;
+        p = end + 1;
+    }
+    *n_devices = n;
+    return SPARQ_OK;
+}
+
+/* One ldlq_cuda context per --devices entry (device 0 alone without the list), made
+ * before any work: an unknown or unusable ordinal is refused here, named. */
+static sparq_status open_devices(qjob *j)
+{
+    const qz_opts *o = j->o;
+    static const int dev0[1] = {0};
+    const int n = o->n_devices > 0 ? o->n_devices : 1;
+    const int *dv = o->n_devices > 0 ? o->devices : dev0;
+    RETURN_IF(n > QZ_MAX_DEVICES, SPARQ_E_ARG, "--devices: %d devices, at most %d", n, QZ_MAX_DEVICES);
+    j->gops = sq_cuda_ldlq_ops();
+    if (!j->gops) return sparq_err_context(SPARQ_E_UNSUPPORTED, "--device cuda: no usable GPU");
+    for (int i = 0; i < n; i++) {
+        const sparq_status st = j->gops->create(dv[i], 0, &j->gdev[i]);
+        if (st != SPARQ_OK && o->n_devices > 0)
+            return sparq_err_context(st, "--device cuda (--devices entry %d)", i + 1);
+        if (st != SPARQ_OK) return sparq_err_context(st, "--device cuda");
+        j->n_gdev = i + 1;
+        j->rep->devices[i] = dv[i];
+    }
+    j->rep->n_devices = n;
+    j->gctx = j->gdev[0];
+    return SPARQ_OK;
+}
+
 /* --- the job ---------------------------------------------------------------------- */
 
 static void job_free(qjob *j)
 {
     for (int K = 0; K <= TRELLIS_K_MAX; K++) viterbi_free(j->enc[K]);
-    if (j->gctx) j->gops->free(j->gctx);
+    for (int i = 0; i < j->n_gdev; i++) j->gops->free(j->gdev[i]);
     sq_model_free(j->m);
     sf_close(j->src);
     sf_close(j->skel);
@@ -105,9 +153,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     if (st == SPARQ_OK && o->device == QZ_DEVICE_CUDA && o->method != QZ_METHOD_RTN) {
         /* the GPU recursion (layer_cuda.c) and the MoE all-experts capture (calib_gpu.c); the rest of the
          * calibration forward stays on the CPU */
-        j.gops = sq_cuda_ldlq_ops();
-        st = j.gops ? j.gops->create(0, &j.gctx) : SPARQ_E_UNSUPPORTED;
-        if (st != SPARQ_OK) st = sparq_err_context(st, "--device cuda: no usable GPU");
+        st = open_devices(&j);
     }
     if (st == SPARQ_OK) st = sf_open(&j.src, o->model_dir);
     j.page = (size_t)sysconf(_SC_PAGESIZE);
@@ -243,6 +289,7 @@ sparq_status qz_run(const qz_opts *o, qz_report *rep)
     qz_memdbg("after assembly", -1);
     rep->quant_seconds = j.t_quant;
     rep->gpu_seconds = j.t_gpu;
+    for (int i = 0; i < j.n_gdev; i++) rep->gpu_seconds_dev[i] = j.t_gpu_dev[i];
     rep->total_seconds = sparq_now() - t_start;
     rep->peak_rss = qz_peak_rss_bytes();
     job_free(&j);

@@ -88,8 +88,18 @@ typedef enum qz_scale_search {
  * Hessians are on the CPU either way for now). */
 typedef enum qz_device {
     QZ_DEVICE_CPU = 0,
-    QZ_DEVICE_CUDA, /* GPU 0: the Viterbi, the LDLQ feedback and the proxies (quantize/layer_cuda.c) */
+    QZ_DEVICE_CUDA, /* the GPUs of qz_opts.devices: the Viterbi, the LDLQ feedback and the proxies
+                       (quantize/layer_cuda.c) */
 } qz_device;
+
+/* --devices: at most this many entries (one CUDA context and pipeline each). */
+#define QZ_MAX_DEVICES 16
+
+/* Parse a --devices LIST: comma-separated CUDA device ordinals (0..999), each
+ * non-empty, the same one allowed more than once (two contexts on one GPU),
+ * 1..QZ_MAX_DEVICES of them. Returns SPARQ_E_ARG with a message naming the
+ * bad entry. Whether a device exists is checked when the run starts. */
+sparq_status qz_devices_parse(const char *list, int *devices, int *n_devices);
 
 typedef struct qz_bits_rule {
     const char *pattern; /* fnmatch pattern on the tensor key, e.g. "*.down_proj" */
@@ -136,6 +146,8 @@ typedef struct qz_opts {
     uint64_t seed;           /* default 0 */
     int threads;             /* ≤ 0: all CPUs */
     qz_device device;        /* default QZ_DEVICE_CPU */
+    int devices[QZ_MAX_DEVICES]; /* QZ_DEVICE_CUDA: the CUDA ordinals to share the work (qz_devices_parse) */
+    int n_devices;           /* 0: device 0 alone */
     int stop_after_layer;    /* testing: return SPARQ_E_INTERRUPTED after this layer's checkpoint (-1 off) */
 } qz_opts;
 
@@ -176,7 +188,10 @@ typedef struct qz_report {
     uint64_t n_weights;      /* weights quantized in this run (not restored ones) */
     double quant_seconds;    /* time spent inside the quantizer in this run */
     double gpu_seconds;      /* --device cuda: the GPU's busy time in the batches (uploads, recursion and
-                              * proxies by CUDA events, downloads); it overlaps the CPU's part */
+                              * proxies by CUDA events, downloads); it overlaps the CPU's part. All
+                              * devices together; per --devices entry below */
+    double gpu_seconds_dev[QZ_MAX_DEVICES];
+    int devices[QZ_MAX_DEVICES], n_devices; /* the ordinals gpu_seconds_dev is for (0: not on the GPU) */
     double total_seconds;
     uint64_t peak_rss;       /* bytes: the process's measured peak resident set (VmHWM), file-backed
                                 pages of the mapped checkpoint included */

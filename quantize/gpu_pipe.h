@@ -12,7 +12,16 @@
  * prepared. Knows nothing of the GPU or of linears: the caller's callbacks do
  * the work. An error in any stage stops both: the batch in flight is waited
  * for (its result dropped), every batch is released, and the first error's
- * message is the one returned. */
+ * message is the one returned.
+ *
+ * Several devices (`--devices`, qz_pipe_run_multi): one such pipeline per
+ * device, each on its own host thread, taking the next batch from one shared
+ * queue of items: a pipeline plans and prepares its next batch at the queue's
+ * head (plans and prepares run one at a time, in queue order, whichever
+ * pipeline makes them; so a preparation still sees what the previous one
+ * decided), and finishes run one at a time. A batch's results go to its items'
+ * own slots, so the order in which the devices finish does not matter. The
+ * first error in any pipeline stops them all the same way. */
 #ifndef SPARQ_QUANTIZE_GPU_PIPE_H
 #define SPARQ_QUANTIZE_GPU_PIPE_H
 
@@ -39,6 +48,8 @@ typedef struct qz_pipe_ops {
     sparq_status (*finish)(void *ctx, void *batch);
     /* Free a batch at any stage (never one in flight). */
     void (*release)(void *ctx, void *batch);
+    /* NULL, or what this pipeline is (e.g. "CUDA device 1"): its errors' context. */
+    const char *name;
 } qz_pipe_ops;
 
 typedef struct qz_pipe_stats {
@@ -81,5 +92,14 @@ int qz_pipe_fit(const qz_pipe_room *r, int avail, void (*cost)(void *ctx, int m,
  * right after its submit (the sequential driver, for comparisons; the same
  * batches). stats may be NULL. */
 sparq_status qz_pipe_run(const qz_pipe_ops *ops, int n_items, int overlap, qz_pipe_stats *stats);
+
+/* The most pipelines qz_pipe_run_multi runs (and so the most `--devices`). */
+#define QZ_PIPE_MAX 16
+
+/* n_pipes (1..QZ_PIPE_MAX) pipelines, ops[i] the i-th (each its own ctx),
+ * sharing one queue of n_items; pipeline 0 runs on the calling thread.
+ * stats (may be NULL): n_pipes entries, each pipeline's own (its wall time,
+ * its batches, its devices' busy seconds). n_pipes = 1 is qz_pipe_run. */
+sparq_status qz_pipe_run_multi(const qz_pipe_ops *ops, int n_pipes, int n_items, int overlap, qz_pipe_stats *stats);
 
 #endif

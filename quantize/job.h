@@ -168,10 +168,15 @@ typedef struct qjob {
      * maps up to 64 KB of neighbouring (already released) pages on each fault. */
     uintptr_t (*spans)[2];
     int n_spans, cap_spans;
-    /* --device cuda: the GPU quantizer (kernels/cuda/ldlq_cuda.h) */
+    /* --device cuda: the GPU quantizer (kernels/cuda/ldlq_cuda.h), one context per
+     * --devices entry (gdev[i] on o->devices[i]); gctx = gdev[0], which also runs the
+     * MoE capture (calib_gpu.c) and single linears (lm_head) */
     const struct ldlq_cuda_ops *gops;
     struct ldlq_cuda *gctx;
-    double t_gpu; /* seconds in the GPU recursion (report) */
+    struct ldlq_cuda *gdev[QZ_MAX_DEVICES];
+    int n_gdev;
+    double t_gpu;                     /* seconds in the GPU recursion, all devices (report) */
+    double t_gpu_dev[QZ_MAX_DEVICES]; /* the same per --devices entry */
 } qjob;
 
 /* One quantized linear, as stored (EXL3 trellis + scales, or RTN's bf16) and

@@ -16,7 +16,15 @@
  * scales. The batches go through quantize/gpu_pipe.h's pipeline, so the CPU
  * prepares batch b+1 while the GPU runs batch b (SPARQ_QUANT_GPU_OVERLAP=0:
  * one after the other); the batches, and so the output, are the same either
- * way, and a weight's words do not depend on its batch (ldlq_cuda.h). */
+ * way, and a weight's words do not depend on its batch (ldlq_cuda.h).
+ *
+ * --devices LIST: one context per listed device (j->gdev), one pipeline each
+ * on its own thread, all taking their next batch from one queue
+ * (qz_pipe_run_multi); a device plans its batch from its own free memory.
+ * The CPU stages stay in queue order (the pipe runs prepares one at a time),
+ * each weight's results go to its own slot (ql[ref]), and its words do not
+ * depend on the batch or the device that made them: the output is the one
+ * GPU's, byte for byte (tests/gpu/test_quantize_devices.sh). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,13 +40,14 @@
  * at once (it serialises them itself). */
 typedef struct gpu_coder {
     qjob *j;
+    ldlq_cuda *c; /* the device the search encodes on */
     int K;
 } gpu_coder;
 
 static sparq_status gpu_encode(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded)
 {
     const gpu_coder *g = ctx;
-    return g->j->gops->encode_host(g->j->gctx, g->K, g->j->o->cb, x, n_tiles, states, decoded);
+    return g->j->gops->encode_host(g->c, g->K, g->j->o->cb, x, n_tiles, states, decoded);
 }
 
 typedef struct gitem {
@@ -173,8 +182,19 @@ typedef struct glayer {
     sparq_progress *pb;
     double (*g_shared)[TRELLIS_K_MAX + 1];
     bool gpu_hess;
-    int plan_first; /* the item plan_batch sizes a batch from */
+    int plan_first; /* the item plan_batch sizes a batch from (plans run one at a time) */
+    int n_dev;      /* pipelines (--devices entries) */
 } glayer;
+
+_Static_assert(QZ_MAX_DEVICES <= QZ_PIPE_MAX, "a pipeline per --devices entry");
+
+/* One device's pipeline over the layer: the callbacks' ctx. */
+typedef struct gdev {
+    glayer *L;
+    ldlq_cuda *c;
+    int share;     /* the contexts on its GPU (a device listed twice: 2); each plans from its share */
+    char name[48]; /* "CUDA device N": its errors' context */
+} gdev;
 
 /* Device bytes a batch of m items reading nh Hessians holds (its allocation and its Hessians). */
 static size_t dev_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
@@ -196,12 +216,22 @@ static void batch_cost(void *ctx, int m, qz_pipe_cost *c)
     c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess);
 }
 
+/* Testing: SPARQ_QUANT_GPU_MAX_BATCH=N caps every batch at N weights (many small batches, so
+ * that --devices spreads a small model's layer over every device); 0 or unset: no cap. */
+static int max_batch(void)
+{
+    const char *e = getenv("SPARQ_QUANT_GPU_MAX_BATCH");
+    return e ? atoi(e) : 0;
+}
+
 /* The batch sizes: qz_pipe_fit's rule (two batches at once; docs/cli-quantize.md, "On the
  * GPU") over the device's free memory after the encoders, less a margin, and the host
- * budget qz_cuda_host_budget, within the group of items[first] (one shape and K). */
+ * budget qz_cuda_host_budget (shared evenly by the --devices' pipelines, so that all of
+ * them together stay within it), within the group of items[first] (one shape and K). */
 static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *out)
 {
-    glayer *L = ctx;
+    gdev *d = ctx;
+    glayer *L = d->L;
     qjob *j = L->j;
     const gbatch *busy = busy_v;
     const gitem *it = L->it + first;
@@ -209,14 +239,19 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
     while (first + avail < L->n && it[avail].k == it[0].k && it[avail].n == it[0].n && it[avail].K == it[0].K)
         avail++;
     size_t fr = 0, tot = 0, enc = 0;
-    FORWARD_IF(j->gops->encoder_bytes(j->gctx, it[0].K, j->o->cb, &enc));
-    FORWARD_IF(j->gops->mem_info(j->gctx, &fr, &tot));
+    FORWARD_IF(j->gops->encoder_bytes(d->c, it[0].K, j->o->cb, &enc));
+    FORWARD_IF(j->gops->mem_info(d->c, &fr, &tot));
     const size_t margin = (size_t)512 << 20;
+    /* contexts on one GPU see each other's memory: a batch planned by one and not yet submitted
+     * is not taken from the free memory the other sees, so each plans from its share */
+    fr /= (size_t)d->share;
     const qz_pipe_room r = {.dev_free = fr > margin ? fr - margin : 0, .dev_held = busy ? busy->dev_bytes : 0,
-                            .host = qz_cuda_host_budget(j), .host_held = busy ? busy->host_bytes : 0,
+                            .host = qz_cuda_host_budget(j) / (uint64_t)L->n_dev, .host_held = busy ? busy->host_bytes : 0,
                             .busy = busy != NULL};
     L->plan_first = first;
     *out = qz_pipe_fit(&r, avail, batch_cost, L);
+    const int cap = max_batch();
+    if (cap > 0 && *out > cap) *out = cap;
     if (*out > 0 || busy) return SPARQ_OK;
     const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
     return sparq_err(SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free", it[0].key,
@@ -225,7 +260,7 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
 
 static void release_batch(void *ctx, void *bv)
 {
-    glayer *L = ctx;
+    glayer *L = ((gdev *)ctx)->L;
     gbatch *b = bv;
     if (!b) return;
     for (int i = 0; i < b->m; i++) {
@@ -249,7 +284,8 @@ static void release_batch(void *ctx, void *bv)
  * the pool (a shared scale's search first, by the slot's first expert). */
 static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
 {
-    glayer *L = ctx;
+    gdev *d = ctx;
+    glayer *L = d->L;
     qjob *j = L->j;
     const gitem *items = L->it + first;
     const int k = items[0].k, n = items[0].n, K = items[0].K;
@@ -281,7 +317,7 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
             if (on_gpu) {
                 int ident = 0;
                 float damp = 0;
-                st = j->gops->hess_prepare(j->gctx, it->h, k, 0.0f, seed, hname, &b->dh[h], su, hdiag, &ident, &damp);
+                st = j->gops->hess_prepare(d->c, it->h, k, 0.0f, seed, hname, &b->dh[h], su, hdiag, &ident, &damp);
                 if (st == SPARQ_OK) st = ldlq_hessian_wrap(&b->hs[h], k, su, hdiag, ident != 0, damp);
                 if (st == SPARQ_OK) b->gh[h] = j->gops->hess_of(b->dh[h]);
             } else {
@@ -304,7 +340,7 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
     const ldlq_cuda_shape s = {k, n, K, j->o->cb, 0};
     b->dev_bytes = dev_bytes(L, &s, b->n_hess, m);
     b->host_bytes = host_bytes(k, n, K, b->n_hess, m, on_gpu);
-    gpu_coder gc = {j, K};
+    gpu_coder gc = {j, d->c, K};
     const ldlq_coder coder = {gpu_encode, &gc};
     /* the global scales: fixed, the searched one of the slot's first expert (searched here first
      * when this batch holds it), or a search per weight */
@@ -332,15 +368,16 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
 
 static sparq_status submit_batch(void *ctx, void *bv)
 {
-    glayer *L = ctx;
+    const gdev *d = ctx;
+    const glayer *L = d->L;
     gbatch *b = bv;
     const ldlq_cuda_shape s = {b->items[0].k, b->items[0].n, b->items[0].K, L->j->o->cb, 0};
-    return L->j->gops->batch_submit(L->j->gctx, &s, b->gh, b->n_hess, b->gi, b->m, b->what, &b->pend);
+    return L->j->gops->batch_submit(d->c, &s, b->gh, b->n_hess, b->gi, b->m, b->what, &b->pend);
 }
 
 static sparq_status wait_batch(void *ctx, void *bv, double *gpu_seconds)
 {
-    glayer *L = ctx;
+    const glayer *L = ((gdev *)ctx)->L;
     gbatch *b = bv;
     const sparq_status st = L->j->gops->batch_wait(b->pend, gpu_seconds);
     b->pend = NULL;
@@ -350,7 +387,7 @@ static sparq_status wait_batch(void *ctx, void *bv, double *gpu_seconds)
 /* The CPU stage after the GPU: the fp16 scales and the runnable linears, in order. */
 static sparq_status finish_batch(void *ctx, void *bv)
 {
-    glayer *L = ctx;
+    glayer *L = ((gdev *)ctx)->L;
     gbatch *b = bv;
     sparq_status st = SPARQ_OK;
     for (int i = 0; i < b->m && st == SPARQ_OK; i++) {
@@ -394,11 +431,25 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     if (st == SPARQ_OK) qsort(it, (size_t)n_lin, sizeof *it, cmp_gitem);
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}};
     glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians()};
-    const qz_pipe_ops ops = {&gl, plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch, release_batch};
-    qz_pipe_stats ps = {0};
-    if (st == SPARQ_OK) st = qz_pipe_run(&ops, n_lin, gpu_overlap(), &ps);
-    j->t_gpu += ps.gpu;
-    j->t_quant += ps.wall;
+    const int nd = j->n_gdev;
+    gl.n_dev = nd;
+    gdev dv[QZ_PIPE_MAX];
+    qz_pipe_ops ops[QZ_PIPE_MAX];
+    for (int d = 0; d < nd; d++) {
+        dv[d] = (gdev){.L = &gl, .c = j->gdev[d]};
+        for (int e = 0; e < nd; e++) dv[d].share += j->rep->devices[e] == j->rep->devices[d];
+        snprintf(dv[d].name, sizeof dv[d].name, "CUDA device %d", j->rep->devices[d]);
+        ops[d] = (qz_pipe_ops){&dv[d], plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch,
+                               release_batch, nd > 1 ? dv[d].name : NULL};
+    }
+    qz_pipe_stats ps[QZ_PIPE_MAX] = {{0}};
+    const double t0 = sparq_now();
+    if (st == SPARQ_OK) st = qz_pipe_run_multi(ops, nd, n_lin, gpu_overlap(), ps);
+    for (int d = 0; d < nd; d++) {
+        j->t_gpu += ps[d].gpu;
+        j->t_gpu_dev[d] += ps[d].gpu;
+    }
+    j->t_quant += sparq_now() - t0;
     for (int i = 0; i < n_lin && st == SPARQ_OK; i++) {
         *psum += ql[i].proxy;
         if (ql[i].proxy > *pmax) *pmax = ql[i].proxy;
@@ -417,7 +468,7 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     FORWARD_IF(qz_load_weight(j, wkey, &out, &in, &w, true));
     ldlq_opts lo;
     qz_ldlq_opts(j, wkey, K, &lo);
-    gpu_coder gc = {j, K};
+    gpu_coder gc = {j, j->gctx, K};
     const ldlq_coder coder = {gpu_encode, &gc};
     ldlq_reg reg;
     sparq_status st = ldlq_regularize(hs, w, out, &lo, &coder, wkey, &reg);
@@ -432,6 +483,7 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     if (st == SPARQ_OK) st = j->gops->batch_submit(j->gctx, &s, &gh, 1, &gi, 1, key, &pend);
     if (st == SPARQ_OK) st = j->gops->batch_wait(pend, &gpu_s);
     j->t_gpu += gpu_s;
+    j->t_gpu_dev[0] += gpu_s; /* a single linear (lm_head) runs on the first device */
     if (st == SPARQ_OK) st = qlin_finish(j, q, hs, &reg, gi.proxy_err);
     ldlq_reg_free(&reg);
     j->t_quant += sparq_now() - t0;

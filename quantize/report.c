@@ -49,6 +49,14 @@ sparq_status qz_report_write_json(const qz_report *r, const qz_opts *o, const ch
     json_object_set_new(root, "quant_seconds", json_real(r->quant_seconds));
     json_object_set_new(root, "gpu_seconds", json_real(r->gpu_seconds));
     json_object_set_new(root, "device", json_string(o->device == QZ_DEVICE_CUDA ? "cuda" : "cpu"));
+    json_t *gd = json_array(); /* per --devices entry: its ordinal and busy seconds */
+    for (int i = 0; i < r->n_devices; i++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "device", json_integer(r->devices[i]));
+        json_object_set_new(x, "gpu_seconds", json_real(r->gpu_seconds_dev[i]));
+        json_array_append_new(gd, x);
+    }
+    json_object_set_new(root, "gpu_devices", gd);
     json_object_set_new(root, "weights_per_second",
                         json_real(r->quant_seconds > 0 ? (double)r->n_weights / r->quant_seconds : 0.0));
     json_object_set_new(root, "total_seconds", json_real(r->total_seconds));

@@ -152,7 +152,7 @@ struct ldlq_cuda {
     enc_slot benc[BATCH_ENCODERS];
     int in_flight;             /* batches submitted and not yet waited */
     int pools;                 /* stream-ordered allocation (cudaMallocAsync) available */
-    int dev;                   /* the device (the submitting threads set it) */
+    int dev;                   /* the device: every entry point sets it (use_dev) */
     /* batches enqueue one after another, in submission order (tickets): they share the
      * stream, the cuBLAS handle and, at one K, the encoder */
     pthread_mutex_t qlock;
@@ -220,9 +220,19 @@ static void dev_free(ldlq_cuda *c, void *p, cudaStream_t s)
     else cudaFree(p);
 }
 
+/* Every entry point runs on its context's device, whichever host thread calls it (the
+ * contexts of `--devices` are driven from one thread each, the scale search's encodes
+ * from the pool's threads). */
+static sparq_status use_dev(const ldlq_cuda *c)
+{
+    CUDA_RETURN_IF(cudaSetDevice(c->dev), "ldlq: CUDA device %d", c->dev);
+    return SPARQ_OK;
+}
+
 extern "C" void ldlq_cuda_free(ldlq_cuda *c)
 {
     if (!c) return;
+    cudaSetDevice(c->dev);
     /* batches still in flight (a caller's error) finish before their memory goes */
     cudaStream_t ss[4] = {c->stream, c->copy, c->prep, c->estream};
     for (int i = 0; i < 4; i++)
@@ -243,11 +253,20 @@ extern "C" void ldlq_cuda_free(ldlq_cuda *c)
     sparq_free(c);
 }
 
-extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
+extern "C" sparq_status ldlq_cuda_create(int device, size_t enc_workspace, ldlq_cuda **out)
 {
     *out = NULL;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
+        cudaGetLastError();
+        n_dev = 0;
+    }
+    RETURN_IF(device < 0 || device >= n_dev, SPARQ_E_ARG, "CUDA device %d does not exist (%d device%s)", device, n_dev,
+              n_dev == 1 ? "" : "s");
+    CUDA_RETURN_IF(cudaSetDevice(device), "ldlq: CUDA device %d", device);
     ldlq_cuda *c = (ldlq_cuda *)sparq_calloc(1, sizeof *c);
     RETURN_IF(!c, SPARQ_E_NOMEM, "cuda ldlq: out of memory");
+    c->dev = device;
     pthread_mutex_init(&c->elock, NULL);
     pthread_mutex_init(&c->qlock, NULL);
     pthread_cond_init(&c->qturn, NULL);
@@ -280,10 +299,8 @@ extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
         cublasSetStream(*hh[i], hs[i]);
         cublasSetMathMode(*hh[i], CUBLAS_DEFAULT_MATH); /* fp32 FMA, never TF32 */
     }
-    int dev = 0, pools = 0;
-    if (st == SPARQ_OK && cudaGetDevice(&dev) == cudaSuccess) c->dev = dev;
-    if (st == SPARQ_OK && cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess)
+    int pools = 0;
+    if (st == SPARQ_OK && cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess)
         c->pools = pools != 0;
     cudaGetLastError();
     if (st != SPARQ_OK) {
@@ -296,7 +313,7 @@ extern "C" sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out)
 
 extern "C" sparq_status ldlq_cuda_mem_info(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes)
 {
-    (void)c;
+    FORWARD_IF(use_dev(c));
     CUDA_RETURN_IF(cudaMemGetInfo(free_bytes, total_bytes), "ldlq: memory info");
     return SPARQ_OK;
 }
@@ -349,6 +366,7 @@ static size_t enc_bytes_of(const trellis_cuda_enc *e, int K, trellis_codebook cb
 extern "C" sparq_status ldlq_cuda_encoder_bytes(ldlq_cuda *c, int K, trellis_codebook cb, size_t *bytes)
 {
     enc_slot *e = NULL;
+    FORWARD_IF(use_dev(c));
     FORWARD_IF(batch_enc(c, K, cb, &e));
     pthread_mutex_lock(&c->elock);
     const sparq_status st = search_enc(c, K, cb);
@@ -401,6 +419,7 @@ extern "C" sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codeb
                                               uint16_t *states, float *decoded)
 {
     if (n_tiles == 0) return SPARQ_OK;
+    FORWARD_IF(use_dev(c));
     pthread_mutex_lock(&c->elock);
     const sparq_status st = encode_host_locked(c, K, cb, x, n_tiles, states, decoded);
     if (st != SPARQ_OK) cudaStreamSynchronize(c->estream); /* nothing of this call left in flight */
@@ -646,6 +665,7 @@ extern "C" sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_sha
         want_wq |= items[i].wq != NULL;
     }
     for (int h = 0; h < n_hess; h++) n_host += hs[h].hr && !hs[h].device;
+    FORWARD_IF(use_dev(c));
     ldlq_cuda_pending *p = (ldlq_cuda_pending *)sparq_calloc(1, sizeof *p);
     RETURN_IF(!p, SPARQ_E_NOMEM, "%s: out of memory", name);
     p->c = c;
@@ -694,6 +714,7 @@ extern "C" sparq_status ldlq_cuda_batch_wait(ldlq_cuda_pending *p, double *gpu_s
     if (gpu_seconds) *gpu_seconds = 0;
     if (!p) return SPARQ_OK;
     ldlq_cuda *c = p->c;
+    cudaSetDevice(c->dev); /* an error here shows in the first call below */
     sparq_status st = join_enqueue(p);
     if (st != SPARQ_OK) { /* what was queued finishes before the memory goes */
         cudaStreamSynchronize(c->copy);
@@ -768,6 +789,7 @@ extern "C" sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int
     *out = NULL;
     if (!name) name = "hessian";
     RETURN_IF(k <= 0 || k % 128 != 0, SPARQ_E_SHAPE, "%s: input size %d is not a multiple of 128", name, k);
+    FORWARD_IF(use_dev(c));
     ldlq_cuda_dhess *d = (ldlq_cuda_dhess *)sparq_calloc(1, sizeof *d);
     RETURN_IF(!d, SPARQ_E_NOMEM, "%s: out of memory", name);
     d->c = c;
@@ -804,6 +826,7 @@ extern "C" sparq_status ldlq_cuda_hess_prepare(ldlq_cuda *c, const float *h, int
 extern "C" void ldlq_cuda_hess_free(ldlq_cuda_dhess *d)
 {
     if (!d) return;
+    cudaSetDevice(d->c->dev);
     hess_cuda_free(&d->h); /* caller memory: only clears it */
     dev_free(d->c, d->mem, d->c->prep);
     sparq_free(d);

@@ -73,7 +73,11 @@ typedef struct ldlq_cuda_item {
     double proxy_err;    /* out */
 } ldlq_cuda_item;
 
-/* A context on the current device: streams, two cuBLAS handles, the batch
+/* A context on CUDA device `device` (an ordinal; one out of range or unusable
+ * is refused, naming it): every entry point below runs on that device
+ * whichever host thread calls it (cudaSetDevice per call), so contexts on
+ * several devices — or several on one device — can be driven from different
+ * threads (`sparq quantize --devices`, quantize/layer_cuda.c). Streams, two cuBLAS handles, the batch
  * encoders (one per K and codebook in use, fixed workspaces of enc_workspace
  * bytes; 0: a quarter of the free memory at create, at most 4 GiB) and the
  * scale search's own encoder (the same workspace, at most 1 GiB).
@@ -88,7 +92,7 @@ typedef struct ldlq_cuda_item {
  * where the device supports it, so freeing never waits for the device; a
  * change of K or codebook for the search frees its encoder with cudaFree,
  * which does wait for the work in flight. */
-sparq_status ldlq_cuda_create(size_t enc_workspace, ldlq_cuda **out);
+sparq_status ldlq_cuda_create(int device, size_t enc_workspace, ldlq_cuda **out);
 /* Every batch submitted must have been waited for first. */
 void ldlq_cuda_free(ldlq_cuda *c);
 /* Free and total device memory (after the encoders' workspaces, if made). */
@@ -153,7 +157,7 @@ sparq_status ldlq_cuda_batch(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_
 /* The functions above as a table: the sparq binary opens the CUDA module with
  * dlopen and takes this (kernels/cpu/ops_device.c, sq_cuda_ldlq_ops). */
 typedef struct ldlq_cuda_ops {
-    sparq_status (*create)(size_t enc_workspace, ldlq_cuda **out);
+    sparq_status (*create)(int device, size_t enc_workspace, ldlq_cuda **out);
     void (*free)(ldlq_cuda *c);
     sparq_status (*mem_info)(ldlq_cuda *c, size_t *free_bytes, size_t *total_bytes);
     size_t (*batch_bytes)(const ldlq_cuda_shape *s, int n_hess, int n_items, int want_wq);

@@ -23,9 +23,15 @@
  *  - the scale search's encodes (Gaussian tiles at scales 0.3..1.5, every K):
  *    the GPU's states equal the CPU's; where they differ, whether the GPU's
  *    error is worse, better or equal is printed;
+ *  - contexts per device (--devices): an ordinal past the last device, or
+ *    negative, is refused naming it; two contexts on device 0, each driven
+ *    from its own thread at the same time (a batch of three weights, a GPU
+ *    Hessian preparation and a search encode each), give the words and
+ *    proxies of the one context, bit for bit;
  *  - errors: a shape that is not a multiple of 128 is refused.
  * Exits 77 ("skipped: no GPU") without a usable GPU. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -447,18 +453,114 @@ static void test_search_encodes(void)
     sparq_free(x), sparq_free(dc), sparq_free(dg), sparq_free(sc), sparq_free(sg);
 }
 
+/* One context's share of test_contexts: a Hessian prepared on its device, a search encode,
+ * and a batch of three weights reading it, all from this thread. */
+typedef struct ctx_job {
+    ldlq_cuda *c;
+    const float *h, *w[3];
+    int k, n, K;
+    uint16_t *t[3], *st;
+    const float *tiles;
+    double proxy[3];
+    sparq_status status;
+    char msg[512];
+} ctx_job;
+
+static void *ctx_run(void *arg)
+{
+    ctx_job *jb = arg;
+    ldlq_cuda_dhess *dh = NULL;
+    float *su = sparq_malloc((size_t)jb->k * 4), *hd = sparq_malloc((size_t)jb->k * 4);
+    int ident = 0;
+    float damp = 0;
+    sparq_status st = ldlq_cuda_hess_prepare(jb->c, jb->h, jb->k, 0.0f, 5, "ctx", &dh, su, hd, &ident, &damp);
+    if (st == SPARQ_OK) st = ldlq_cuda_encode_host(jb->c, jb->K, TRELLIS_CB_MUL1, jb->tiles, 64, jb->st, NULL);
+    if (st == SPARQ_OK) {
+        const ldlq_cuda_hess gh = ldlq_cuda_hess_of(dh);
+        ldlq_cuda_item it[3];
+        for (int i = 0; i < 3; i++) it[i] = (ldlq_cuda_item){.hess = 0, .wr = jb->w[i], .trellis = jb->t[i]};
+        const ldlq_cuda_shape s = {jb->k, jb->n, jb->K, TRELLIS_CB_MUL1, 0};
+        st = ldlq_cuda_batch(jb->c, &s, &gh, 1, it, 3, "ctx");
+        for (int i = 0; i < 3; i++) jb->proxy[i] = it[i].proxy_err;
+    }
+    if (st != SPARQ_OK) snprintf(jb->msg, sizeof jb->msg, "%s", sparq_errmsg());
+    jb->status = st;
+    ldlq_cuda_hess_free(dh);
+    sparq_free(su), sparq_free(hd);
+    return NULL;
+}
+
+static int g_n_gpus;
+
+static void test_contexts(void)
+{
+    const int n_gpus = g_n_gpus;
+    ldlq_cuda *c = NULL;
+    char want[64];
+    snprintf(want, sizeof want, "CUDA device %d does not exist", n_gpus);
+    CHECK(ldlq_cuda_create(n_gpus, 0, &c) == SPARQ_E_ARG && c == NULL);
+    CHECK_MSG(strstr(sparq_errmsg(), want) != NULL, "message: %s", sparq_errmsg());
+    CHECK(ldlq_cuda_create(-1, 0, &c) == SPARQ_E_ARG && c == NULL);
+    CHECK_STR_CONTAINS(sparq_errmsg(), "CUDA device -1");
+
+    const int k = 256, n = 256, K = 3;
+    float *h = random_hessian(k, 400), *w[3], *tiles = sparq_malloc(64 * 256 * 4);
+    for (int i = 0; i < 64 * 256; i++) tiles[i] = gauss();
+    for (int i = 0; i < 3; i++) { /* stand-ins for regularised weights: the recursion reads any wr */
+        w[i] = sparq_malloc((size_t)k * n * 4);
+        for (size_t e = 0; e < (size_t)k * n; e++) w[i][e] = gauss();
+    }
+    const size_t words = (size_t)k * n / 256 * 16 * K;
+    ctx_job jb[3];
+    ldlq_cuda *ctx[3] = {g_ctx, NULL, NULL};
+    CHECK(ldlq_cuda_create(0, 0, &ctx[1]) == SPARQ_OK);
+    CHECK(ldlq_cuda_create(0, 0, &ctx[2]) == SPARQ_OK);
+    for (int j = 0; j < 3; j++) {
+        jb[j] = (ctx_job){.c = ctx[j], .h = h, .w = {w[0], w[1], w[2]}, .k = k, .n = n, .K = K, .tiles = tiles};
+        for (int i = 0; i < 3; i++) jb[j].t[i] = sparq_malloc(words * 2);
+        jb[j].st = sparq_malloc(64 * 256 * 2);
+    }
+    ctx_run(&jb[0]); /* the reference: the first context alone, on this thread */
+    pthread_t th[2];
+    int started[2] = {0, 0};
+    for (int j = 1; j < 3 && ctx[j]; j++) started[j - 1] = pthread_create(&th[j - 1], NULL, ctx_run, &jb[j]) == 0;
+    for (int j = 1; j < 3; j++)
+        if (started[j - 1]) pthread_join(th[j - 1], NULL);
+    CHECK_MSG(jb[0].status == SPARQ_OK, "one context: %s", jb[0].msg);
+    for (int j = 1; j < 3; j++) {
+        CHECK_MSG(started[j - 1] && jb[j].status == SPARQ_OK, "context %d: %s", j, jb[j].msg);
+        if (!started[j - 1] || jb[j].status != SPARQ_OK) continue;
+        CHECK_MSG(memcmp(jb[0].st, jb[j].st, 64 * 256 * 2) == 0, "context %d: search states differ", j);
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(memcmp(jb[0].t[i], jb[j].t[i], words * 2) == 0, "context %d, item %d: words differ", j, i);
+            CHECK_MSG(jb[0].proxy[i] == jb[j].proxy[i], "context %d, item %d: proxy %.12g against %.12g", j, i,
+                      jb[j].proxy[i], jb[0].proxy[i]);
+        }
+    }
+    for (int j = 0; j < 3; j++) {
+        for (int i = 0; i < 3; i++) sparq_free(jb[j].t[i]);
+        sparq_free(jb[j].st);
+    }
+    ldlq_cuda_free(ctx[1]);
+    ldlq_cuda_free(ctx[2]);
+    for (int i = 0; i < 3; i++) sparq_free(w[i]);
+    sparq_free(h), sparq_free(tiles);
+}
+
 int main(int argc, char **argv)
 {
     const int only_search = argc > 1 && strcmp(argv[1], "search") == 0;
     const char *why = NULL;
-    if (gpu_probe_count(&why) == 0) T_SKIP("skipped: no GPU (%s)", why);
+    const int n_gpus = gpu_probe_count(&why);
+    if (n_gpus == 0) T_SKIP("skipped: no GPU (%s)", why);
+    g_n_gpus = n_gpus;
     char *p1 = strdup(t_data_path("exl3/cases.safetensors"));
     char *p2 = strdup(t_data_path("exl3/quant-cases.safetensors"));
     if (sf_open(&g_cases, p1) != SPARQ_OK || sf_open(&g_extra, p2) != SPARQ_OK) {
         fprintf(stderr, "cannot open golden data: %s\n", sparq_errmsg());
         return 1;
     }
-    if (sparq_pool_create(&g_pool, 0) != SPARQ_OK || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {
+    if (sparq_pool_create(&g_pool, 0) != SPARQ_OK || ldlq_cuda_create(0, 0, &g_ctx) != SPARQ_OK) {
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }
@@ -467,6 +569,7 @@ int main(int argc, char **argv)
         RUN(test_identity);
         RUN(test_batch_invariance);
         RUN(test_two_in_flight);
+        RUN(test_contexts);
         RUN(test_golden);
     }
     ldlq_cuda_free(g_ctx);

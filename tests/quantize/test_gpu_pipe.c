@@ -4,9 +4,16 @@
  * order, at most one batch in flight), the sequential mode, a plan that does
  * not fit beside the batch in flight, a plan larger than what is left, and
  * errors in each stage (the batch in flight waited for, everything released
- * once, the first message kept); and the batch-size rule (qz_pipe_fit). */
+ * once, the first message kept); and the batch-size rule (qz_pipe_fit).
+ * Then several pipelines on one queue (qz_pipe_run_multi, `--devices`), each
+ * with its own batch size: every item in exactly one batch, prepares in
+ * queue order, every pipeline given work, results by index, an error on one
+ * device naming it and stopping all, with everything released. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "quantize/gpu_pipe.h"
 #include "t.h"
@@ -203,6 +210,131 @@ static void test_fit(void)
     CHECK_EQ_INT(qz_pipe_fit(&r, 20, lin_cost, NULL), 3);  /* half the host budget */
 }
 
+/* --- several pipelines ------------------------------------------------------------ */
+
+#define MULTI_ITEMS 40
+
+typedef struct mshared {
+    int owner[MULTI_ITEMS];  /* the pipeline that prepared each item (-1: none) */
+    int result[MULTI_ITEMS]; /* written by finish, by index */
+    int expect_first;        /* prepares come in queue order */
+    int out_of_order;
+    atomic_int live, in_flight;
+} mshared;
+
+typedef struct mpipe {
+    mshared *sh;
+    int id, size, fail_wait_at; /* fail the wait of this pipeline's n-th batch (-1: never) */
+    int batches;
+    fake_batch pool[MULTI_ITEMS];
+} mpipe;
+
+static sparq_status m_plan(void *ctx, int first, const void *busy, int *count)
+{
+    (void)busy;
+    const mpipe *p = ctx;
+    const int left = MULTI_ITEMS - first;
+    *count = p->size < left ? p->size : left;
+    return SPARQ_OK;
+}
+
+static sparq_status m_prepare(void *ctx, int first, int count, void **out)
+{
+    mpipe *p = ctx;
+    mshared *sh = p->sh;
+    if (first != sh->expect_first) sh->out_of_order = 1; /* no lock: the pipe runs prepares one at a time */
+    sh->expect_first = first + count;
+    for (int i = first; i < first + count; i++) sh->owner[i] = sh->owner[i] < 0 ? p->id : 99;
+    fake_batch *b = &p->pool[p->batches];
+    *b = (fake_batch){p->batches++, first, count, 0};
+    atomic_fetch_add(&sh->live, 1);
+    *out = b;
+    return SPARQ_OK;
+}
+
+static sparq_status m_submit(void *ctx, void *bv)
+{
+    mpipe *p = ctx;
+    ((fake_batch *)bv)->submitted = 1;
+    atomic_fetch_add(&p->sh->in_flight, 1);
+    return SPARQ_OK;
+}
+
+static sparq_status m_wait(void *ctx, void *bv, double *gpu)
+{
+    mpipe *p = ctx;
+    fake_batch *b = bv;
+    usleep(3000); /* the "GPU": long enough that the other pipelines claim batches meanwhile */
+    atomic_fetch_sub(&p->sh->in_flight, 1);
+    *gpu = 0.5;
+    if (b->id == p->fail_wait_at) return sparq_err(SPARQ_E_STATE, "wait of batch %d failed", b->id);
+    return SPARQ_OK;
+}
+
+static sparq_status m_finish(void *ctx, void *bv)
+{
+    mpipe *p = ctx;
+    const fake_batch *b = bv;
+    for (int i = b->first; i < b->first + b->count; i++) p->sh->result[i] = 1000 + i;
+    return SPARQ_OK;
+}
+
+static void m_release(void *ctx, void *bv)
+{
+    (void)bv;
+    atomic_fetch_sub(&((mpipe *)ctx)->sh->live, 1);
+}
+
+static sparq_status run_multi(mshared *sh, mpipe *p, int n_pipes, qz_pipe_stats *ps)
+{
+    static const char *names[] = {"dev0", "dev1", "dev2"};
+    qz_pipe_ops ops[3];
+    memset(sh, 0, sizeof *sh);
+    for (int i = 0; i < MULTI_ITEMS; i++) sh->owner[i] = -1;
+    for (int i = 0; i < n_pipes; i++) {
+        p[i].sh = sh, p[i].id = i, p[i].batches = 0;
+        ops[i] = (qz_pipe_ops){&p[i], m_plan, m_prepare, m_submit, m_wait, m_finish, m_release, names[i]};
+    }
+    return qz_pipe_run_multi(ops, n_pipes, MULTI_ITEMS, 1, ps);
+}
+
+static void test_multi(void)
+{
+    mshared sh;
+    mpipe p[3] = {{.size = 3, .fail_wait_at = -1}, {.size = 2, .fail_wait_at = -1}, {.size = 5, .fail_wait_at = -1}};
+    qz_pipe_stats ps[3];
+    CHECK(run_multi(&sh, p, 3, ps) == SPARQ_OK);
+    CHECK(!sh.out_of_order);
+    for (int i = 0; i < MULTI_ITEMS; i++) {
+        CHECK_MSG(sh.owner[i] >= 0 && sh.owner[i] < 3, "item %d: owner %d", i, sh.owner[i]);
+        CHECK_MSG(sh.result[i] == 1000 + i, "item %d: result %d", i, sh.result[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(ps[i].batches > 0, "pipeline %d took no batch", i);
+        CHECK(ps[i].gpu == 0.5 * ps[i].batches);
+    }
+    CHECK_EQ_INT(atomic_load(&sh.live), 0);
+    CHECK_EQ_INT(atomic_load(&sh.in_flight), 0);
+    /* one pipeline is qz_pipe_run */
+    CHECK(run_multi(&sh, p, 1, ps) == SPARQ_OK);
+    CHECK_EQ_INT(ps[0].batches, (MULTI_ITEMS + 2) / 3);
+    CHECK(qz_pipe_run_multi(NULL, 0, 1, 1, NULL) == SPARQ_E_ARG);
+}
+
+static void test_multi_error(void)
+{
+    mshared sh;
+    mpipe p[2] = {{.size = 2, .fail_wait_at = -1}, {.size = 2, .fail_wait_at = 0}};
+    CHECK(run_multi(&sh, p, 2, NULL) == SPARQ_E_STATE);
+    CHECK_MSG(strstr(sparq_errmsg(), "dev1") && strstr(sparq_errmsg(), "wait of batch 0 failed"), "message: %s",
+              sparq_errmsg());
+    int done = 0;
+    for (int i = 0; i < MULTI_ITEMS; i++) done += sh.owner[i] >= 0;
+    CHECK_MSG(done < MULTI_ITEMS, "the error stopped nothing (%d items prepared)", done);
+    CHECK_EQ_INT(atomic_load(&sh.live), 0);
+    CHECK_EQ_INT(atomic_load(&sh.in_flight), 0);
+}
+
 int main(void)
 {
     RUN(test_fit);
@@ -211,5 +343,7 @@ int main(void)
     RUN(test_no_room);
     RUN(test_bad_plan);
     RUN(test_errors);
+    RUN(test_multi);
+    RUN(test_multi_error);
     return t_summary();
 }

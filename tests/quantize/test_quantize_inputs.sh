@@ -30,4 +30,14 @@ grep -q "fifo.txt: not a regular file (a FIFO)" "$T/e" && ok || bad "FIFO as --c
 [ -f "$T/b/model.safetensors" ] && ok || bad "quantize without --calib wrote no model"
 "$SPARQ" quantize --help | grep -q "default .*tests/data/text/calib.txt" && ok || bad "--help names the default calibration file"
 
+# --devices: a bad list is a usage error (exit 2) naming the entry, before anything is written
+"$SPARQ" quantize "$M" "$T/c" $FAST --devices 0,,1 >/dev/null 2>"$T/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "entry 2 is empty" "$T/e" && ok || bad "--devices 0,,1: exit $rc: $(cat "$T/e")"
+"$SPARQ" quantize "$M" "$T/c" $FAST --devices x >/dev/null 2>"$T/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "'x' is not a CUDA device ordinal" "$T/e" && ok || bad "--devices x: exit $rc: $(cat "$T/e")"
+"$SPARQ" quantize "$M" "$T/c" $FAST --device cpu --devices 0 >/dev/null 2>"$T/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "needs --device cuda" "$T/e" && ok || bad "--device cpu --devices 0: exit $rc: $(cat "$T/e")"
+[ ! -e "$T/c" ] && [ ! -e "$T/c.work" ] && ok || bad "--devices refused: $(ls "$T") left behind"
+"$SPARQ" quantize --help | grep -q -- "--devices" && ok || bad "--help lacks --devices"
+
 finish

@@ -23,6 +23,12 @@
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
  *                        [--layers L] [--cpu-check] [--cpu-hessian] [--no-overlap]
+ *                        [--devices LIST]
+ * --devices LIST (as `sparq quantize --devices`, e.g. 0,1): with more than one
+ * entry the layer runs twice, on the first device alone and then on all of
+ * them (one context and pipeline each, qz_pipe_run_multi), and the bench
+ * prints both and the speed-up. The bench's own Hessians (the capture's
+ * stand-in) are made on the first device.
  * --cpu-hessian prepares the Hessians on the CPU (SPARQ_QUANT_GPU_HESSIAN=0).
  * --no-overlap waits for each batch right after its submit (the same batches).
  * --cpu-check also quantizes expert 0's gate on the CPU (one thread per
@@ -39,6 +45,7 @@
 #include "common/progress.h"
 #include "common/threadpool.h"
 #include "kernels/cuda/ldlq_cuda.h"
+#include "quantize/driver.h"
 #include "quantize/gpu_pipe.h"
 #include "quantize/ldlq.h"
 
@@ -73,7 +80,7 @@ static volatile int sampling;
 
 static void *mem_sampler(void *arg)
 {
-    (void)arg;
+    cudaSetDevice(*(const int *)arg); /* the first listed device's memory */
     while (sampling) {
         size_t fr, tot;
         if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > peak_used) peak_used = tot - fr;
@@ -83,14 +90,13 @@ static void *mem_sampler(void *arg)
     return NULL;
 }
 
-static ldlq_cuda *g_ctx;
 static int g_K;
 
-/* The scale search's coder: the context's own encoder (thread-safe, beside the batch in flight). */
+/* The scale search's coder (ctx: the pipeline's context): its own encoder (thread-safe, beside the
+ * batch in flight). */
 static sparq_status search_encode(void *ctx, const float *x, size_t n_tiles, uint16_t *states, float *decoded)
 {
-    (void)ctx;
-    return ldlq_cuda_encode_host(g_ctx, g_K, TRELLIS_CB_MUL1, x, n_tiles, states, decoded);
+    return ldlq_cuda_encode_host(ctx, g_K, TRELLIS_CB_MUL1, x, n_tiles, states, decoded);
 }
 
 /* The projections: gate and up read the d-wide input (one Hessian per expert), down the inter-wide one. */
@@ -111,6 +117,7 @@ typedef struct bench {
     int run, K, scale, gpu_hess, n_items;
     bitem *items;
     sparq_pool *pool;
+    int hdev;            /* the device of blas, hstream, dx, dh */
     cublasHandle_t blas; /* the bench's own Hessians, on hstream */
     cudaStream_t hstream;
     float *hx, *dx, *dh; /* their rows (host, device) and H (device), for the largest input */
@@ -121,6 +128,12 @@ typedef struct bench {
     double t_hess, t_prep, t_reg, proxy_sum;
     uint64_t n_weights;
 } bench;
+
+/* One device's pipeline: the callbacks' ctx. */
+typedef struct bpipe {
+    bench *B;
+    ldlq_cuda *c;
+} bpipe;
 
 typedef struct bbatch {
     int first, m, k, n, n_hess;
@@ -145,6 +158,7 @@ static int same_hess(const bitem *a, const bitem *b) { return a->e == b->e && pr
 static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
 {
     const int rows = k + 256;
+    RETURN_IF(cudaSetDevice(B->hdev) != cudaSuccess, SPARQ_E_STATE, "bench Hessian: device %d", B->hdev);
     bench_rand rs;
     bench_rand_seed(&rs, seed);
     for (size_t i = 0; i < (size_t)rows * k; i++) B->hx[i] = bench_rand_gauss(&rs) * ((i % k) < 16 ? 6.0f : 1.0f);
@@ -163,6 +177,7 @@ static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
 
 typedef struct reg_job {
     bench *B;
+    ldlq_cuda *c;
     bbatch *b;
     sparq_status st;
 } reg_job;
@@ -191,7 +206,7 @@ static void reg_one(void *ctx, size_t i, int tid)
     o.out_scales = 1;
     if (B->scale == 2) o.g_fixed = ldlq_default_g(B->K, o.cb);
     else if (B->scale == 1 && B->g_shared[it->p] > 0) o.g_fixed = B->g_shared[it->p];
-    const ldlq_coder coder = {search_encode, NULL};
+    const ldlq_coder coder = {search_encode, r->c};
     sparq_status st = ldlq_regularize(b->hs[b->hidx[i]], w, b->n, &o, &coder, "bench", &b->reg[i]);
     if (st != SPARQ_OK) r->st = st;
     sparq_free(w);
@@ -213,7 +228,8 @@ static void bench_cost(void *ctx, int m, qz_pipe_cost *c)
 
 static sparq_status plan(void *ctx, int first, const void *busy_v, int *count)
 {
-    bench *B = ctx;
+    bench *B = ((bpipe *)ctx)->B;
+    ldlq_cuda *g_ctx = ((bpipe *)ctx)->c;
     const bbatch *busy = busy_v;
     const bitem *it = B->items + first;
     int avail = 1;
@@ -257,7 +273,8 @@ static void release(void *ctx, void *bv)
 /* The CPU stage: Hessians made and prepared, weights made and regularised. */
 static sparq_status prepare(void *ctx, int first, int m, void **out)
 {
-    bench *B = ctx;
+    bench *B = ((bpipe *)ctx)->B;
+    ldlq_cuda *g_ctx = ((bpipe *)ctx)->c;
     bbatch *b = sparq_calloc(1, sizeof *b);
     RETURN_IF(!b, SPARQ_E_NOMEM, "out of memory");
     *out = b;
@@ -302,7 +319,7 @@ static sparq_status prepare(void *ctx, int first, int m, void **out)
     const double t2 = sparq_now();
     B->t_hess += th;
     B->t_prep += t2 - t0 - th;
-    reg_job rj = {B, b, SPARQ_OK};
+    reg_job rj = {B, g_ctx, b, SPARQ_OK};
     if (st == SPARQ_OK && B->scale == 1) /* each projection's first expert searches, as --scale-search shared */
         for (int i = 0; i < m && rj.st == SPARQ_OK; i++)
             if (!(B->g_shared[items[i].p] > 0)) {
@@ -327,7 +344,8 @@ static sparq_status prepare(void *ctx, int first, int m, void **out)
 
 static sparq_status submit(void *ctx, void *bv)
 {
-    bench *B = ctx;
+    const bench *B = ((bpipe *)ctx)->B;
+    ldlq_cuda *g_ctx = ((bpipe *)ctx)->c;
     bbatch *b = bv;
     const ldlq_cuda_shape s = {b->k, b->n, B->K, TRELLIS_CB_MUL1, 0};
     return ldlq_cuda_batch_submit(g_ctx, &s, b->gh, b->n_hess, b->it, b->m, proj[B->items[b->first].p].name, &b->pend);
@@ -335,7 +353,7 @@ static sparq_status submit(void *ctx, void *bv)
 
 static sparq_status wait_(void *ctx, void *bv, double *gpu_seconds)
 {
-    bench *B = ctx;
+    const bench *B = ((bpipe *)ctx)->B;
     bbatch *b = bv;
     const sparq_status st = ldlq_cuda_batch_wait(b->pend, gpu_seconds);
     b->pend = NULL;
@@ -350,7 +368,7 @@ static sparq_status wait_(void *ctx, void *bv, double *gpu_seconds)
 
 static sparq_status finish(void *ctx, void *bv)
 {
-    bench *B = ctx;
+    bench *B = ((bpipe *)ctx)->B;
     bbatch *b = bv;
     for (int i = 0; i < b->m; i++) B->proxy_sum += b->it[i].proxy_err;
     B->n_weights += (uint64_t)b->m * b->k * b->n;
@@ -388,10 +406,76 @@ static void cpu_check(bench *B)
     sparq_free(h), sparq_free(w), sparq_free(tr), sparq_free(su), sparq_free(sv);
 }
 
+/* The layer once through n_dev pipelines (ctx[0..n_dev)); prints its figures, returns its wall
+ * seconds (< 0: failed). */
+static double run_layer(bench *B, ldlq_cuda **ctx, const int *devs, int n_dev, int overlap, int experts,
+                        int layers)
+{
+    B->t_hess = B->t_prep = B->t_reg = B->proxy_sum = 0;
+    B->n_weights = 0;
+    B->plan_peak = 0;
+    memset(B->g_shared, 0, sizeof B->g_shared);
+    bpipe bp[QZ_PIPE_MAX];
+    qz_pipe_ops ops[QZ_PIPE_MAX];
+    char names[QZ_PIPE_MAX][32];
+    for (int d = 0; d < n_dev; d++) {
+        bp[d] = (bpipe){B, ctx[d]};
+        snprintf(names[d], sizeof names[d], "CUDA device %d", devs[d]);
+        ops[d] = (qz_pipe_ops){&bp[d], plan, prepare, submit, wait_, finish, release, names[d]};
+    }
+    qz_pipe_stats pd[QZ_PIPE_MAX] = {{0}}, ps = {0};
+    pthread_t sampler;
+    peak_used = 0;
+    sampling = 1;
+    pthread_create(&sampler, NULL, mem_sampler, &B->hdev);
+    const double t0 = sparq_now();
+    const sparq_status st = qz_pipe_run_multi(ops, n_dev, B->n_items, overlap, pd);
+    ps.wall = sparq_now() - t0;
+    sampling = 0;
+    pthread_join(sampler, NULL);
+    if (st != SPARQ_OK) {
+        fprintf(stderr, "quantize: %s\n", sparq_errmsg());
+        return -1;
+    }
+    for (int d = 0; d < n_dev; d++) {
+        ps.prepare += pd[d].prepare, ps.finish += pd[d].finish, ps.gpu += pd[d].gpu, ps.waited += pd[d].waited;
+        ps.batches += pd[d].batches;
+        if (n_dev > 1)
+            printf("  device %d (entry %d): %d batches, GPU busy %.1f s, waited %.1f s\n", devs[d], d + 1,
+                   pd[d].batches, pd[d].gpu, pd[d].waited);
+    }
+    const int run = B->run;
+    const double total = ps.wall, layer = total * experts / run, cpu = ps.prepare + ps.finish;
+    printf("measured: %d experts, %.0f M weights in %.1f s (%.2f M weights/s) in %d batches: Hessians %.1f s, "
+           "prepare %.1f s, regularise %.1f s, GPU recursion %.1f s; mean proxy %.5f\n",
+           run, B->n_weights / 1e6, total, B->n_weights / 1e6 / total, ps.batches, B->t_hess, B->t_prep, B->t_reg, ps.gpu,
+           B->proxy_sum / (3.0 * run));
+    printf("overlap: wall %.1f s against CPU stages %.1f s + GPU %.1f s = %.1f s: %.1f s hidden (%.0f %% of the "
+           "shorter); waited for the GPU %.1f s\n",
+           total, cpu, ps.gpu, cpu + ps.gpu, cpu + ps.gpu - total,
+           100.0 * (cpu + ps.gpu - total) / (cpu < ps.gpu ? cpu : ps.gpu), ps.waited);
+    printf("GPU memory: largest two batches + encoders planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. "
+           "context)\n",
+           B->plan_peak / 1e9, peak_used / 1e9);
+    /* the bench makes each expert's Hessian from random rows on one CPU thread, in the CPU stage: a
+     * stand-in for the calibration capture (quantize --device cuda: on the GPU, calib_cuda.h) that the
+     * quantizer itself never does, so the quantizer's time is given without it too */
+    const double qlayer = (total - B->t_hess) * experts / run;
+    printf("extrapolated (not measured): the whole layer of %d experts %.0f s; %d such layers %.2f h "
+           "(routed experts only; the GPU recursion alone: %.2f h)\n",
+           experts, layer, layers, layer * layers / 3600.0, ps.gpu * experts / run * layers / 3600.0);
+    printf("extrapolated without the bench's own Hessian making (%.1f s, one CPU thread; the capture's work in "
+           "a real run): %.0f s a layer, %d layers %.2f h\n",
+           B->t_hess, qlayer, layers, qlayer * layers / 3600.0);
+    return total;
+}
+
 int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
     int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, overlap = 1;
+    int devs[QZ_MAX_DEVICES] = {0}, n_dev = 1;
+    const char *dev_list = "0";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cpu-check")) { check = 1; continue; }
@@ -410,6 +494,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--layers")) layers = atoi(v);
         else if (!strcmp(a, "--scale")) scale = !strcmp(v, "shared") ? 1 : !strcmp(v, "fixed") ? 2 : 0;
+        else if (!strcmp(a, "--devices")) {
+            if (qz_devices_parse(v, devs, &n_dev) != SPARQ_OK) { fprintf(stderr, "%s\n", sparq_errmsg()); return 2; }
+            dev_list = v;
+        }
         else { fprintf(stderr, "unknown option %s\n", a); return 2; }
     }
     if (experts <= 0) experts = sh->experts;
@@ -422,7 +510,14 @@ int main(int argc, char **argv)
     B.n_items = 3 * run;
     B.items = sparq_calloc((size_t)B.n_items, sizeof *B.items);
     B.hx = sparq_malloc((size_t)(kmax + 256) * kmax * 4);
-    if (!B.items || !B.hx || sparq_pool_create(&B.pool, threads) != SPARQ_OK ||
+    B.hdev = devs[0]; /* the bench's own Hessians (and the memory sampler) on the first device */
+    ldlq_cuda *ctx[QZ_MAX_DEVICES] = {0};
+    for (int d = 0; d < n_dev; d++)
+        if (ldlq_cuda_create(devs[d], 0, &ctx[d]) != SPARQ_OK) {
+            fprintf(stderr, "setup: --devices entry %d: %s\n", d + 1, sparq_errmsg());
+            return 1;
+        }
+    if (cudaSetDevice(B.hdev) != cudaSuccess || !B.items || !B.hx || sparq_pool_create(&B.pool, threads) != SPARQ_OK ||
         cublasCreate(&B.blas) != CUBLAS_STATUS_SUCCESS ||
         cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) != cudaSuccess ||
         /* its Hessians are the CPU stage's GPU work: at the highest priority, as the driver's
@@ -430,7 +525,7 @@ int main(int argc, char **argv)
         cudaStreamCreateWithPriority(&B.hstream, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||
         cublasSetStream(B.blas, B.hstream) != CUBLAS_STATUS_SUCCESS ||
         cudaMalloc((void **)&B.dx, (size_t)(kmax + 256) * kmax * 4) != cudaSuccess ||
-        cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess || ldlq_cuda_create(0, &g_ctx) != SPARQ_OK) {
+        cudaMalloc((void **)&B.dh, (size_t)kmax * kmax * 4) != cudaSuccess) {
         fprintf(stderr, "setup: %s\n", sparq_errmsg());
         return 1;
     }
@@ -440,42 +535,20 @@ int main(int argc, char **argv)
     printf("layer %s: %d experts of %d -> %d -> %d, K = %d, scale search %s; running %d of them, %d threads, %s\n",
            sh->name, experts, sh->d, sh->inter, sh->d, K, scale == 0 ? "full" : scale == 1 ? "shared" : "fixed", run,
            sparq_pool_size(B.pool), overlap ? "CPU and GPU overlapped" : "no overlap");
-    pthread_t sampler;
-    sampling = 1;
-    pthread_create(&sampler, NULL, mem_sampler, NULL);
-    const qz_pipe_ops ops = {&B, plan, prepare, submit, wait_, finish, release};
-    qz_pipe_stats ps = {0};
-    const sparq_status st = qz_pipe_run(&ops, B.n_items, overlap, &ps);
-    sampling = 0;
-    pthread_join(sampler, NULL);
-    if (st != SPARQ_OK) {
-        fprintf(stderr, "quantize: %s\n", sparq_errmsg());
-        return 1;
+    const int n_runs = n_dev > 1 ? 2 : 1;
+    double wall[2] = {0};
+    for (int r = 0; r < n_runs; r++) {
+        const int nd = r == 0 ? 1 : n_dev;
+        printf("%s\n", nd == 1 ? "on the first device:" : "on every listed device:");
+        wall[r] = run_layer(&B, ctx, devs, nd, overlap, experts, layers);
+        if (wall[r] < 0) return 1;
     }
-    const double total = ps.wall, layer = total * experts / run, cpu = ps.prepare + ps.finish;
-    printf("measured: %d experts, %.0f M weights in %.1f s (%.2f M weights/s) in %d batches: Hessians %.1f s, "
-           "prepare %.1f s, regularise %.1f s, GPU recursion %.1f s; mean proxy %.5f\n",
-           run, B.n_weights / 1e6, total, B.n_weights / 1e6 / total, ps.batches, B.t_hess, B.t_prep, B.t_reg, ps.gpu,
-           B.proxy_sum / (3.0 * run));
-    printf("overlap: wall %.1f s against CPU stages %.1f s + GPU %.1f s = %.1f s: %.1f s hidden (%.0f %% of the "
-           "shorter); waited for the GPU %.1f s\n",
-           total, cpu, ps.gpu, cpu + ps.gpu, cpu + ps.gpu - total,
-           100.0 * (cpu + ps.gpu - total) / (cpu < ps.gpu ? cpu : ps.gpu), ps.waited);
-    printf("GPU memory: largest two batches + encoders planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. "
-           "context)\n",
-           B.plan_peak / 1e9, peak_used / 1e9);
-    /* the bench makes each expert's Hessian from random rows on one CPU thread, in the CPU stage: a
-     * stand-in for the calibration capture (quantize --device cuda: on the GPU, calib_cuda.h) that the
-     * quantizer itself never does, so the quantizer's time is given without it too */
-    const double qlayer = (total - B.t_hess) * experts / run;
-    printf("extrapolated (not measured): the whole layer of %d experts %.0f s; %d such layers %.2f h "
-           "(routed experts only; the GPU recursion alone: %.2f h)\n",
-           experts, layer, layers, layer * layers / 3600.0, ps.gpu * experts / run * layers / 3600.0);
-    printf("extrapolated without the bench's own Hessian making (%.1f s, one CPU thread; the capture's work in "
-           "a real run): %.0f s a layer, %d layers %.2f h\n",
-           B.t_hess, qlayer, layers, qlayer * layers / 3600.0);
+    if (n_runs == 2)
+        printf("devices: 1 (device %d) %.1f s, %d (--devices %s) %.1f s: speed-up %.2fx\n", devs[0], wall[0], n_dev,
+               dev_list, wall[1], wall[0] / wall[1]);
     if (check) cpu_check(&B);
-    ldlq_cuda_free(g_ctx);
+    for (int d = 0; d < n_dev; d++) ldlq_cuda_free(ctx[d]);
+    cudaSetDevice(B.hdev);
     cudaFree(B.dx);
     cudaFree(B.dh);
     cudaStreamDestroy(B.hstream);

@@ -26,7 +26,7 @@
  * Tail-biting (viterbi.c): pass 1 over positions 128..255, 0..127 from zero
  * costs; the end node is the first index of the minimum cost (a block
  * reduction that keeps exactly the serial scan's winner, NaN included); one
- * thread traces back 128 steps to the wrap node N. Pass 2 over 0..255 from N
+ * warp traces back 128 steps to the wrap node N (trace_back_warp). Pass 2 over 0..255 from N
  * alone (others +∞), ends in N, and the trace-back gives the 256 states; the
  * tile's error is pass 2's final cost at N. */
 #include "kernels/cuda/cuda_common.cuh"
@@ -129,6 +129,18 @@ __device__ __forceinline__ float state_value(uint32_t s, const float *tab)
     else return lop_value(x);
 }
 
+/* A float from the shared-memory window at byte address a (ld.shared with a
+ * 32-bit register address: the lane kernel folds its table's base into the
+ * dp4a that makes the offset, so a lookup is dp4a + one load, no add).
+ * volatile: the table is written before the kernel's first barrier, and a
+ * load with no side effects could be hoisted above it. */
+__device__ __forceinline__ float lds_f32(uint32_t a)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+    return v;
+}
+
 /* The chunk's R costs (one vector store) and, if keep, its R back-pointer
  * bytes (one 2/4/8-byte store). */
 template <int R>
@@ -156,16 +168,20 @@ __device__ __forceinline__ void store_chunk(float *cost, uint8_t *back, int e0, 
  * LANE (mul1, K ≥ 3, the lane kernel below): the value from the lane's own
  * table tab (bytes, at b·128), then d² (·weight when WEIGHTED; ·1 is exact,
  * the CPU's skip) computed here; else mul1's d² from the step's table tab
- * by byte sum, or 3inst / mcg's value computed. keep: store the
- * back-pointers (pass 1 needs only those its trace reads). */
-template <int K, int CB, bool LANE = false, bool WEIGHTED = true>
+ * by byte sum, or 3inst / mcg's value computed. KEEP: track and store the
+ * back-pointers (pass 1 needs only those its trace reads); without, the
+ * minimum alone (one fminf a branch where the argmin took a compare and two
+ * selects). */
+template <int K, int CB, bool LANE = false, bool WEIGHTED = true, bool KEEP = true>
 __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout, uint8_t *bk, const void *tab,
-                                           float target, float weight, bool keep = true)
+                                           float target, float weight)
 {
     using S = vshape<K>;
     constexpr int R = S::R;
     constexpr uint32_t M = cb_mul<CB>(), JINC = cb_mul<CB>() << S::SHIFT;
     const int e0 = c * R, g = e0 >> K;
+    uint32_t lane_base = 0; /* LANE: the lane's table column in the shared window */
+    if constexpr (LANE) lane_base = (uint32_t)__cvta_generic_to_shared(tab);
     uint32_t base[R];
     float best[R];
     int arg[R];
@@ -184,8 +200,7 @@ __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout,
             const uint32_t x = base[r] + off;
             float dd;
             if constexpr (LANE) { /* the byte sum b of the hashed state, times 128 (one row of 32 lanes) */
-                const float v = *reinterpret_cast<const float *>(static_cast<const char *>(tab) +
-                                                                 __dp4a(x, 0x80808080u, 0u));
+                const float v = lds_f32(__dp4a(x, 0x80808080u, lane_base));
                 const float d = __fsub_rn(v, target);
                 dd = __fmul_rn(d, d);
                 if constexpr (WEIGHTED) dd = __fmul_rn(dd, weight);
@@ -193,13 +208,20 @@ __device__ __forceinline__ void step_chunk(int c, const float *cin, float *cout,
             else if constexpr (CB == CB_MUL1_ARITH) dd = branch_dd(mul1_value(x), target, weight);
             else dd = branch_dd(lop_value(x), target, weight);
             const float cc = __fadd_rn(ci, dd);
-            if (cc < best[r]) {
-                best[r] = cc;
-                arg[r] = j;
+            if (!KEEP || (S::G <= 8 && j == 0)) {
+                /* the minimum alone: the serial scan's value (neither fminf nor the strict <
+                 * takes a NaN, and no cost is −0: the first step adds to +0); at j = 0 (a fully
+                 * unrolled loop) the scan's argument stays 0 whatever it compares */
+                best[r] = fminf(best[r], cc);
+            } else {
+                if (cc < best[r]) {
+                    best[r] = cc;
+                    arg[r] = j;
+                }
             }
         }
     }
-    store_chunk<R>(cout, bk, e0, best, arg, keep);
+    store_chunk<R>(cout, bk, e0, best, arg, KEEP);
 }
 
 /* 256 steps over positions (i + roll) & 255 from the costs in cin; returns
@@ -221,8 +243,11 @@ __device__ __forceinline__ float *forward(float *cin, float *cout, uint8_t *back
          * step's cout (the step before's cin) is behind it too */
         __syncthreads();
         uint8_t *bk = back + (size_t)i * S::NODES;
-        for (int c = tid; c < S::CHUNKS; c += S::THREADS)
-            step_chunk<K, CB>(c, cin, cout, bk, dt, target, weight, roll == 0 || i >= 128);
+        if (roll == 0 || i >= 128)
+            for (int c = tid; c < S::CHUNKS; c += S::THREADS) step_chunk<K, CB>(c, cin, cout, bk, dt, target, weight);
+        else
+            for (int c = tid; c < S::CHUNKS; c += S::THREADS)
+                step_chunk<K, CB, false, true, false>(c, cin, cout, bk, dt, target, weight);
         float *t = cin;
         cin = cout;
         cout = t;
@@ -291,16 +316,50 @@ __device__ __forceinline__ void tile_argmin(const float *fin, float *rv, int *ri
     tile_sync<T, G>(g);
 }
 
-/* One thread's trace-back from node e after step `from` down to step `to`:
- * the node before step `to`, and, if sst is set, the states of those steps. */
+/* The trace-back from node e after step `from` down to step `to`: the node
+ * before step `to`, and, if sst is set, the states of those steps — the
+ * serial `st = back[i][e] << SHIFT | e; e = st >> K` — by one warp (all 32
+ * lanes call it; every lane returns the node, lane 0 writes sst). The
+ * chain's loads are dependent, one L2 round trip
+ * a step, and the SM's other threads wait at the barrier after it (at K ≤ 3
+ * a SM runs one tile). So each round trip resolves D + 1 steps: besides the
+ * step's own back-pointer, the lanes load the back-pointers of every node the
+ * next D steps can reach (2^(K·d) of them at depth d, at most 64: two a lane),
+ * then D + 1 shuffles pick the chain through them. The same states as the
+ * serial loop, in a third of the round trips at K = 3. */
 template <int K>
-__device__ __forceinline__ uint32_t trace_back(const uint8_t *back, uint32_t e, int from, int to, uint16_t *sst)
+__device__ __forceinline__ uint32_t trace_back_warp(const uint8_t *back, uint32_t e, int from, int to, uint16_t *sst,
+                                                    int lane)
 {
     using S = vshape<K>;
-    for (int i = from; i >= to; i--) {
-        const uint32_t st = ((uint32_t)back[(size_t)i * S::NODES + e] << S::SHIFT) | e;
-        if (sst) sst[i] = (uint16_t)st;
-        e = st >> K;
+    constexpr int D = K >= 7 ? 0 : K == 1 ? 4 : 6 / K; /* lookahead: 2^(K·D) ≤ 64 candidates */
+    constexpr uint32_t GM = (1u << K) - 1;
+    for (int i = from; i >= to;) {
+        const int dn = i - to < D ? i - to : D; /* the trip's extra steps */
+        uint32_t v[D + 1][2];
+#pragma unroll
+        for (int d = 0; d <= D; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t q = (uint32_t)(lane + 32 * h); /* the choices b_i .. b_(i−d+1), b_i highest */
+                v[d][h] = 0;
+                if (d > dn || q >= (1u << (K * d))) continue;
+                uint32_t node = e;
+#pragma unroll
+                for (int t = d - 1; t >= 0; t--) node = ((((q >> (K * t)) & GM) << S::SHIFT) | node) >> K;
+                v[d][h] = back[(size_t)(i - d) * S::NODES + node];
+            }
+        uint32_t q = 0;
+#pragma unroll
+        for (int d = 0; d <= D; d++) {
+            if (d > dn) break;
+            const uint32_t b = __shfl_sync(0xFFFFFFFFu, q >= 32 ? v[d][1] : v[d][0], (int)(q & 31));
+            const uint32_t st = (b << S::SHIFT) | e;
+            if (sst && lane == 0) sst[i - d] = (uint16_t)st;
+            e = st >> K;
+            q = (q << K) | b;
+        }
+        i -= dn + 1;
     }
     return e;
 }
@@ -352,7 +411,11 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
         /* pass 1: rotated by 128, free start, trace back to the wrap point */
         const float *fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 128);
         tile_argmin<S::NODES, S::THREADS, 1>(fin, rv, ri, swrap, tid, 0);
-        if (tid == 0) *swrap = (int)trace_back<K>(back, (uint32_t)*swrap, 255, 128, nullptr); /* positions 127..0 */
+        if (tid < 32) { /* positions 127..0 */
+            const uint32_t e = trace_back_warp<K>(back, (uint32_t)*swrap, 255, 128, nullptr, tid);
+            __syncwarp();
+            if (tid == 0) *swrap = (int)e;
+        }
         __syncthreads();
         const int wrap = *swrap;
 
@@ -360,9 +423,9 @@ __global__ void __launch_bounds__(vshape<K>::THREADS)
          * 256 steps swap the buffers back; its readers are behind the syncs) */
         for (int e = tid; e < S::NODES; e += S::THREADS) cost0[e] = e == wrap ? 0.0f : INFINITY;
         fin = forward<K, CB>(cost0, cost1, back, sx, sw, tab, ddt, 0);
-        if (tid == 0) {
-            if (err) err[t] = fin[wrap];
-            trace_back<K>(back, (uint32_t)wrap, 255, 0, sst);
+        if (tid < 32) {
+            if (err && tid == 0) err[t] = fin[wrap];
+            trace_back_warp<K>(back, (uint32_t)wrap, 255, 0, sst, tid);
         }
         __syncthreads();
         for (int p = tid; p < 256; p += S::THREADS) {
@@ -419,9 +482,13 @@ __device__ __forceinline__ float *forward_lane(float *cin, float *cout, uint8_t 
         const int p = (i + roll) & 255;
         const float target = sx[p], weight = WEIGHTED ? sw[p] : 1.0f;
         tile_sync<L::T, L::G>(g); /* the previous step's costs, and every read of cout, are behind it */
-        for (int c = tid; c < S::CHUNKS; c += L::T)
-            step_chunk<K, CB_MUL1, true, WEIGHTED>(c, cin, cout, back + (size_t)i * S::NODES, vt, target, weight,
-                                                   roll == 0 || i >= 128);
+        uint8_t *bk = back + (size_t)i * S::NODES;
+        if (roll == 0 || i >= 128)
+            for (int c = tid; c < S::CHUNKS; c += L::T)
+                step_chunk<K, CB_MUL1, true, WEIGHTED>(c, cin, cout, bk, vt, target, weight);
+        else
+            for (int c = tid; c < S::CHUNKS; c += L::T)
+                step_chunk<K, CB_MUL1, true, WEIGHTED, false>(c, cin, cout, bk, vt, target, weight);
         float *t = cin;
         cin = cout;
         cout = t;
@@ -468,15 +535,19 @@ __global__ void __launch_bounds__(lshape<K>::THREADS, 1)
 
         const float *fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 128, tid, g);
         tile_argmin<S::NODES, L::T, L::G>(fin, rv, ri, swrap, tid, g);
-        if (tid == 0) *swrap = (int)trace_back<K>(back, (uint32_t)*swrap, 255, 128, nullptr); /* positions 127..0 */
+        if (tid < 32) { /* positions 127..0 */
+            const uint32_t e = trace_back_warp<K>(back, (uint32_t)*swrap, 255, 128, nullptr, tid);
+            __syncwarp();
+            if (tid == 0) *swrap = (int)e;
+        }
         tile_sync<L::T, L::G>(g);
         const int wrap = *swrap;
 
         for (int e = tid; e < S::NODES; e += L::T) cost0[e] = e == wrap ? 0.0f : INFINITY;
         fin = forward_lane<K, WEIGHTED>(cost0, cost1, back, sx, sw, vl, 0, tid, g);
-        if (tid == 0) {
-            if (err) err[t] = fin[wrap];
-            trace_back<K>(back, (uint32_t)wrap, 255, 0, sst);
+        if (tid < 32) {
+            if (err && tid == 0) err[t] = fin[wrap];
+            trace_back_warp<K>(back, (uint32_t)wrap, 255, 0, sst, tid);
         }
         tile_sync<L::T, L::G>(g);
         for (int p = tid; p < 256; p += L::T) {

@@ -2,7 +2,12 @@
  * (runtime/dist/dist.h), a pipeline or an expert-split bundle (the bundle
  * says which), run under mpirun like `sparq run`:
  *
- *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K]
+ *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K] [--device cpu|cuda]
+ *
+ * --device cuda runs every rank on its GPU: the hidden states then go over
+ * the device link (NCCL), or through host memory with SPARQ_DIST_DEVICE_LINK=0
+ * (the two to compare); a line says which the run took. The wire figures
+ * below are the host transport's in either case.
  *
  * Rank 0 first measures the wire: one-way time of a one-row step message
  * (hidden state + ids) between neighbours and of a logits row from the last
@@ -81,15 +86,17 @@ int main(int argc, char **argv)
 {
     const char *path = NULL, *users_s = "1,2,4";
     int T = 64, threads = 1, reps = 3;
+    sq_device device = SQ_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--users") && i + 1 < argc) users_s = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc && sq_device_parse(argv[i + 1], &device) == SPARQ_OK) i++;
         else if (argv[i][0] != '-' && !path) path = argv[i];
         else {
             fprintf(stderr, "usage: [mpirun -np R] dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] "
-                            "[--reps K]\n");
+                            "[--reps K] [--device cpu|cuda]\n");
             return 2;
         }
     }
@@ -100,6 +107,7 @@ int main(int argc, char **argv)
     sq_model_opts mo;
     sq_model_opts_default(&mo);
     mo.n_threads = threads;
+    mo.device = device;
     sq_dist *d = NULL;
     bool reported = false;
     st = sq_dist_open(&d, path, &mo, NULL, t, &reported);
@@ -142,6 +150,9 @@ int main(int argc, char **argv)
     else
         printf("wire: step message %zu B one-way %.1f us; logits message %zu B one-way %.1f us; per token %.1f us\n",
                step_msg, hop * 1e6, logit_msg, back * 1e6, comm * 1e6);
+    const char *why;
+    const char *via = sq_dist_hidden_path(d, &why);
+    printf("hidden states: %s%s%s%s\n", via, why[0] ? " (" : "", why, why[0] ? ")" : "");
     printf("%-6s %-6s %-12s %-12s %-10s %-14s\n", "ranks", "users", "agg tok/s", "per-seq", "vs 1 user",
            "comm/token us");
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8};

@@ -73,7 +73,7 @@ run)
             $bin/$t
             echo "rc=$?"
         done
-        echo "== test_dist_threads_cuda (GPU ranks as threads, hidden states staged through the host)"
+        echo "== test_dist_threads_cuda (GPU ranks as threads: hidden states over the device link, then staged with SPARQ_DIST_DEVICE_LINK=0)"
         $bin/test_dist_threads_cuda cuda
         echo "rc=$?"
         echo "== sparq serve --device cuda: greedy completion = sparq run --device cuda"

@@ -12,37 +12,31 @@
  * queued before (a wait on a never-recorded event is a no-op: the first use
  * of each buffer), and neither host ever waits for the GPU. Buffers and
  * events of a mailbox are made by its sender's first send (one cudaMalloc
- * of 2 × max_bytes), and freed by the last rank that closes. */
+ * of 2 × max_bytes), and freed by the last rank that closes. The host's
+ * bookkeeping is kernels/link_hub.h's (shared with the unit suite's
+ * stand-in device, tests/runtime/fake_link.h). */
 #include <cuda_runtime.h>
-#include <errno.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels/cuda/link_cuda.h"
+#include "kernels/link_hub.h"
 #include "sparq_version.h"
 
 extern "C" {
 #include "common/alloc.h"
-/* common/progress.h's clocks (the header itself is C only: <stdatomic.h>) */
-double sparq_now(void);
-struct timespec sparq_deadline_after(double seconds);
 }
 
 enum { LINK_HUB = 1, LINK_NCCL };
 
 typedef struct mailbox {
+    sq_hub_box box;           /* which buffer holds what (kernels/link_hub.h) */
     char *buf;                /* device, 2 × max_bytes: buffer i at buf + i * max_bytes */
     cudaEvent_t full[2], read[2];
-    size_t bytes[2];          /* the message in buffer i */
-    uint64_t sent, taken;     /* messages put / taken so far: the next buffer is count % 2 */
 } mailbox;
 
 typedef struct hub {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int size, refs;
+    sq_hub_core core;
     mailbox *mb; /* [src * size + dst] */
 } hub;
 
@@ -71,9 +65,7 @@ void *cuda_link_hub_make(int size)
         sparq_free(h);
         return NULL;
     }
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    h->size = h->refs = size;
+    sq_hub_init(&h->core, size);
     return h;
 }
 
@@ -81,33 +73,17 @@ void *cuda_link_hub_make(int size)
  * waited for its stream in its close, so nothing queued still uses them). */
 static void hub_release(hub *h)
 {
-    pthread_mutex_lock(&h->mu);
-    const bool last = --h->refs == 0;
-    pthread_mutex_unlock(&h->mu);
-    if (!last) return;
-    for (int i = 0; i < h->size * h->size; i++) {
+    if (!sq_hub_release(&h->core)) return;
+    for (int i = 0; i < h->core.size * h->core.size; i++) {
         mailbox *m = &h->mb[i];
         if (!m->buf) continue;
         cudaFree(m->buf);
         for (int b = 0; b < 2; b++) cudaEventDestroy(m->full[b]), cudaEventDestroy(m->read[b]);
     }
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->cv);
+    sq_hub_destroy(&h->core);
     sparq_free(h->mb);
     sparq_free(h);
 }
-
-/* Wait (under mu) until ready(m) or the deadline; false on timeout. A
- * negative timeout waits forever. */
-static bool hub_wait(hub *h, const mailbox *m, bool (*ready)(const mailbox *), double timeout_s)
-{
-    const struct timespec until = sparq_deadline_after(timeout_s < 0 ? 1e9 : timeout_s);
-    int rc = 0;
-    while (!ready(m) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&h->cv, &h->mu, &until);
-    return ready(m);
-}
-static bool has_room(const mailbox *m) { return m->sent - m->taken < 2; }
-static bool has_mail(const mailbox *m) { return m->sent > m->taken; }
 
 sparq_status link_cuda_buffers(size_t bytes, char **buf, cudaEvent_t ev[4])
 {
@@ -141,49 +117,32 @@ static sparq_status mailbox_make(mailbox *m, size_t max_bytes)
 static sparq_status hub_send(sq_link *l, cudaStream_t s, int peer, const void *mem, size_t bytes, double timeout_s)
 {
     hub *h = l->h;
-    mailbox *m = &h->mb[l->rank * h->size + peer];
+    mailbox *m = &h->mb[l->rank * h->core.size + peer];
     if (!m->buf) FORWARD_IF(mailbox_make(m, l->max_bytes)); /* only this rank writes this mailbox's buffers */
-    pthread_mutex_lock(&h->mu);
-    const bool room = hub_wait(h, m, has_room, timeout_s);
-    const int b = (int)(m->sent % 2);
-    pthread_mutex_unlock(&h->mu);
-    RETURN_IF(!room, SPARQ_E_TIMEOUT,
-              "rank %d: rank %d has not taken the hidden states sent to it over the device link within %.1f s "
-              "(the --timeout): rank %d is stopped, hung or dead", l->rank, peer, timeout_s, peer);
+    const int b = sq_hub_claim_send(&h->core, &m->box, timeout_s);
+    RETURN_IF(b < 0, SPARQ_E_TIMEOUT, SQ_HUB_SEND_TIMEOUT_FMT, l->rank, peer, timeout_s, peer);
     char *dst = m->buf + (size_t)b * l->max_bytes;
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, m->read[b], 0), "waiting for the buffer's last reader"));
     FORWARD_IF(link_cuda_status(cudaMemcpyAsync(dst, mem, bytes, cudaMemcpyDeviceToDevice, s), "copy to the mailbox"));
     FORWARD_IF(link_cuda_status(cudaEventRecord(m->full[b], s), "event record"));
-    pthread_mutex_lock(&h->mu);
-    m->bytes[b] = bytes;
-    m->sent++;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
+    sq_hub_sent(&h->core, &m->box, b, bytes);
     return SPARQ_OK;
 }
 
 static sparq_status hub_recv(sq_link *l, cudaStream_t s, int peer, void *mem, size_t bytes, double timeout_s)
 {
     hub *h = l->h;
-    mailbox *m = &h->mb[peer * h->size + l->rank];
-    pthread_mutex_lock(&h->mu);
-    const bool mail = hub_wait(h, m, has_mail, timeout_s);
-    const int b = (int)(m->taken % 2);
-    const size_t got = m->bytes[b];
-    pthread_mutex_unlock(&h->mu);
-    RETURN_IF(!mail, SPARQ_E_TIMEOUT,
-              "rank %d: no hidden states from rank %d over the device link within %.1f s (the --timeout): rank %d "
-              "is stopped, hung or dead", l->rank, peer, timeout_s, peer);
+    mailbox *m = &h->mb[peer * h->core.size + l->rank];
+    size_t got = 0;
+    const int b = sq_hub_claim_recv(&h->core, &m->box, timeout_s, &got);
+    RETURN_IF(b < 0, SPARQ_E_TIMEOUT, SQ_HUB_RECV_TIMEOUT_FMT, l->rank, peer, timeout_s, peer);
     RETURN_IF(got != bytes, SPARQ_E_COMM, "rank %d: %zu bytes of hidden states from rank %d over the device link, "
               "expected %zu", l->rank, got, peer, bytes);
     const char *src = m->buf + (size_t)b * l->max_bytes;
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, m->full[b], 0), "waiting for the sender's copy"));
     FORWARD_IF(link_cuda_status(cudaMemcpyAsync(mem, src, bytes, cudaMemcpyDeviceToDevice, s), "copy from the mailbox"));
     FORWARD_IF(link_cuda_status(cudaEventRecord(m->read[b], s), "event record"));
-    pthread_mutex_lock(&h->mu);
-    m->taken++;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
+    sq_hub_taken(&h->core, &m->box);
     return SPARQ_OK;
 }
 
@@ -196,8 +155,8 @@ sparq_status cuda_link_open(sq_exec *ex, const sq_link_spec *spec, sq_link **out
     hub *h = (hub *)spec->hub;
     sparq_status st = SPARQ_OK;
     if (!h && !spec->nccl_id) st = sparq_err(SPARQ_E_ARG, "device link: neither a hub nor an NCCL id");
-    else if (h && h->size != spec->size)
-        st = sparq_err(SPARQ_E_ARG, "device link: a hub of %d ranks for a link of %d", h->size, spec->size);
+    else if (h && h->core.size != spec->size)
+        st = sparq_err(SPARQ_E_ARG, "device link: a hub of %d ranks for a link of %d", h->core.size, spec->size);
     else if (spec->rank < 0 || spec->rank >= spec->size || spec->max_bytes == 0)
         st = sparq_err(SPARQ_E_ARG, "device link: rank %d of %d, %zu bytes", spec->rank, spec->size, spec->max_bytes);
     sq_link *l = NULL;
@@ -243,10 +202,7 @@ bool cuda_link_send_ready(sq_exec *ex, sq_link *l, int peer)
     if (peer < 0 || peer >= l->size || peer == l->rank) return true; /* link_send says what is wrong */
     if (l->kind == LINK_NCCL) return nccl_link_send_ready(l->nccl, peer);
     hub *h = l->h;
-    pthread_mutex_lock(&h->mu);
-    const bool room = has_room(&h->mb[l->rank * h->size + peer]);
-    pthread_mutex_unlock(&h->mu);
-    return room;
+    return sq_hub_room(&h->core, &h->mb[l->rank * h->core.size + peer].box);
 }
 
 sparq_status cuda_link_recv(sq_exec *ex, sq_link *l, int peer, void *mem, size_t bytes, double timeout_s)

@@ -9,6 +9,7 @@
  * up to one rank's.
  *
  *   test_runtime_dist_threads [cpu|cuda]     (default cpu)
+ *   test_runtime_dist_link fakedev           (built with -DSQ_TEST_FAKE_DEVICE)
  *
  * With `cuda` every rank runs its layers on GPU 0 and hidden states go from
  * rank to rank over the device link (runtime/dist/dist.h: the CUDA backend's
@@ -19,7 +20,9 @@
  * with the same logits; and a rank that stops (3 ranks, rank 2 never serves,
  * --timeout 1) ends rank 1's send over the link with a timeout naming rank
  * 2. The GPU suite runs it that way (it skips without a GPU). On the CPU the
- * hidden states are staged (link bytes 0). */
+ * hidden states are staged (link bytes 0). `fakedev` runs the `cuda` checks
+ * on the CPU with tests/runtime/fake_link.h's stand-in device and link, so
+ * the unit suite covers dist.c's link path (not the CUDA one). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +36,9 @@
 #include "runtime/dist/dist.h"
 #include "runtime/dist/transport.h"
 #include "t.h"
+#ifdef SQ_TEST_FAKE_DEVICE
+#include "fake_link.h" /* `fakedev`: the device-link path on the CPU */
+#endif
 
 enum { CTX = 256, USERS = 3, CHUNK = 16, N_PROMPT = 40, N_STEPS = 6 };
 
@@ -286,6 +292,9 @@ static void check_fixture(const char *name, int max_boxes)
 
 int main(int argc, char **argv)
 {
+#ifdef SQ_TEST_FAKE_DEVICE
+    if (argc > 1 && !strcmp(argv[1], "fakedev")) device = SQ_DEVICE_CUDA; /* fake_link.h's exec: no GPU */
+#endif
     if (argc > 1 && !strcmp(argv[1], "cuda")) {
         device = SQ_DEVICE_CUDA;
         const char *why;

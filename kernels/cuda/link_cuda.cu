@@ -123,7 +123,7 @@ static sparq_status hub_send(sq_link *l, cudaStream_t s, int peer, const void *m
     RETURN_IF(b < 0, SPARQ_E_TIMEOUT, SQ_HUB_SEND_TIMEOUT_FMT, l->rank, peer, timeout_s, peer);
     char *dst = m->buf + (size_t)b * l->max_bytes;
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, m->read[b], 0), "waiting for the buffer's last reader"));
-    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(dst, mem, bytes, cudaMemcpyDeviceToDevice, s), "copy to the mailbox"));
+    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(dst, mem, bytes, cudaMemcpyDeviceToDevice, s), "mailbox copy in"));
     FORWARD_IF(link_cuda_status(cudaEventRecord(m->full[b], s), "event record"));
     sq_hub_sent(&h->core, &m->box, b, bytes);
     return SPARQ_OK;
@@ -140,7 +140,7 @@ static sparq_status hub_recv(sq_link *l, cudaStream_t s, int peer, void *mem, si
               "expected %zu", l->rank, got, peer, bytes);
     const char *src = m->buf + (size_t)b * l->max_bytes;
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, m->full[b], 0), "waiting for the sender's copy"));
-    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(mem, src, bytes, cudaMemcpyDeviceToDevice, s), "copy from the mailbox"));
+    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(mem, src, bytes, cudaMemcpyDeviceToDevice, s), "mailbox copy out"));
     FORWARD_IF(link_cuda_status(cudaEventRecord(m->read[b], s), "event record"));
     sq_hub_taken(&h->core, &m->box);
     return SPARQ_OK;

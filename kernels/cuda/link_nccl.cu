@@ -116,7 +116,7 @@ sparq_status nccl_link_open(const sq_link_spec *spec, nccl_end **out)
     e->max_bytes = spec->max_bytes;
     e->peer = (nccl_peer *)sparq_calloc((size_t)spec->size, sizeof *e->peer);
     sparq_status st = e->peer ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "device link: out of memory");
-    if (st == SPARQ_OK) st = link_cuda_status(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking), "side stream");
+    if (st == SPARQ_OK) st = link_cuda_status(cudaStreamCreateWithFlags(&e->side, cudaStreamNonBlocking), "stream");
     if (st == SPARQ_OK) st = link_cuda_status(cudaEventCreateWithFlags(&e->joined, cudaEventDisableTiming), "event");
     if (st == SPARQ_OK) st = link_cuda_status(cudaEventCreateWithFlags(&e->in, cudaEventDisableTiming), "event");
     if (st == SPARQ_OK) {
@@ -150,7 +150,7 @@ sparq_status nccl_link_send(nccl_end *e, cudaStream_t s, int peer, const void *m
     const int b = (int)(p->sent % 2);
     char *buf = p->buf + (size_t)b * e->max_bytes;
     FORWARD_IF(end_wait(e, p->out[b], timeout_s, peer, "the send of hidden states to")); /* its last send went out */
-    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(buf, mem, bytes, cudaMemcpyDeviceToDevice, s), "copy to the send buffer"));
+    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(buf, mem, bytes, cudaMemcpyDeviceToDevice, s), "send copy"));
     FORWARD_IF(link_cuda_status(cudaEventRecord(p->ready[b], s), "event record"));
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(e->side, p->ready[b], 0), "side stream wait"));
     ncclResult_t r = ncclSend(buf, bytes, ncclUint8, peer, e->comm, e->side);

@@ -89,7 +89,7 @@ typedef struct sq_dist sq_dist;
 
 typedef struct sq_dist_opts {
     double timeout_s; /* deadline of one transfer / one step's reply (default 60 s) */
-    bool device_link; /* GPU ranks: hidden states over a device link (default true; SPARQ_DIST_DEVICE_LINK=0 clears it) */
+    bool device_link; /* GPU ranks: hidden states over a device link (default true; SPARQ_DIST_DEVICE_LINK=0: false) */
 } sq_dist_opts;
 
 void sq_dist_opts_default(sq_dist_opts *o);
@@ -200,7 +200,8 @@ enum {
 typedef struct sq_dist_msg {
     int op;                  /* SQ_DIST_OP_* */
     uint32_t id;             /* step number */
-    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32;
+    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32 (or none:
+                                the device link);
                                 estep: ids = seqs[rows], pos[rows], then tokens[rows]; hidden NULL */
     sq_logits_mode mode;
     const int32_t *ids;      /* point into the buffer (may be unaligned for int32: read with memcpy) */
@@ -209,10 +210,10 @@ typedef struct sq_dist_msg {
 } sq_dist_msg;
 
 /* Check a message a stage received from rank src: magic, known operation,
- * exact size for its kind (a step's hidden states: rows × `hidden` floats; 0
- * when they travel over the device link), rows in 1..max_rows, every row's sequence in
- * [0, n_seq), position ≥ 0 and (estep) token ≥ 0. The message names src and
- * what is wrong. */
+ * exact size for its kind (a step's hidden states: rows × `hidden` floats;
+ * hidden 0 when they travel over the device link), rows in 1..max_rows,
+ * every row's sequence in [0, n_seq), position ≥ 0 and (estep) token ≥ 0.
+ * The message names src and what is wrong. */
 sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
                                sq_dist_msg *out);
 

@@ -360,7 +360,11 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
         sq_dist_close(d);
         return st;
     }
-    if ((st = open_link(d)) != SPARQ_OK) {
+    if ((st = open_link(d)) != SPARQ_OK) { /* the transport failed: no shutdown to send */
+        if (d->link) sq_model_exec(d->m)->be->link_close(sq_model_exec(d->m), d->link);
+        d->link = NULL;
+        sq_model_free(d->m);
+        d->m = NULL;
         sq_dist_close(d);
         return st;
     }

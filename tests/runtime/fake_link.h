@@ -12,6 +12,7 @@
 #ifndef SPARQ_TESTS_RUNTIME_FAKE_LINK_H
 #define SPARQ_TESTS_RUNTIME_FAKE_LINK_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -54,14 +55,16 @@ static void fake_hub_release(fake_hub *h)
     sparq_free(h);
 }
 
+/* FAKE_LINK_FAIL_RANK=r: rank r cannot open its end (the others must then all stage through host memory). */
 static sparq_status fake_link_open(sq_exec *ex, const sq_link_spec *spec, sq_link **out)
 {
     (void)ex;
     fake_hub *h = spec->hub;
-    sq_link *l = h ? sparq_calloc(1, sizeof *l) : NULL;
+    const char *fail = getenv("FAKE_LINK_FAIL_RANK");
+    sq_link *l = h && !(fail && atoi(fail) == spec->rank) ? sparq_calloc(1, sizeof *l) : NULL;
     if (!l) {
         if (h) fake_hub_release(h);
-        return sparq_err(SPARQ_E_UNSUPPORTED, "fake link: same-process ranks only");
+        return sparq_err(SPARQ_E_UNSUPPORTED, "fake link: rank %d refuses its end", spec->rank);
     }
     pthread_mutex_lock(&h->core.mu); /* every rank opens at once, with the same size */
     h->max_bytes = spec->max_bytes;

@@ -22,7 +22,9 @@
  * 2. The GPU suite runs it that way (it skips without a GPU). On the CPU the
  * hidden states are staged (link bytes 0). `fakedev` runs the `cuda` checks
  * on the CPU with tests/runtime/fake_link.h's stand-in device and link, so
- * the unit suite covers dist.c's link path (not the CUDA one). */
+ * the unit suite covers dist.c's link path (not the CUDA one), and one more:
+ * when the last rank cannot open its end of the link, every rank stages
+ * through host memory, with the same logits, and says why. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +264,18 @@ static void check_fixture(const char *name, int max_boxes)
             check_hidden_path(name, false);
             CHECK_MSG(strstr(last_run[0].why, "SPARQ_DIST_DEVICE_LINK=0"), "rank 0 says %s", last_run[0].why);
             sparq_free(ls);
+#ifdef SQ_TEST_FAKE_DEVICE
+            /* the last rank cannot open its end of the link: every rank stages, the same logits */
+            setenv("FAKE_LINK_FAIL_RANK", b == 2 ? "1" : "2", 1);
+            ls = run(bundle[b], b, &ns);
+            unsetenv("FAKE_LINK_FAIL_RANK");
+            CHECK_MSG(ls && ns == n1 && l1 && memcmp(l1, ls, n1 * sizeof(float)) == 0,
+                      "%s: %d ranks, one without a link: logits differ from one rank", name, b);
+            check_hidden_path(name, false);
+            CHECK_MSG(strstr(last_run[0].why, "another rank could not open"), "rank 0 says %s", last_run[0].why);
+            CHECK_MSG(strstr(last_run[b - 1].why, "refuses its end"), "rank %d says %s", b - 1, last_run[b - 1].why);
+            sparq_free(ls);
+#endif
         }
         /* the Engram reads of all ranks add up to one rank's; with V4.1 on 2 boxes each holds one of the two
          * Engram layers (1 and 14), so each reads half of them */

@@ -380,6 +380,8 @@ int cmd_run(int argc, char **argv)
             fprintf(stderr, "stats: ranks=%d\nstats: steps=%llu\nstats: comm_wait_s=%.6f\nstats: comm_bytes_sent=%llu\n",
                     sq_dist_size(s.model), (unsigned long long)ds.steps, ds.t_wait,
                     (unsigned long long)ds.bytes_sent);
+            fprintf(stderr, "stats: hidden_link_bytes=%llu\nstats: hidden_staged_bytes=%llu\n",
+                    (unsigned long long)ds.link_bytes, (unsigned long long)ds.staged_bytes);
         }
     }
     sq_session_free(&s.sess);

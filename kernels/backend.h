@@ -151,6 +151,9 @@ typedef struct sq_attn_front {
 
 /* --- the backend vtable -------------------------------------------------- */
 
+typedef struct sq_link_spec sq_link_spec; /* below the vtable */
+typedef struct sq_link sq_link;           /* a backend's end of a device link */
+
 typedef struct sq_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -254,7 +257,7 @@ typedef struct sq_backend {
      * step_begin before the first op of a whole step of `rows` rows whose rows
      * attend to at most `max_keys` keys, when nothing in the step waits for
      * the device before its end (the step ends at the next to_host, to_device,
-     * sync or step_begin), and step_abort when it leaves a step early on an
+     * sync, link op or step_begin), and step_abort when it leaves a step early on an
      * error. The CUDA backend runs the first step of a shape as usual,
      * captures the second and replays the capture from then on (docs/cuda.md);
      * the results are the same bit for bit. step_graphs: how many steps were
@@ -289,7 +292,56 @@ typedef struct sq_backend {
      * on the CPU, whose graph runs the ops (they are its reference). */
     bool (*attn_front)(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,
                        const int *kv_first, float *kc, float *vc, float *q, float *k, float *v);
+
+    /* --- device links (issue 25): a pipeline's hidden states rank to rank,
+     * device memory to device memory on the exec's stream, never through the
+     * host (runtime/dist/dist.c; sq_link_spec below). NULL on the CPU, and
+     * every link op is NULL when one is.
+     * link_open: this rank's end of a link of spec->size ranks (collective:
+     * every rank opens, with the same spec but its rank). link_send queues
+     * bytes of backend memory `mem` for `peer` behind the ops queued so far
+     * and returns without waiting for the peer, unless the link's two
+     * buffers towards it are both still unread: then it waits up to
+     * timeout_s for the older one to be read, else SPARQ_E_TIMEOUT naming
+     * the peer. link_send_ready: would a link_send to peer go without that
+     * wait (never blocks; dist.c's rank 0 receives results until it would).
+     * link_recv: the next link_send of `peer` to this rank (same bytes) into
+     * `mem`, the ops queued after it seeing the data; it waits up to
+     * timeout_s for the data, else SPARQ_E_TIMEOUT naming the peer (an NCCL
+     * link is then aborted: every later op on it fails). Messages between
+     * two ranks arrive in the order they were sent. link_close waits for
+     * this rank's queued link work and frees its end; safe with NULL. */
+    sparq_status (*link_open)(sq_exec *ex, const sq_link_spec *spec, sq_link **out);
+    sparq_status (*link_send)(sq_exec *ex, sq_link *l, int peer, const void *mem, size_t bytes,
+                              double timeout_s);
+    bool (*link_send_ready)(sq_exec *ex, sq_link *l, int peer);
+    sparq_status (*link_recv)(sq_exec *ex, sq_link *l, int peer, void *mem, size_t bytes, double timeout_s);
+    void (*link_close)(sq_exec *ex, sq_link *l);
+    /* The shared state of a same-process link of `size` ranks (ranks as
+     * threads: sq_transport_threads), made once (by rank 0) and given to
+     * every rank's link_open; NULL when out of memory. */
+    void *(*link_hub_make)(int size);
 } sq_backend;
+
+/* How a device link is made (link_open above). Two kinds:
+ *  - between processes (mpirun, one GPU each): nccl_id is the 128-byte NCCL
+ *    unique id every rank got from sq_transport_nccl_bootstrap; the link is
+ *    an NCCL communicator (ncclSend / ncclRecv). SPARQ_E_UNSUPPORTED in a
+ *    build without NCCL;
+ *  - ranks as threads of one process: hub is link_hub_make's, the same for
+ *    every rank (NCCL refuses two ranks on one GPU); sends copy into a
+ *    mailbox of two device buffers per pair of ranks, handed over with CUDA
+ *    events and a host-side handshake. Each rank's link_open owns one
+ *    reference to the hub, whatever it returns; the last close frees it.
+ * max_bytes bounds one message; timeout_s bounds the open itself (NCCL's
+ * communicator set-up waits for every rank). */
+struct sq_link_spec {
+    int rank, size;
+    size_t max_bytes;
+    double timeout_s;
+    const uint8_t *nccl_id;
+    void *hub;
+};
 
 
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/link_cuda.h"
 #include "kernels/cuda/sample_cuda.h"
 #include "kernels/cuda/trellis_cuda.h"
 #include "kernels/cuda/trellis_decode.cuh" /* griddep_launch / griddep_wait */
@@ -1830,6 +1831,18 @@ static sparq_status cuda_sample_select(sq_exec *ex, float *logits, int rows, int
     return SPARQ_OK;
 }
 
+/* --- device links (kernels/cuda/link_cuda.h) ---------------------------------------------- */
+
+/* A link op is a hand-over like to_host: the step in flight ends (its graph
+ * launches) and the link's copies queue behind it; unlike to_host nothing
+ * waits here. */
+cudaStream_t sq_cuda_link_stream(sq_exec *ex)
+{
+    cuda_state *st = state_of(ex);
+    graph_finish(st);
+    return st->s;
+}
+
 static const sq_backend cuda_backend = {
     .name = "cuda",
     .linear = cuda_linear,
@@ -1859,6 +1872,12 @@ static const sq_backend cuda_backend = {
     .step_graphs = cuda_step_graphs,
     .sample_select = cuda_sample_select,
     .attn_front = cuda_attn_front,
+    .link_open = cuda_link_open,
+    .link_send = cuda_link_send,
+    .link_send_ready = cuda_link_send_ready,
+    .link_recv = cuda_link_recv,
+    .link_close = cuda_link_close,
+    .link_hub_make = cuda_link_hub_make,
 };
 
 extern "C" const sq_backend *sq_backend_cuda(void) { return &cuda_backend; }

@@ -15,6 +15,9 @@
  *    the experts run on gathered rows on the GPU;
  *  - rmsnorm (and add_rmsnorm), rope, attention, swiglu, axpy, embedding
  *    gather, KV append: plain kernels.
+ *  - the device links of a pipeline over GPU ranks (backend.h's link_*):
+ *    kernels/cuda/link_cuda.h (NCCL between processes, device mailboxes
+ *    between thread ranks).
  * Everything is queued on the default stream; ops never fail, the first CUDA
  * error is kept and returned by the vtable's to_host / sync. Device copies of
  * weights are keyed by their host address: a host buffer must not be changed

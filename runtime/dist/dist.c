@@ -2,7 +2,9 @@
  *
  * Wire format (all ranks run the same binary on the same architecture, so
  * the structs go as bytes; the magic catches a stray or torn message):
- *   step     rank k -> k+1: msg_hdr, seqs[rows] i32, pos[rows] i32, hidden[rows*d] f32
+ *   step     rank k -> k+1: msg_hdr, seqs[rows] i32, pos[rows] i32, hidden[rows*d] f32;
+ *            with a device link the hidden states go over the link (link_send
+ *            before the message, link_recv after it) and the message ends at pos
  *   control  rank k -> k+1: msg_hdr (reset / truncate / shutdown)
  *   result   last -> 0:     msg_hdr with n_out, then n_out rows of logits
  *                           [n_out, vocab] f32 in messages of ≤ LOGIT_CHUNK rows
@@ -12,7 +14,15 @@
  * term, runtime/memplan.h), used alternately so rank k can receive step i+1
  * while step i is still being sent; the last rank adds LOGIT_CHUNK rows of
  * logits. The expert split: one step message and the all-gather's
- * [size, max_rows, d] pieces. Nothing is allocated after open. */
+ * [size, max_rows, d] pieces. Nothing is allocated after open, but for a
+ * device link's two buffers towards the next rank, made by its first send.
+ *
+ * The device link (GPU ranks, kernels/backend.h link_*): made at open when
+ * every rank's exec has one and SPARQ_DIST_DEVICE_LINK is not 0; every rank
+ * agrees on the outcome (a rank that cannot open its end turns it off
+ * everywhere, and the run stages through host memory as before). Logits
+ * from the last rank to rank 0 stay on the host path: they go to the host
+ * sampler anyway. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,16 +86,26 @@ struct sq_dist {
     bool esplit;      /* the expert split (every rank every layer; the MoE combined by all-gather) */
     float *gbuf;      /* the expert split: the all-gathered partial sums [size][max_rows * d] */
     uint64_t hidden_hash;
+    sq_link *link;    /* GPU ranks: the device link the hidden states take, or NULL (host memory) */
+    const char *link_kind;
+    char link_why[300]; /* why there is no link (several GPU ranks only) */
+    uint64_t link_bytes, staged_bytes;
     bool borrowed_model;        /* sq_dist_wrap: the caller frees the model */
     sq_transport *own_transport; /* sq_dist_wrap: a local transport we made */
 };
 
-void sq_dist_opts_default(sq_dist_opts *o) { o->timeout_s = 60.0; }
+void sq_dist_opts_default(sq_dist_opts *o)
+{
+    o->timeout_s = 60.0;
+    o->device_link = true;
+}
+
+static size_t hidden_bytes(const sq_dist *d, int rows) { return (size_t)rows * (size_t)d->d * sizeof(float); }
 
 static size_t step_bytes(const sq_dist *d, int rows)
 {
     if (d->esplit) return sizeof(msg_hdr) + (size_t)rows * 3 * sizeof(int32_t);
-    return sizeof(msg_hdr) + (size_t)rows * 2 * sizeof(int32_t) + (size_t)rows * (size_t)d->d * sizeof(float);
+    return sizeof(msg_hdr) + (size_t)rows * 2 * sizeof(int32_t) + hidden_bytes(d, rows) * !d->link;
 }
 
 static int n_out_rows(sq_logits_mode mode, int rows)
@@ -237,6 +257,73 @@ static void hash_hidden(sq_dist *d, const float *hidden, int rows)
     d->hidden_hash = (d->hidden_hash << 7 | d->hidden_hash >> 57) ^ x;
 }
 
+/* Every rank's flag in, the smallest on every rank out (collective). */
+static sparq_status agree_min(sq_dist *d, int32_t mine, int32_t *out)
+{
+    sq_transport *t = d->t;
+    int32_t *all = NULL;
+    if (t->rank == 0) {
+        all = sparq_calloc((size_t)t->size, sizeof *all);
+        RETURN_IF(!all, SPARQ_E_NOMEM, "out of memory");
+    }
+    const sparq_status st = t->vt->gather(t, &mine, sizeof mine, all);
+    int32_t m = mine;
+    for (int r = 0; st == SPARQ_OK && t->rank == 0 && r < t->size; r++) m = all[r] < m ? all[r] : m;
+    sparq_free(all);
+    FORWARD_IF(st);
+    FORWARD_IF(t->vt->bcast(t, 0, &m, sizeof m));
+    *out = m;
+    return SPARQ_OK;
+}
+
+/* The device link of a pipeline of GPU ranks (collective: every rank calls
+ * it once, after the load). Ranks that are threads of one process share the
+ * CUDA backend's hub (rank 0 makes it; its address means the same to every
+ * thread); processes make an NCCL communicator from rank 0's unique id.
+ * If any rank cannot, none uses a link, and link_why says why. Only a
+ * failure of the transport itself is an error. */
+static sparq_status open_link(sq_dist *d)
+{
+    if (d->size == 1 || d->esplit) return SPARQ_OK; /* the expert split: CPU ranks only (docs/runtime.md) */
+    sq_exec *ex = sq_model_exec(d->m);
+    const sq_backend *be = ex->be;
+    const char *env = getenv("SPARQ_DIST_DEVICE_LINK");
+    const bool on = d->o.device_link && !(env && !strcmp(env, "0"));
+    int32_t all = 0;
+    FORWARD_IF(agree_min(d, on && be->device && be->link_open, &all));
+    if (!all) {
+        if (be->device)
+            snprintf(d->link_why, sizeof d->link_why, "%s",
+                     on ? "not every rank runs on a GPU" : "switched off (SPARQ_DIST_DEVICE_LINK=0)");
+        return SPARQ_OK;
+    }
+    sq_link_spec spec = {.rank = d->rank, .size = d->size, .max_bytes = hidden_bytes(d, d->max_rows),
+                         .timeout_s = d->o.timeout_s};
+    uint8_t id[128];
+    sparq_status st;
+    if (d->t->one_process) {
+        uint64_t hub = d->rank == 0 ? (uint64_t)(uintptr_t)be->link_hub_make(d->size) : 0;
+        FORWARD_IF(d->t->vt->bcast(d->t, 0, &hub, sizeof hub));
+        spec.hub = (void *)(uintptr_t)hub;
+        st = hub ? be->link_open(ex, &spec, &d->link) : sparq_err(SPARQ_E_NOMEM, "no memory for the link's hub");
+    } else {
+        st = sq_transport_nccl_bootstrap(d->t, id);
+        spec.nccl_id = id;
+        if (st == SPARQ_OK) st = be->link_open(ex, &spec, &d->link);
+    }
+    if (st != SPARQ_OK) snprintf(d->link_why, sizeof d->link_why, "%s", sparq_errmsg());
+    sparq_err_clear();
+    FORWARD_IF(agree_min(d, st == SPARQ_OK, &all));
+    if (all) {
+        d->link_kind = d->t->one_process ? "device link (same process)" : "device link (NCCL)";
+        return SPARQ_OK;
+    }
+    if (!d->link_why[0]) snprintf(d->link_why, sizeof d->link_why, "another rank could not open its end of the link");
+    be->link_close(ex, d->link);
+    d->link = NULL;
+    return SPARQ_OK;
+}
+
 sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
                           sq_transport *t, bool *reported)
 {
@@ -268,6 +355,14 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
     if (st == SPARQ_OK && d->esplit && d->size > 1) sq_model_set_moe_combine(d->m, combine_moe, d);
     st = exchange_load_status(d, path, st, reported);
     if (st != SPARQ_OK) {
+        sq_model_free(d->m);
+        d->m = NULL;
+        sq_dist_close(d);
+        return st;
+    }
+    if ((st = open_link(d)) != SPARQ_OK) { /* the transport failed: no shutdown to send */
+        if (d->link) sq_model_exec(d->m)->be->link_close(sq_model_exec(d->m), d->link);
+        d->link = NULL;
         sq_model_free(d->m);
         d->m = NULL;
         sq_dist_close(d);
@@ -318,6 +413,14 @@ void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s)
     s->msgs_sent = d->t->msgs_sent;
     s->steps = d->steps;
     s->hidden_hash = d->hidden_hash;
+    s->link_bytes = d->link_bytes;
+    s->staged_bytes = d->staged_bytes;
+}
+
+const char *sq_dist_hidden_path(const sq_dist *d, const char **why)
+{
+    if (why) *why = d->link ? "" : d->link_why;
+    return d->link ? d->link_kind : "host memory";
 }
 
 void sq_dist_abort(sq_dist *d, int code) { d->t->vt->abort(d->t, code); }
@@ -350,6 +453,14 @@ static sparq_status check_logits(const sq_dist *d, const float *lg, int n_out, i
     return SPARQ_OK;
 }
 
+/* Would a link_send to the next rank go without waiting (true without a link)? */
+static bool link_ready(sq_dist *d)
+{
+    if (!d->link) return true;
+    sq_exec *ex = sq_model_exec(d->m);
+    return ex->be->link_send_ready(ex, d->link, d->rank + 1);
+}
+
 /* The next message buffer, once its previous send has completed. On rank 0
  * with steps in flight, results are received while waiting: the last rank
  * may be blocked sending us logits, and until it is unblocked it cannot go
@@ -357,8 +468,9 @@ static sparq_status check_logits(const sq_dist *d, const float *lg, int n_out, i
  * our send waits for. */
 static sparq_status take_buffer(sq_dist *d, char **buf)
 {
-    if (d->rank == 0)
-        while (d->q_done < d->q_n && !d->t->vt->send_done(d->t, d->cur)) FORWARD_IF(receive_next(d));
+    if (d->rank == 0) /* the device link's buffers likewise */
+        while (d->q_done < d->q_n && (!d->t->vt->send_done(d->t, d->cur) || !link_ready(d)))
+            FORWARD_IF(receive_next(d));
     FORWARD_IF(d->t->vt->wait_send(d->t, d->cur, d->o.timeout_s));
     *buf = d->buf[d->cur];
     return SPARQ_OK;
@@ -411,25 +523,38 @@ static sparq_status row_positions(sq_dist *d, int rows, const int *seqs)
     return SPARQ_OK;
 }
 
-/* Hidden states cross ranks in host memory (the message buffer). On the CPU
- * a stage works in that buffer directly; on a device (a GPU rank, staging
- * through the host as GB10's NCCL does anyway) it works in the model's own
- * buffer and copies in and out. */
+/* Without a device link hidden states cross ranks in host memory (the
+ * message buffer). On the CPU a stage works in that buffer directly; on a
+ * device (a GPU rank with the link switched off, or one that could not be
+ * made) it works in the model's own buffer and copies in and out. With the
+ * link, a GPU stage works in the model's buffer and the link moves it to the
+ * next rank's, device to device on the streams (kernels/backend.h). */
 static float *stage_buffer(sq_dist *d, float *msg_hidden)
 {
     return sq_model_exec(d->m)->be->device ? sq_model_hidden_buffer(d->m) : msg_hidden;
 }
 
+/* A step's hidden states in from rank - 1: the link, or the message. */
 static sparq_status stage_in(sq_dist *d, float *work, const float *msg_hidden, int rows)
 {
     sq_exec *ex = sq_model_exec(d->m);
-    return ex->be->to_device(ex, work, msg_hidden, (size_t)rows * (size_t)d->d * sizeof(float));
+    if (d->link) return ex->be->link_recv(ex, d->link, d->rank - 1, work, hidden_bytes(d, rows), d->o.timeout_s);
+    if (work == msg_hidden) return SPARQ_OK;
+    return ex->be->to_device(ex, work, msg_hidden, hidden_bytes(d, rows));
 }
 
+/* A step's hidden states out to rank + 1, before its message: the link, or the message. */
 static sparq_status stage_out(sq_dist *d, float *msg_hidden, const float *work, int rows)
 {
     sq_exec *ex = sq_model_exec(d->m);
-    return ex->be->to_host(ex, msg_hidden, work, (size_t)rows * (size_t)d->d * sizeof(float));
+    if (d->link) {
+        FORWARD_IF(ex->be->link_send(ex, d->link, d->rank + 1, work, hidden_bytes(d, rows), d->o.timeout_s));
+        d->link_bytes += hidden_bytes(d, rows);
+        return SPARQ_OK;
+    }
+    d->staged_bytes += hidden_bytes(d, rows);
+    if (work == msg_hidden) return SPARQ_OK;
+    return ex->be->to_host(ex, msg_hidden, work, hidden_bytes(d, rows));
 }
 
 sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t *tokens, sq_logits_mode mode,
@@ -478,11 +603,11 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
         ids[rows + r] = d->pos[r];
     }
     float *hidden = (float *)(void *)(buf + sizeof h + (size_t)rows * 2 * sizeof(int32_t));
-    /* on a device the stage runs in the model's buffer and the result is staged through the host */
+    /* on a device the stage runs in the model's buffer; the result goes over the link or through the host */
     float *work = stage_buffer(d, hidden);
     FORWARD_IF(sq_model_embed(d->m, tokens, rows, work));
     FORWARD_IF(sq_model_forward_rows(d->m, work, rows, seqs, d->pos));
-    if (work != hidden) FORWARD_IF(stage_out(d, hidden, work, rows));
+    FORWARD_IF(stage_out(d, hidden, work, rows));
     FORWARD_IF(send_on(d, buf, step_bytes(d, rows)));
     const int slot = (d->q_head + d->q_n) % QCAP;
     pending_step *p = &d->q[slot];
@@ -792,7 +917,8 @@ sparq_status sq_dist_serve(sq_dist *d)
         /* idle between requests: no deadline (rank 0 may wait for a user) */
         FORWARD_IF(t->vt->recv(t, prev, SQ_TAG_STEP, buf, d->buf_bytes, &got, -1.0));
         sq_dist_msg msg;
-        sparq_status st = sq_dist_msg_parse(buf, got, d->max_rows, d->d, sq_model_options(d->m)->n_seq, prev, &msg);
+        sparq_status st = sq_dist_msg_parse(buf, got, d->max_rows, d->link ? 0 : d->d, sq_model_options(d->m)->n_seq,
+                                            prev, &msg);
         if (st != SPARQ_OK) return sparq_err_context(st, "rank %d", d->rank);
         switch (msg.op) {
         case OP_STEP: {
@@ -802,9 +928,9 @@ sparq_status sq_dist_serve(sq_dist *d)
             }
             float *hidden = (float *)(void *)(buf + (msg.hidden - buf));
             float *work = stage_buffer(d, hidden);
-            if (work != hidden) st = stage_in(d, work, hidden, msg.rows);
+            st = stage_in(d, work, hidden, msg.rows);
             if (st == SPARQ_OK) st = sq_model_forward_rows(d->m, work, msg.rows, d->seqs, d->pos);
-            if (st == SPARQ_OK && work != hidden && !last) st = stage_out(d, hidden, work, msg.rows);
+            if (st == SPARQ_OK && !last) st = stage_out(d, hidden, work, msg.rows);
             if (st != SPARQ_OK) return sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
             d->steps++;
             test_delay();
@@ -844,6 +970,7 @@ void sq_dist_close(sq_dist *d)
         if (d->q_n == 0 && send_control(d, OP_SHUTDOWN, 0, 0) == SPARQ_OK)
             for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) d->t->vt->wait_send(d->t, s, d->o.timeout_s);
     }
+    if (d->link) sq_model_exec(d->m)->be->link_close(sq_model_exec(d->m), d->link);
     if (!d->borrowed_model) sq_model_free(d->m);
     sq_transport_close(d->own_transport);
     sparq_aligned_free(d->buf[0]);

@@ -9,8 +9,24 @@
  * token of several) is embedded and run through rank 0's layers, its hidden
  * states [rows, d] go to rank 1, ..., the last rank applies the head and
  * sends the logits back to rank 0. Other ranks sit in sq_dist_serve().
- * Hidden states cross ranks in host memory; a GPU rank (--device cuda) copies
- * them out of and into its device buffer around each transfer.
+ *
+ * Where hidden states travel: CPU ranks put them in the step's message (host
+ * memory). When every rank runs on a GPU (--device cuda), they go from one
+ * rank's device buffer to the next rank's over a device link, queued on the
+ * execs' streams with no host copy (kernels/backend.h, link_*): NCCL
+ * (ncclSend / ncclRecv) between mpirun processes, a mailbox of device
+ * buffers between ranks that are threads of one process (tests, benchmarks:
+ * NCCL refuses two ranks on one GPU). The step's message then carries only
+ * its rows' sequences and positions. SPARQ_DIST_DEVICE_LINK=0 (or
+ * opts.device_link false) keeps GPU ranks on the host path: copied out of
+ * the device into the message, and into the next rank's device, as before.
+ * If a link cannot be made (no NCCL in the build, a rank fails to set it up)
+ * every rank takes the host path, and sq_dist_hidden_path says why. Logits
+ * go from the last rank to rank 0 through host memory in either case (the
+ * sampler is on the host). A link's waits have the same deadline and name
+ * the same peer as the host transport's: a receive that gets nothing within
+ * opts.timeout_s fails naming the sender (an NCCL link is aborted), a send
+ * whose two buffers the next rank has not read fails naming it.
  *
  * Micro-batching: sq_dist_submit() returns as soon as rank 0 has done its
  * own stage and handed the hidden states on, so the leader can start the
@@ -43,7 +59,11 @@
  * in every step anyway). With one rank nothing is combined, and the
  * arithmetic is sq_model_forward's to the bit; with N ranks the experts' sum
  * is grouped by rank, so logits differ from one rank's by float rounding
- * (tests/runtime/test_dist_experts.c derives the bound).
+ * (tests/runtime/test_dist_experts.c derives the bound). It runs on CPU
+ * ranks only (sq_model refuses --device cuda with the split): on GPUs it would
+ * need the partial sums all-gathered device to device (an NCCL all-gather,
+ * or the hub's mailboxes to every rank) and added in rank order by a kernel,
+ * so that every rank keeps the same floats (docs/runtime.md).
  *
  * Failures: every wait has a deadline (opts.timeout_s). When the leader's
  * deadline passes it pings the other ranks and names the first that does not
@@ -69,6 +89,7 @@ typedef struct sq_dist sq_dist;
 
 typedef struct sq_dist_opts {
     double timeout_s; /* deadline of one transfer / one step's reply (default 60 s) */
+    bool device_link; /* GPU ranks: hidden states over a device link (default true; SPARQ_DIST_DEVICE_LINK=0: false) */
 } sq_dist_opts;
 
 void sq_dist_opts_default(sq_dist_opts *o);
@@ -139,15 +160,24 @@ sparq_status sq_dist_seq_truncate(sq_dist *d, int seq, int n);
 int sq_dist_seq_len(const sq_dist *d, int seq);
 
 /* Communication figures of this rank since open: seconds spent waiting in
- * transfers, bytes and messages sent. */
+ * transfers, bytes and messages sent through the transport (host memory),
+ * and of the hidden states this rank handed to the next: link_bytes over
+ * the device link, staged_bytes in messages (also counted in bytes_sent).
+ * With a link staged_bytes stays 0: no hidden state crossed host memory. */
 typedef struct sq_dist_stats {
     double t_wait;
     uint64_t bytes_sent, msgs_sent, steps;
+    uint64_t link_bytes, staged_bytes;
     /* the expert split: a running hash of every step's final hidden states on
      * this rank (equal on every rank when they agree to the bit); 0 otherwise */
     uint64_t hidden_hash;
 } sq_dist_stats;
 void sq_dist_get_stats(const sq_dist *d, sq_dist_stats *s);
+
+/* How this run's hidden states cross ranks: "device link (NCCL)", "device
+ * link (same process)" or "host memory"; *why (if why is not NULL) is why GPU
+ * ranks have no link ("" otherwise: a link, CPU ranks, one rank). */
+const char *sq_dist_hidden_path(const sq_dist *d, const char **why);
 
 /* Rank 0: every rank's Engram reads (sq_model_engram_report of its part) in
  * all[0..size): rank 0 completes what is in flight, sends a stats request
@@ -170,7 +200,8 @@ enum {
 typedef struct sq_dist_msg {
     int op;                  /* SQ_DIST_OP_* */
     uint32_t id;             /* step number */
-    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32;
+    int rows;                /* step: rows; ids = seqs[rows] then pos[rows]; hidden = rows × d fp32 (or none:
+                                the device link);
                                 estep: ids = seqs[rows], pos[rows], then tokens[rows]; hidden NULL */
     sq_logits_mode mode;
     const int32_t *ids;      /* point into the buffer (may be unaligned for int32: read with memcpy) */
@@ -179,9 +210,10 @@ typedef struct sq_dist_msg {
 } sq_dist_msg;
 
 /* Check a message a stage received from rank src: magic, known operation,
- * exact size for its kind, rows in 1..max_rows, every row's sequence in
- * [0, n_seq), position ≥ 0 and (estep) token ≥ 0. The message names src and
- * what is wrong. */
+ * exact size for its kind (a step's hidden states: rows × `hidden` floats;
+ * hidden 0 when they travel over the device link), rows in 1..max_rows,
+ * every row's sequence in [0, n_seq), position ≥ 0 and (estep) token ≥ 0.
+ * The message names src and what is wrong. */
 sparq_status sq_dist_msg_parse(const void *buf, size_t n, int max_rows, int hidden, int n_seq, int src,
                                sq_dist_msg *out);
 

@@ -79,6 +79,7 @@ sparq_status sq_transport_local(sq_transport **out)
     t->name = "local";
     t->rank = 0;
     t->size = 1;
+    t->one_process = true;
     *out = t;
     return SPARQ_OK;
 }

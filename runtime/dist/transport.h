@@ -2,11 +2,13 @@
  *
  * A run on N boxes is N processes (ranks), one per box, started by mpirun
  * (or, for tests, N threads of one process: sq_transport_threads).
- * runtime/dist/dist.h moves hidden states between them through this interface
- * and nothing else, so the wire is swappable: MPI point-to-point here (CPU
- * boxes, or GPU boxes staging through host memory), NCCL later for GPU
- * buffers (rank 0 makes the NCCL unique id and broadcasts it through this
- * transport: sq_transport_nccl_bootstrap).
+ * runtime/dist/dist.h moves messages between them through this interface, so
+ * the wire is swappable: MPI point-to-point here (CPU boxes, or GPU boxes
+ * staging through host memory). When every rank is a GPU, the hidden states
+ * themselves go over a device link instead (kernels/backend.h, link_open:
+ * NCCL between processes), and this transport carries everything else, the
+ * link's NCCL unique id included (rank 0 makes it and broadcasts it:
+ * sq_transport_nccl_bootstrap).
  *
  * Semantics kept deliberately small:
  *  - messages are byte buffers with a tag; between two ranks, messages of one
@@ -84,8 +86,9 @@ typedef struct sq_transport_vt {
 
 struct sq_transport {
     const sq_transport_vt *vt;
-    const char *name; /* "local", "mpi" */
+    const char *name; /* "local", "mpi", "threads" */
     int rank, size;
+    bool one_process; /* every rank is a thread of this process (threads, local): a pointer means the same everywhere */
     double t_wait;    /* seconds spent inside recv / wait_send */
     uint64_t bytes_sent, msgs_sent;
 };
@@ -117,8 +120,9 @@ void sq_transport_close(sq_transport *t);
 sparq_status sq_transport_share_id(sq_transport *t, uint8_t id[128], sparq_status (*make)(uint8_t id[128]));
 
 /* The NCCL seam: rank 0 creates the ncclUniqueId and every rank receives it
- * through this transport; a GPU transport then calls
- * ncclCommInitRank(size, id, rank). SPARQ_E_UNSUPPORTED without NCCL. */
+ * through this transport; the CUDA backend's device link then makes its
+ * communicator from it (kernels/cuda/link_nccl.cu). SPARQ_E_UNSUPPORTED
+ * without NCCL. */
 sparq_status sq_transport_nccl_bootstrap(sq_transport *t, uint8_t id[128]);
 
 #endif

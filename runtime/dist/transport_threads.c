@@ -225,6 +225,7 @@ sparq_status sq_transport_threads(int size, sq_transport **out)
         }
         x->t.vt = &threads_vt;
         x->t.name = "threads";
+        x->t.one_process = true;
         x->t.rank = r;
         x->t.size = size;
         x->h = h;

@@ -37,6 +37,10 @@ kv_plan=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['plan'
 kv_run=$(sed -n 's/^stats: kv_bytes=//p' "$T/st2")
 [ -n "$kv_run" ] && [ "$kv_run" = "$kv_plan" ] && ok || bad "rank 0 KV $kv_run bytes, the plan's node 0 says $kv_plan"
 grep -q "^stats: ranks=2$" "$T/st2" && ok || bad "--stats does not say ranks=2"
+# CPU ranks have no device link: rank 0's hidden states went to rank 1 in its messages
+staged=$(sed -n 's/^stats: hidden_staged_bytes=//p' "$T/st2")
+grep -q "^stats: hidden_link_bytes=0$" "$T/st2" && [ "${staged:-0}" -gt 0 ] && ok ||
+  bad "--stats on 2 CPU ranks: $(grep hidden_ "$T/st2" | tr '\n' ' ')"
 
 # logits, bit for bit: eval windows of 200 tokens = several 64-row chunks in flight
 head -c 6000 "$D/text/eval.txt" > "$T/eval.txt"

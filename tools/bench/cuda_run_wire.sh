@@ -29,7 +29,7 @@ pack)
              tests/gpu/test_trellis_cuda tests/gpu/test_trellis_encode_cuda tests/gpu/test_dist_threads_cuda \
              tests/gpu/test_ldlq_cuda tests/gpu/test_sample_cuda tests/gpu/test_hessian_cuda tests/gpu/test_calib_cuda tools/bench/cuda_bench tools/bench/trellis_encode_bench \
              tools/bench/quantize_layer_bench \
-             tools/bench/runtime_bench tools/bench/make_exl3_model tests/datapack; do
+             tools/bench/runtime_bench tools/bench/dist_bench tools/bench/make_exl3_model tests/datapack; do
         [ -x "$b/$f" ] && strip -o ".cwcarry/bin/$(basename "$f")" "$b/$f"
     done
     # the CUDA backend module that `sparq --device cuda` opens (found beside the binary)
@@ -75,7 +75,7 @@ run)
             $bin/$t
             echo "rc=$?"
         done
-        echo "== test_dist_threads_cuda (GPU ranks as threads, hidden states staged through the host)"
+        echo "== test_dist_threads_cuda (GPU ranks as threads: hidden states over the device link, then staged with SPARQ_DIST_DEVICE_LINK=0)"
         $bin/test_dist_threads_cuda cuda
         echo "rc=$?"
         echo "== sparq serve --device cuda: greedy completion = sparq run --device cuda"

@@ -2,7 +2,14 @@
  * (runtime/dist/dist.h), a pipeline or an expert-split bundle (the bundle
  * says which), run under mpirun like `sparq run`:
  *
- *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K]
+ *   mpirun -np R dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] [--reps K] [--device cpu|cuda]
+ *   dist_bench BUNDLE --ranks R [same options]       R ranks as threads of this process
+ *
+ * --device cuda runs every rank on its GPU: the hidden states then go over
+ * the device link (NCCL between processes; with --ranks, the CUDA backend's
+ * same-process mailboxes, every rank on GPU 0), or through host memory with
+ * SPARQ_DIST_DEVICE_LINK=0 (the two to compare); a line says which the run
+ * took. The wire figures below are the host transport's in either case.
  *
  * Rank 0 first measures the wire: one-way time of a one-row step message
  * (hidden state + ids) between neighbours and of a logits row from the last
@@ -16,6 +23,7 @@
  * and one token's communication is the step message + one all-gather per
  * MoE layer. tools/bench/dist_bench.sh runs it on 1, 2 and 3 ranks, both
  * splits, and adds the ratio to one rank. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,29 +85,84 @@ static double pingpong(sq_transport *t, int a, int b, size_t n, int reps)
     return med;
 }
 
+typedef struct bench_args {
+    const char *path, *users_s;
+    int T, threads, reps;
+    sq_device device;
+} bench_args;
+
+static int bench_rank(const bench_args *a, sq_transport *t);
+
+typedef struct rank_job {
+    const bench_args *a;
+    sq_transport *t;
+    int rc;
+} rank_job;
+
+static void *rank_thread(void *v)
+{
+    rank_job *j = v;
+    j->rc = bench_rank(j->a, j->t);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = NULL, *users_s = "1,2,4";
-    int T = 64, threads = 1, reps = 3;
+    int T = 64, threads = 1, reps = 3, ranks = 0;
+    sq_device device = SQ_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--users") && i + 1 < argc) users_s = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc && sq_device_parse(argv[i + 1], &device) == SPARQ_OK) i++;
+        else if (!strcmp(argv[i], "--ranks") && i + 1 < argc && atoi(argv[i + 1]) >= 1) ranks = atoi(argv[++i]);
         else if (argv[i][0] != '-' && !path) path = argv[i];
         else {
             fprintf(stderr, "usage: [mpirun -np R] dist_bench BUNDLE [--tokens T] [--users 1,2,4] [--threads N] "
-                            "[--reps K]\n");
+                            "[--reps K] [--device cpu|cuda] [--ranks R]\n");
             return 2;
         }
     }
     if (!path) return fprintf(stderr, "dist_bench: give a BUNDLE\n"), 2;
-    sq_transport *t;
-    sparq_status st = sq_transport_auto(&t);
-    if (st != SPARQ_OK) return fprintf(stderr, "dist_bench: %s\n", sparq_errmsg()), 1;
+    const bench_args a = {path, users_s, T, threads, reps, device};
+    if (ranks == 0) { /* one rank of mpirun's (or the only one) */
+        sq_transport *t;
+        sparq_status st = sq_transport_auto(&t);
+        if (st != SPARQ_OK) return fprintf(stderr, "dist_bench: %s\n", sparq_errmsg()), 1;
+        return bench_rank(&a, t);
+    }
+    sq_transport **t = sparq_calloc((size_t)ranks, sizeof *t);
+    rank_job *job = sparq_calloc((size_t)ranks, sizeof *job);
+    pthread_t *th = sparq_calloc((size_t)ranks, sizeof *th);
+    if (!t || !job || !th || sq_transport_threads(ranks, t) != SPARQ_OK)
+        return fprintf(stderr, "dist_bench: %d thread ranks: %s\n", ranks, sparq_errmsg()), 1;
+    for (int r = 0; r < ranks; r++) {
+        job[r] = (rank_job){&a, t[r], 0};
+        pthread_create(&th[r], NULL, rank_thread, &job[r]);
+    }
+    int rc = 0;
+    for (int r = 0; r < ranks; r++) {
+        pthread_join(th[r], NULL);
+        if (job[r].rc) rc = job[r].rc;
+    }
+    sparq_free(t);
+    sparq_free(job);
+    sparq_free(th);
+    return rc;
+}
+
+/* One rank: open, measure the wire, then rank 0 generates and the others serve. Closes t. */
+static int bench_rank(const bench_args *a, sq_transport *t)
+{
+    const char *path = a->path;
+    const int T = a->T, threads = a->threads, reps = a->reps;
+    sparq_status st;
     sq_model_opts mo;
     sq_model_opts_default(&mo);
     mo.n_threads = threads;
+    mo.device = a->device;
     sq_dist *d = NULL;
     bool reported = false;
     st = sq_dist_open(&d, path, &mo, NULL, t, &reported);
@@ -142,12 +205,15 @@ int main(int argc, char **argv)
     else
         printf("wire: step message %zu B one-way %.1f us; logits message %zu B one-way %.1f us; per token %.1f us\n",
                step_msg, hop * 1e6, logit_msg, back * 1e6, comm * 1e6);
+    const char *why;
+    const char *via = sq_dist_hidden_path(d, &why);
+    printf("hidden states: %s%s%s%s\n", via, why[0] ? " (" : "", why, why[0] ? ")" : "");
     printf("%-6s %-6s %-12s %-12s %-10s %-14s\n", "ranks", "users", "agg tok/s", "per-seq", "vs 1 user",
            "comm/token us");
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8};
     double base = 0;
-    char *users = sparq_strdup(users_s);
-    for (char *tok = strtok(users, ","); tok; tok = strtok(NULL, ",")) {
+    char *users = sparq_strdup(a->users_s), *save = NULL;
+    for (char *tok = strtok_r(users, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         const int U = atoi(tok);
         double best = 0;
         for (int k = 0; k < reps; k++) {

@@ -219,7 +219,9 @@ typedef struct mshared {
     int result[MULTI_ITEMS]; /* written by finish, by index */
     int expect_first;        /* prepares come in queue order */
     int out_of_order;
+    int n_pipes;
     atomic_int live, in_flight;
+    atomic_int started; /* pipelines that have submitted a batch */
 } mshared;
 
 typedef struct mpipe {
@@ -255,8 +257,10 @@ static sparq_status m_prepare(void *ctx, int first, int count, void **out)
 static sparq_status m_submit(void *ctx, void *bv)
 {
     mpipe *p = ctx;
-    ((fake_batch *)bv)->submitted = 1;
+    fake_batch *b = bv;
+    b->submitted = 1;
     atomic_fetch_add(&p->sh->in_flight, 1);
+    if (b->id == 0) atomic_fetch_add(&p->sh->started, 1);
     return SPARQ_OK;
 }
 
@@ -264,7 +268,10 @@ static sparq_status m_wait(void *ctx, void *bv, double *gpu)
 {
     mpipe *p = ctx;
     fake_batch *b = bv;
-    usleep(3000); /* the "GPU": long enough that the other pipelines claim batches meanwhile */
+    usleep(3000); /* the "GPU" */
+    /* A pipeline's first batch ends only once every pipeline has one (so each takes some, also
+     * on a loaded machine where a thread may not run for a while; 10 s at most). */
+    for (int t = 0; b->id == 0 && atomic_load(&p->sh->started) < p->sh->n_pipes && t < 10000; t++) usleep(1000);
     atomic_fetch_sub(&p->sh->in_flight, 1);
     *gpu = 0.5;
     if (b->id == p->fail_wait_at) return sparq_err(SPARQ_E_STATE, "wait of batch %d failed", b->id);
@@ -291,6 +298,7 @@ static sparq_status run_multi(mshared *sh, mpipe *p, int n_pipes, qz_pipe_stats 
     qz_pipe_ops ops[3];
     memset(sh, 0, sizeof *sh);
     for (int i = 0; i < MULTI_ITEMS; i++) sh->owner[i] = -1;
+    sh->n_pipes = n_pipes;
     for (int i = 0; i < n_pipes; i++) {
         p[i].sh = sh, p[i].id = i, p[i].batches = 0;
         ops[i] = (qz_pipe_ops){&p[i], m_plan, m_prepare, m_submit, m_wait, m_finish, m_release, names[i]};

@@ -4,7 +4,8 @@
  * two-stage pipeline (quantize/gpu_pipe.h: the CPU prepares batch b+1 while
  * the GPU runs batch b, batches sized by its rule, qz_pipe_fit):
  *   Hessians   H = XᵀX / rows per expert and input (gate/up share one, down
- *              its own), X Gaussian with a few loud channels, on the GPU
+ *              its own), X Gaussian with a few loud channels (made over the
+ *              thread pool), H on the GPU
  *              (cuBLAS SSYRK, fp32, on its own stream), downloaded as the
  *              capture hands them over; made again for each batch that reads
  *              them (gate's and up's), as the driver prepares them again;
@@ -154,14 +155,46 @@ static int item_n(const bench *B, const bitem *it) { return proj[it->p].input ==
 /* Items reading the same Hessian are adjacent (gate and up of one expert), as the driver's leaders. */
 static int same_hess(const bitem *a, const bitem *b) { return a->e == b->e && proj[a->p].input == proj[b->p].input; }
 
-/* A random Hessian for input size k (SSYRK of k + 256 Gaussian rows), into host h (k×k). */
+/* The rows of a bench Hessian, HX_ROWS a pool task, each block its own Gaussian stream. */
+enum { HX_ROWS = 64 };
+typedef struct hx_job {
+    float *hx;
+    int k, rows;
+    uint64_t seed;
+} hx_job;
+
+static void hx_rows(void *ctx, size_t blk, int tid)
+{
+    (void)tid;
+    const hx_job *j = ctx;
+    bench_rand rs;
+    bench_rand_seed(&rs, j->seed * 65537 + blk);
+    const size_t r1 = (blk + 1) * HX_ROWS < (size_t)j->rows ? (blk + 1) * HX_ROWS : (size_t)j->rows;
+    for (size_t i = blk * HX_ROWS * (size_t)j->k; i < r1 * (size_t)j->k; i++)
+        j->hx[i] = bench_rand_gauss(&rs) * ((i % (size_t)j->k) < 16 ? 6.0f : 1.0f);
+}
+
+/* The mirror of a k×k result's lower triangle into its upper one, a row a task. */
+typedef struct mirror_job {
+    float *h;
+    int k;
+} mirror_job;
+
+static void mirror_row(void *ctx, size_t r, int tid)
+{
+    (void)tid;
+    const mirror_job *j = ctx;
+    for (size_t c = r + 1; c < (size_t)j->k; c++) j->h[r * j->k + c] = j->h[c * j->k + r];
+}
+
+/* A random Hessian for input size k (SSYRK of k + 256 Gaussian rows, made over the pool), into
+ * host h (k×k). */
 static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
 {
     const int rows = k + 256;
     RETURN_IF(cudaSetDevice(B->hdev) != cudaSuccess, SPARQ_E_STATE, "bench Hessian: device %d", B->hdev);
-    bench_rand rs;
-    bench_rand_seed(&rs, seed);
-    for (size_t i = 0; i < (size_t)rows * k; i++) B->hx[i] = bench_rand_gauss(&rs) * ((i % k) < 16 ? 6.0f : 1.0f);
+    hx_job hj = {B->hx, k, rows, seed};
+    sparq_pool_for(B->pool, (size_t)(rows + HX_ROWS - 1) / HX_ROWS, hx_rows, &hj);
     const float a = 1.0f / rows, b = 0.0f;
     cudaMemcpyAsync(B->dx, B->hx, (size_t)rows * k * 4, cudaMemcpyHostToDevice, B->hstream);
     /* column-major C (k×k) = Aᵀ·A with A the row-major rows×k buffer read as k×rows */
@@ -170,8 +203,8 @@ static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
     const cudaError_t e = cudaStreamSynchronize(B->hstream);
     RETURN_IF(e != cudaSuccess, SPARQ_E_STATE, "bench Hessian: %s", cudaGetErrorString(e));
     /* the upper triangle of the column-major result = the lower of the row-major: mirror it */
-    for (int r = 0; r < k; r++)
-        for (int c = r + 1; c < k; c++) h[(size_t)r * k + c] = h[(size_t)c * k + r];
+    mirror_job mj = {h, k};
+    sparq_pool_for(B->pool, (size_t)k, mirror_row, &mj);
     return SPARQ_OK;
 }
 
@@ -457,14 +490,14 @@ static double run_layer(bench *B, ldlq_cuda **ctx, const int *devs, int n_dev, i
     printf("GPU memory: largest two batches + encoders planned %.2f GB, peak in use %.2f GB (cudaMemGetInfo, incl. "
            "context)\n",
            B->plan_peak / 1e9, peak_used / 1e9);
-    /* the bench makes each expert's Hessian from random rows on one CPU thread, in the CPU stage: a
+    /* the bench makes each expert's Hessian from random rows over the pool, in the CPU stage: a
      * stand-in for the calibration capture (quantize --device cuda: on the GPU, calib_cuda.h) that the
      * quantizer itself never does, so the quantizer's time is given without it too */
     const double qlayer = (total - B->t_hess) * experts / run;
     printf("extrapolated (not measured): the whole layer of %d experts %.0f s; %d such layers %.2f h "
            "(routed experts only; the GPU recursion alone: %.2f h)\n",
            experts, layer, layers, layer * layers / 3600.0, ps.gpu * experts / run * layers / 3600.0);
-    printf("extrapolated without the bench's own Hessian making (%.1f s, one CPU thread; the capture's work in "
+    printf("extrapolated without the bench's own Hessian making (%.1f s; the capture's work in "
            "a real run): %.0f s a layer, %d layers %.2f h\n",
            B->t_hess, qlayer, layers, qlayer * layers / 3600.0);
     return total;

@@ -688,9 +688,12 @@ static void v41_param_counts(const sq_model_config *c, uint64_t *total, uint64_t
         a = A(a, A(base, M((uint64_t)c->num_experts_per_tok, M(3 * H, I))));
         for (int i = 0; i < v->n_engram; i++)
             if (v->engram_layer[i] == L) {
+                /* a table's rows: engram_num_embeddings, else at least one prime >= engram_vocab_size per
+                 * column; a token reads one row per column, so never more rows than the table has */
                 const uint64_t fuse = A(M(M(cols, ehd), M(hc + 1, H)), M(2 * hc, H));
-                t = A(t, A(fuse, M(v->engram_rows[i], ehd)));
-                a = A(a, A(fuse, M(cols, ehd)));
+                const uint64_t rows = v->engram_rows[i] ? v->engram_rows[i] : M(cols, (uint64_t)v->engram_vocab_size);
+                t = A(t, A(fuse, M(rows, ehd)));
+                a = A(a, A(fuse, M(cols < rows ? cols : rows, ehd)));
             }
     }
 #undef M

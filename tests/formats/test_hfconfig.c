@@ -272,6 +272,25 @@ static void test_deepseek_v41(void)
         sq_config_free(&c);
         sparq_free(edited);
     }
+    /* without engram_num_embeddings the tables count one prime >= engram_vocab_size per column (a
+     * lower bound, 0.01 % under the real rows), and a token reads no more rows than a table has (the
+     * fuzzer's active > total, once: the tables counted 0 rows) */
+    const char *from = "\"engram_num_embeddings\": [\n      384006168,\n      384016682\n    ],";
+    const char *at = strstr(json, from);
+    CHECK_MSG(at != NULL, "'%s' not in the config", from);
+    if (at) {
+        char *edited = sparq_malloc(len + 1);
+        memcpy(edited, json, (size_t)(at - json));
+        strcpy(edited + (at - json), at + strlen(from));
+        CHECK_MSG(parse(&c, edited) == SPARQ_OK, "%s", sparq_errmsg());
+        CHECK(c.v41.n_engram == 2 && c.v41.engram_rows[0] == 0);
+        uint64_t t2 = 0, a2 = 0;
+        sq_config_param_counts(&c, &t2, &a2);
+        CHECK_MSG(a2 == active && t2 < total && t2 > total - total / 1000, "total %llu of %llu, active %llu of %llu",
+                  (unsigned long long)t2, (unsigned long long)total, (unsigned long long)a2, (unsigned long long)active);
+        sq_config_free(&c);
+        sparq_free(edited);
+    }
     sparq_free(json);
 }
 

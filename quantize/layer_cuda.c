@@ -10,7 +10,9 @@
  * prepares each distinct Hessian (on the GPU, kernels/cuda/hessian_cuda.h,
  * or with SPARQ_QUANT_GPU_HESSIAN=0 ldlq_hessian_prepare on the CPU; seeded
  * by the first linear that reads it, as the CPU loop) and regularises each
- * weight (ldlq_regularize; the scale search's tiles are encoded on the GPU;
+ * weight (ldlq_regularize_on with the GPU's engine, the matrix staying on the
+ * device for the batch; SPARQ_QUANT_GPU_REG=0: the CPU's, uploaded with the
+ * batch; the same floats; the scale search's tiles are encoded on the GPU;
  * with --scale-search shared the first expert's scale is reused, as on the
  * CPU); the GPU runs the recursion and the proxy; the CPU stores the fp16
  * scales. The batches go through quantize/gpu_pipe.h's pipeline, so the CPU
@@ -70,12 +72,13 @@ static int cmp_gitem(const void *a, const void *b)
 }
 
 /* Host bytes a batch holds: regularised weights, their trellis, the prepared Hessians. */
-static uint64_t host_bytes(int k, int n, int K, int n_hess, int n_items, bool gpu_hess)
+static uint64_t host_bytes(int k, int n, int K, int n_hess, int n_items, bool gpu_hess, bool gpu_reg)
 {
     if (gpu_hess) n_hess = 0; /* only su and h_diag on the host */
     const uint64_t kn = (uint64_t)k * n;
-    /* the fp32 weight as read and its regularised copy are both held until the copy is made */
-    return (uint64_t)n_items * (2 * kn * 4 + kn * K / 8 + 4ull * (k + n)) +
+    /* the fp32 weight as read and its regularised copy (on the host unless on the GPU) are both
+     * held until the copy is made */
+    return (uint64_t)n_items * ((gpu_reg ? 1 : 2) * kn * 4 + kn * K / 8 + 4ull * (k + n)) +
            (uint64_t)n_hess * (2 * 4ull * k * k + 24ull * k);
 }
 
@@ -92,6 +95,28 @@ static bool gpu_hessians(void)
 {
     const char *e = getenv("SPARQ_QUANT_GPU_HESSIAN");
     return !(e && strcmp(e, "0") == 0);
+}
+
+/* The regularisation's matrix work on the GPU too unless SPARQ_QUANT_GPU_REG=0 (then on the
+ * CPU's threads, the regularised weights uploaded with each batch); the same floats either way. */
+static bool gpu_reg(void)
+{
+    const char *e = getenv("SPARQ_QUANT_GPU_REG");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* The GPU regularisation engine of context c (quantize/ldlq.h, kernels/cuda/ldlq_cuda.h). */
+static ldlq_reg_engine gpu_engine(const qjob *j, ldlq_cuda *c)
+{
+    const ldlq_cuda_ops *g = j->gops;
+    return (ldlq_reg_engine){c,         g->reg_load, g->reg_sumsq, g->reg_scale_had, g->reg_tile_sumsq,
+                             g->reg_tiles, g->reg_scale, NULL,    g->reg_release};
+}
+
+/* The batch's view of a regularised weight: the engine's device matrix, or the host copy. */
+static const float *reg_weight(const qjob *j, const ldlq_reg *r)
+{
+    return r->wr ? r->wr : j->gops->reg_device(r->dev);
 }
 
 /* q's key and output arrays for a k×n linear at K bits. */
@@ -128,6 +153,7 @@ typedef struct reg_task {
     ldlq_reg *reg;
     double *g_fixed;    /* per item: > 0 to skip the search */
     const ldlq_coder *coder;
+    const ldlq_reg_engine *eng; /* the GPU's, or NULL: the CPU's */
     sparq_status st;
     pthread_mutex_t lock; /* st and the error message of the first failure */
     char msg[512];
@@ -138,11 +164,12 @@ static void reg_one(void *ctx, size_t i, int tid)
     (void)tid;
     reg_task *t = ctx;
     const gitem *it = &t->items[i];
-    if (t->reg[i].wr) return; /* done before the others (a shared scale's search) */
+    if (t->reg[i].dev) return; /* done before the others (a shared scale's search) */
     ldlq_opts lo;
     qz_ldlq_opts(t->j, it->key, it->K, &lo);
     if (t->g_fixed[i] > 0) lo.g_fixed = t->g_fixed[i];
-    sparq_status st = ldlq_regularize(t->hs[t->hidx[i]], t->w[i], it->n, &lo, t->coder, it->key, &t->reg[i]);
+    sparq_status st = ldlq_regularize_on(t->hs[t->hidx[i]], t->w[i], it->n, &lo, t->coder,
+                                         t->eng ? t->eng : &ldlq_reg_engine_cpu, it->key, &t->reg[i]);
     sparq_free(t->w[i]);
     t->w[i] = NULL;
     if (st != SPARQ_OK) {
@@ -181,7 +208,7 @@ typedef struct glayer {
     qlin *ql;
     sparq_progress *pb;
     double (*g_shared)[TRELLIS_K_MAX + 1];
-    bool gpu_hess;
+    bool gpu_hess, gpu_reg;
     int plan_first; /* the item plan_batch sizes a batch from (plans run one at a time) */
     int n_dev;      /* pipelines (--devices entries) */
 } glayer;
@@ -192,15 +219,29 @@ _Static_assert(QZ_MAX_DEVICES <= QZ_PIPE_MAX, "a pipeline per --devices entry");
 typedef struct gdev {
     glayer *L;
     ldlq_cuda *c;
+    ldlq_reg_engine eng; /* its regularisation engine (glayer.gpu_reg) */
     int share;     /* the contexts on its GPU (a device listed twice: 2); each plans from its share */
     char name[48]; /* "CUDA device N": its errors' context */
 } gdev;
 
-/* Device bytes a batch of m items reading nh Hessians holds (its allocation and its Hessians). */
-static size_t dev_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
+/* The shape of a batch of items like it. */
+static ldlq_cuda_shape batch_shape(const glayer *L, const gitem *it)
+{
+    return (ldlq_cuda_shape){it->k, it->n, it->K, L->j->o->cb, 0, L->gpu_reg};
+}
+
+/* Device bytes a batch of m items reading nh Hessians holds from its preparation: its Hessians
+ * and its regularised weights (on the GPU: prepare makes both there). */
+static size_t dev_early_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
 {
     const ldlq_cuda_ops *g = L->j->gops;
-    return L->gpu_hess ? g->batch_bytes(s, 0, m, 0) + (size_t)nh * g->hess_bytes(s->k) : g->batch_bytes(s, nh, m, 0);
+    return (L->gpu_hess ? (size_t)nh * g->hess_bytes(s->k) : 0) + (L->gpu_reg ? (size_t)m * g->reg_bytes(s->k, s->n) : 0);
+}
+
+/* Device bytes a batch of m items reading nh Hessians holds in all (its allocation and the above). */
+static size_t dev_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
+{
+    return L->j->gops->batch_bytes(s, L->gpu_hess ? 0 : nh, m, 0) + dev_early_bytes(L, s, nh, m);
 }
 
 /* What a batch of the first m items from L->plan_first holds (qz_pipe_fit's cost). */
@@ -210,10 +251,10 @@ static void batch_cost(void *ctx, int m, qz_pipe_cost *c)
     const gitem *it = L->it + L->plan_first;
     int nh = 0;
     for (int i = 0; i < m; i++) nh += i == 0 || it[i].leader != it[i - 1].leader;
-    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, L->j->o->cb, 0};
+    const ldlq_cuda_shape s = batch_shape(L, &it[0]);
     c->dev = dev_bytes(L, &s, nh, m);
-    c->dev_early = L->gpu_hess ? (size_t)nh * L->j->gops->hess_bytes(s.k) : 0;
-    c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess);
+    c->dev_early = dev_early_bytes(L, &s, nh, m);
+    c->host = host_bytes(s.k, s.n, s.K, nh, m, L->gpu_hess, L->gpu_reg);
 }
 
 /* Testing: SPARQ_QUANT_GPU_MAX_BATCH=N caps every batch at N weights (many small batches, so
@@ -253,7 +294,7 @@ static sparq_status plan_batch(void *ctx, int first, const void *busy_v, int *ou
     const int cap = max_batch();
     if (cap > 0 && *out > cap) *out = cap;
     if (*out > 0 || busy) return SPARQ_OK;
-    const ldlq_cuda_shape s = {it[0].k, it[0].n, it[0].K, j->o->cb, 0};
+    const ldlq_cuda_shape s = batch_shape(L, &it[0]);
     return sparq_err(SPARQ_E_FIT, "%s: one %d x %d weight needs %.2f GB of GPU memory, %.2f GB are free", it[0].key,
                      s.k, s.n, dev_bytes(L, &s, 1, 1) / 1e9, r.dev_free / 1e9);
 }
@@ -337,15 +378,16 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
     }
     sparq_free(su);
     sparq_free(hdiag);
-    const ldlq_cuda_shape s = {k, n, K, j->o->cb, 0};
+    const ldlq_cuda_shape s = batch_shape(L, &items[0]);
     b->dev_bytes = dev_bytes(L, &s, b->n_hess, m);
-    b->host_bytes = host_bytes(k, n, K, b->n_hess, m, on_gpu);
+    b->host_bytes = host_bytes(k, n, K, b->n_hess, m, on_gpu, L->gpu_reg);
     gpu_coder gc = {j, d->c, K};
     const ldlq_coder coder = {gpu_encode, &gc};
     /* the global scales: fixed, the searched one of the slot's first expert (searched here first
      * when this batch holds it), or a search per weight */
     reg_task rt = {.j = j, .items = items, .w = b->w, .hidx = b->hidx, .hs = b->hs, .reg = b->reg,
-                   .g_fixed = b->gfix, .coder = &coder, .st = SPARQ_OK, .lock = PTHREAD_MUTEX_INITIALIZER};
+                   .g_fixed = b->gfix, .coder = &coder, .eng = L->gpu_reg ? &d->eng : NULL, .st = SPARQ_OK,
+                   .lock = PTHREAD_MUTEX_INITIALIZER};
     if (st == SPARQ_OK && j->o->scale_search == QZ_SCALE_SHARED) {
         for (int i = 0; i < m && rt.st == SPARQ_OK; i++) {
             if (items[i].role != SQ_ROLE_EXPERT) continue;
@@ -361,7 +403,8 @@ static sparq_status prepare_batch(void *ctx, int first, int m, void **out)
     if (st == SPARQ_OK && rt.st != SPARQ_OK) st = sparq_err(rt.st, "%s", rt.msg);
     pthread_mutex_destroy(&rt.lock);
     for (int i = 0; i < m && st == SPARQ_OK; i++)
-        b->gi[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = b->reg[i].wr, .trellis = L->ql[items[i].ref].trellis};
+        b->gi[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = reg_weight(j, &b->reg[i]),
+                                    .trellis = L->ql[items[i].ref].trellis};
     snprintf(b->what, sizeof b->what, "%s .. (%d weights of %d x %d, K = %d)", items[0].key, m, k, n, K);
     return st;
 }
@@ -371,7 +414,7 @@ static sparq_status submit_batch(void *ctx, void *bv)
     const gdev *d = ctx;
     const glayer *L = d->L;
     gbatch *b = bv;
-    const ldlq_cuda_shape s = {b->items[0].k, b->items[0].n, b->items[0].K, L->j->o->cb, 0};
+    const ldlq_cuda_shape s = batch_shape(L, &b->items[0]);
     return L->j->gops->batch_submit(d->c, &s, b->gh, b->n_hess, b->gi, b->m, b->what, &b->pend);
 }
 
@@ -430,13 +473,14 @@ sparq_status qz_quantize_layer_cuda(qjob *j, int L, const sq_layer_desc *desc, c
     }
     if (st == SPARQ_OK) qsort(it, (size_t)n_lin, sizeof *it, cmp_gitem);
     double g_shared[SQ_LAYER_MAX_SLOTS][TRELLIS_K_MAX + 1] = {{0}};
-    glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians()};
+    glayer gl = {.j = j, .it = it, .n = n_lin, .ql = ql, .pb = pb, .g_shared = g_shared, .gpu_hess = gpu_hessians(),
+                 .gpu_reg = gpu_reg()};
     const int nd = j->n_gdev;
     gl.n_dev = nd;
     gdev dv[QZ_PIPE_MAX];
     qz_pipe_ops ops[QZ_PIPE_MAX];
     for (int d = 0; d < nd; d++) {
-        dv[d] = (gdev){.L = &gl, .c = j->gdev[d]};
+        dv[d] = (gdev){.L = &gl, .c = j->gdev[d], .eng = gpu_engine(j, j->gdev[d])};
         for (int e = 0; e < nd; e++) dv[d].share += j->rep->devices[e] == j->rep->devices[d];
         snprintf(dv[d].name, sizeof dv[d].name, "CUDA device %d", j->rep->devices[d]);
         ops[d] = (qz_pipe_ops){&dv[d], plan_batch, prepare_batch, submit_batch, wait_batch, finish_batch,
@@ -471,13 +515,15 @@ sparq_status qz_quantize_linear_cuda(qjob *j, const char *key, const char *wkey,
     gpu_coder gc = {j, j->gctx, K};
     const ldlq_coder coder = {gpu_encode, &gc};
     ldlq_reg reg;
-    sparq_status st = ldlq_regularize(hs, w, out, &lo, &coder, wkey, &reg);
+    const bool on_gpu = gpu_reg();
+    const ldlq_reg_engine eng = gpu_engine(j, j->gctx);
+    sparq_status st = ldlq_regularize_on(hs, w, out, &lo, &coder, on_gpu ? &eng : &ldlq_reg_engine_cpu, wkey, &reg);
     sparq_free(w);
     FORWARD_IF(st);
     st = qlin_alloc(q, key, K, in, out);
-    ldlq_cuda_item gi = {.hess = 0, .wr = reg.wr, .trellis = q->trellis};
+    ldlq_cuda_item gi = {.hess = 0, .wr = reg_weight(j, &reg), .trellis = q->trellis};
     const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs), 0};
-    const ldlq_cuda_shape s = {in, out, K, j->o->cb, 0};
+    const ldlq_cuda_shape s = {in, out, K, j->o->cb, 0, on_gpu};
     ldlq_cuda_pending *pend = NULL;
     double gpu_s = 0;
     if (st == SPARQ_OK) st = j->gops->batch_submit(j->gctx, &s, &gh, 1, &gi, 1, key, &pend);

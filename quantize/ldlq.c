@@ -254,7 +254,8 @@ static int cmp_tile_desc(const void *a, const void *b)
 /* Sample tiles for the scale search: a wrapped diagonal `width` tiles wide
  * (every tile row and column at least once) plus the tiles of highest and
  * lowest RMS. Returns the count; *out (stream order, 256 each) is allocated. */
-static sparq_status sample_scale_tiles(const float *w, int k, int n, float **out, size_t *count)
+static sparq_status sample_scale_tiles(const ldlq_reg_engine *eng, void *m, int k, int n, float **out,
+                                       size_t *count)
 {
     const int width = 3;
     int tk = k / 16, tn = n / 16;
@@ -266,29 +267,27 @@ static sparq_status sample_scale_tiles(const float *w, int k, int n, float **out
     size_t total = (size_t)diag_len * width + 2 * num_x;
     float *t = sparq_malloc(total * 256 * sizeof(float));
     tile_rms *ms = sparq_malloc(n_tiles * sizeof *ms);
-    if (!t || !ms) {
-        sparq_free(t);
-        sparq_free(ms);
-        return sparq_err(SPARQ_E_NOMEM, "out of memory sampling tiles");
-    }
+    double *sq = sparq_malloc(n_tiles * sizeof *sq);
+    int *idx = sparq_malloc(total * sizeof *idx);
+    sparq_status st = t && ms && sq && idx ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "out of memory sampling tiles");
     size_t c = 0;
-    for (int ii = 0; ii < diag_len; ii++)
-        for (int ww = 0; ww < width; ww++) tile_gather(w, n, ii % tk, (ii + ww) % tn, t + 256 * c++);
-    for (int ti = 0; ti < tk; ti++)
-        for (int tj = 0; tj < tn; tj++) {
-            const float *base = w + (size_t)ti * 16 * n + (size_t)tj * 16;
-            double s = 0.0;
-            for (int r = 0; r < 16; r++)
-                for (int q = 0; q < 16; q++) s += (double)base[(size_t)r * n + q] * base[(size_t)r * n + q];
-            ms[(size_t)ti * tn + tj] = (tile_rms){(float)(s / 256.0), ti * tn + tj};
-        }
-    qsort(ms, n_tiles, sizeof *ms, cmp_tile_desc);
-    for (size_t i = 0; i < num_x; i++) tile_gather(w, n, ms[i].idx / tn, ms[i].idx % tn, t + 256 * c++);
-    for (size_t i = 0; i < num_x; i++) {
-        int idx = ms[n_tiles - 1 - i].idx;
-        tile_gather(w, n, idx / tn, idx % tn, t + 256 * c++);
+    for (int ii = 0; ii < diag_len && st == SPARQ_OK; ii++)
+        for (int ww = 0; ww < width; ww++) idx[c++] = (ii % tk) * tn + (ii + ww) % tn;
+    if (st == SPARQ_OK) st = eng->tile_sumsq(eng->ctx, m, sq);
+    if (st == SPARQ_OK) {
+        for (size_t i = 0; i < n_tiles; i++) ms[i] = (tile_rms){(float)(sq[i] / 256.0), (int)i};
+        qsort(ms, n_tiles, sizeof *ms, cmp_tile_desc);
+        for (size_t i = 0; i < num_x; i++) idx[c++] = ms[i].idx;
+        for (size_t i = 0; i < num_x; i++) idx[c++] = ms[n_tiles - 1 - i].idx;
+        st = eng->tiles(eng->ctx, m, idx, c, t);
     }
     sparq_free(ms);
+    sparq_free(sq);
+    sparq_free(idx);
+    if (st != SPARQ_OK) {
+        sparq_free(t);
+        return st;
+    }
     *out = t;
     *count = c;
     return SPARQ_OK;
@@ -317,12 +316,12 @@ static sparq_status scale_mse(const ldlq_coder *coder, const float *tiles, size_
 /* Global scale: coarse grid 0.1..1.9 on every third sample tile, a 5-point
  * fine grid (step 0.075) around the coarse minimum on all of them, then a
  * parabolic step clamped to ± half a grid step. */
-static sparq_status g_scale_search(const ldlq_coder *coder, const float *w, int k, int n, int K, double *g_out,
-                                   double *mse_out)
+static sparq_status g_scale_search(const ldlq_coder *coder, const ldlq_reg_engine *eng, void *m, int k, int n,
+                                   int K, double *g_out, double *mse_out)
 {
     float *tiles = NULL;
     size_t nt = 0;
-    FORWARD_IF(sample_scale_tiles(w, k, n, &tiles, &nt));
+    FORWARD_IF(sample_scale_tiles(eng, m, k, n, &tiles, &nt));
     float drift = ldlq_drift(K);
     for (size_t i = 0; i < nt * 256; i++) tiles[i] *= drift;
     float *scratch = sparq_malloc(nt * 2 * 256 * sizeof(float));
@@ -399,26 +398,115 @@ double ldlq_proxy_err(const float *h, int k, const float *w, const float *wq, in
     return num / (den > 1e-30 ? den : 1e-30);
 }
 
-/* Per-row RMS (dim = 1) or per-column RMS (dim = 0) of a k×n matrix. False
- * when the column sums' buffer cannot be allocated. */
-static bool matrix_rms(const float *m, int k, int n, int dim, float *out)
+/* --- the CPU engine (ldlq_reg_engine) ---------------------------------------- */
+
+typedef struct cpu_mat {
+    float *w;
+    int k, n;
+} cpu_mat;
+
+static sparq_status cpu_load(void *ctx, const float *w, int k, int n, void **m)
 {
+    (void)ctx;
+    cpu_mat *x = sparq_malloc(sizeof *x);
+    float *c = sparq_aligned_alloc(64, (size_t)k * n * sizeof(float));
+    if (!x || !c) {
+        sparq_free(x);
+        sparq_aligned_free(c);
+        return sparq_err(SPARQ_E_NOMEM, "out of memory for a %d x %d weight", k, n);
+    }
+    memcpy(c, w, (size_t)k * n * sizeof(float));
+    *x = (cpu_mat){c, k, n};
+    *m = x;
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_sumsq(void *ctx, void *mv, int dim, double *out)
+{
+    (void)ctx;
+    const cpu_mat *x = mv;
+    const float *m = x->w;
+    const int k = x->k, n = x->n;
     if (dim == 0) {
-        double *acc = sparq_calloc((size_t)n, sizeof *acc);
-        if (!acc) return false;
+        for (int c = 0; c < n; c++) out[c] = 0.0;
         for (int r = 0; r < k; r++)
-            for (int c = 0; c < n; c++) acc[c] += (double)m[(size_t)r * n + c] * m[(size_t)r * n + c];
-        for (int c = 0; c < n; c++) out[c] = (float)sqrt(acc[c] / k);
-        sparq_free(acc);
+            for (int c = 0; c < n; c++) out[c] += (double)m[(size_t)r * n + c] * m[(size_t)r * n + c];
     } else {
         for (int r = 0; r < k; r++) {
             double s = 0.0;
             for (int c = 0; c < n; c++) s += (double)m[(size_t)r * n + c] * m[(size_t)r * n + c];
-            out[r] = (float)sqrt(s / n);
+            out[r] = s;
         }
     }
-    return true;
+    return SPARQ_OK;
 }
+
+static sparq_status cpu_scale_had(void *ctx, void *mv, int dim, const float *s)
+{
+    (void)ctx;
+    const cpu_mat *x = mv;
+    float *m = x->w;
+    const int k = x->k, n = x->n;
+    if (dim == 0) {
+        for (int r = 0; r < k; r++)
+            for (int c = 0; c < n; c++) m[(size_t)r * n + c] /= s[c];
+        return hadamard_right(m, (size_t)k, (size_t)n);
+    }
+    for (int r = 0; r < k; r++)
+        for (int c = 0; c < n; c++) m[(size_t)r * n + c] *= s[r];
+    return hadamard_left(m, (size_t)k, (size_t)n);
+}
+
+static sparq_status cpu_tile_sumsq(void *ctx, void *mv, double *out)
+{
+    (void)ctx;
+    const cpu_mat *x = mv;
+    const int n = x->n, tk = x->k / 16, tn = n / 16;
+    for (int ti = 0; ti < tk; ti++)
+        for (int tj = 0; tj < tn; tj++) {
+            const float *base = x->w + (size_t)ti * 16 * n + (size_t)tj * 16;
+            double s = 0.0;
+            for (int r = 0; r < 16; r++)
+                for (int q = 0; q < 16; q++) s += (double)base[(size_t)r * n + q] * base[(size_t)r * n + q];
+            out[(size_t)ti * tn + tj] = s;
+        }
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_tiles(void *ctx, void *mv, const int *idx, size_t count, float *out)
+{
+    (void)ctx;
+    const cpu_mat *x = mv;
+    const int tn = x->n / 16;
+    for (size_t i = 0; i < count; i++) tile_gather(x->w, x->n, idx[i] / tn, idx[i] % tn, out + 256 * i);
+    return SPARQ_OK;
+}
+
+static sparq_status cpu_scale(void *ctx, void *mv, float g)
+{
+    (void)ctx;
+    const cpu_mat *x = mv;
+    for (size_t i = 0; i < (size_t)x->k * x->n; i++) x->w[i] *= g;
+    return SPARQ_OK;
+}
+
+static float *cpu_host(void *ctx, void *mv)
+{
+    (void)ctx;
+    return ((cpu_mat *)mv)->w;
+}
+
+static void cpu_release(void *ctx, void *mv)
+{
+    (void)ctx;
+    cpu_mat *x = mv;
+    if (!x) return;
+    sparq_aligned_free(x->w);
+    sparq_free(x);
+}
+
+const ldlq_reg_engine ldlq_reg_engine_cpu = {NULL,      cpu_load,  cpu_sumsq, cpu_scale_had, cpu_tile_sumsq,
+                                             cpu_tiles, cpu_scale, cpu_host,  cpu_release};
 
 /* exllamav3's rule for output-channel scales: skip them when the input is
  * very irregular (the top 2 % of channels hold ≥ 15 % of the RMS mass).
@@ -464,7 +552,7 @@ static sparq_status cpu_encode(void *ctx, const float *x, size_t n_tiles, uint16
 void ldlq_reg_free(ldlq_reg *r)
 {
     if (!r) return;
-    sparq_aligned_free(r->wr);
+    if (r->dev) r->eng->release(r->eng->ctx, r->dev);
     sparq_free(r->su);
     sparq_free(r->sv);
     memset(r, 0, sizeof *r);
@@ -472,6 +560,13 @@ void ldlq_reg_free(ldlq_reg *r)
 
 sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
                              const ldlq_coder *coder, const char *name, ldlq_reg *out)
+{
+    return ldlq_regularize_on(hs, w, n, opts, coder, &ldlq_reg_engine_cpu, name, out);
+}
+
+sparq_status ldlq_regularize_on(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                                const ldlq_coder *coder, const ldlq_reg_engine *eng, const char *name,
+                                ldlq_reg *out)
 {
     const int k = hs->k, K = opts->K;
     memset(out, 0, sizeof *out);
@@ -482,26 +577,32 @@ sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, cons
         RETURN_IF(!isfinite(w[i]), SPARQ_E_FORMAT, "%s: weight has a non-finite value at (%zu, %zu)", name, i / n,
                   i % n);
     out->k = k, out->n = n;
-    out->wr = sparq_aligned_alloc(64, kn * sizeof(float));
+    out->eng = eng;
     out->su = sparq_malloc((size_t)k * sizeof(float));
     out->sv = sparq_malloc((size_t)n * sizeof(float));
     float *tmp = sparq_malloc((size_t)(k > n ? k : n) * sizeof(float));
+    double *acc = sparq_malloc((size_t)(k > n ? k : n) * sizeof(double));
     sparq_status st = SPARQ_OK;
-    if (!out->wr || !out->su || !out->sv || !tmp) {
+    if (!out->su || !out->sv || !tmp || !acc) {
         st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory quantizing a %d x %d weight", name, k, n);
         goto out;
     }
-    float *wr = out->wr, *su = out->su, *sv = out->sv;
-    memcpy(wr, w, kn * sizeof(float));
+    st = eng->load(eng->ctx, w, k, n, &out->dev);
+    if (st != SPARQ_OK) goto out;
+    void *m = out->dev;
+    float *su = out->su, *sv = out->sv;
 
     /* Output signs and channel scales. */
     ldlq_random_signs(sv, n, opts->seed ^ 0x7A11ull);
     bool apply_out = opts->out_scales > 0;
     float *ocs = tmp;
-    if ((opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) || !matrix_rms(wr, k, n, 0, ocs)) {
+    if (opts->out_scales < 0 && !want_out_scales(hs, &apply_out)) {
         st = sparq_err(SPARQ_E_NOMEM, "%s: out of memory for the channel scales", name);
         goto out;
     }
+    st = eng->sumsq(eng->ctx, m, 0, acc);
+    if (st != SPARQ_OK) goto out;
+    for (int c = 0; c < n; c++) ocs[c] = (float)sqrt(acc[c] / k);
     double mean = 0.0;
     for (int c = 0; c < n; c++) mean += ocs[c];
     mean /= n;
@@ -513,37 +614,39 @@ sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, cons
         if (apply_out) sv[c] = sv[c] * (z ? 0.1f : s) + 1e-10f;
         ocs[c] = z ? 1.0f : 0.0f; /* remember zero columns */
     }
-    for (int r = 0; r < k; r++)
-        for (int c = 0; c < n; c++) wr[(size_t)r * n + c] /= sv[c];
+    st = eng->scale_had(eng->ctx, m, 0, sv); /* ÷ sv, then every row ·H */
+    if (st != SPARQ_OK) goto out;
     for (int c = 0; c < n; c++)
         if (ocs[c] != 0.0f) sv[c] = 0.0f;
-    st = hadamard_right(wr, (size_t)k, (size_t)n);
-    if (st != SPARQ_OK) goto out;
 
     /* Input signs and channel scales. */
-    matrix_rms(wr, k, n, 1, tmp); /* rows: nothing to allocate */
+    st = eng->sumsq(eng->ctx, m, 1, acc);
+    if (st != SPARQ_OK) goto out;
     for (int r = 0; r < k; r++) {
-        float s = fabsf(tmp[r]) < 1e-30f ? 0.1f : tmp[r];
+        const float rms = (float)sqrt(acc[r] / n);
+        float s = fabsf(rms) < 1e-30f ? 0.1f : rms;
         su[r] = hs->su[r] * s / -LDLQ_CODEBOOK_SCALE + 1e-10f;
-        float inv = 1.0f / su[r];
-        for (int c = 0; c < n; c++) wr[(size_t)r * n + c] *= inv;
+        tmp[r] = 1.0f / su[r];
     }
-    st = hadamard_left(wr, (size_t)k, (size_t)n);
+    st = eng->scale_had(eng->ctx, m, 1, tmp); /* × 1/su, then H· every column */
     if (st != SPARQ_OK) goto out;
 
     /* Global scale. */
     double g = opts->g_fixed, smse = 0.0;
     if (!(g > 0)) {
-        st = g_scale_search(coder, wr, k, n, K, &g, &smse);
+        st = g_scale_search(coder, eng, m, k, n, K, &g, &smse);
         if (st != SPARQ_OK) goto out;
     }
-    for (size_t i = 0; i < kn; i++) wr[i] *= (float)g;
+    st = eng->scale(eng->ctx, m, (float)g);
+    if (st != SPARQ_OK) goto out;
     for (int r = 0; r < k; r++) su[r] /= (float)g;
+    out->wr = eng->host(eng->ctx, m);
     out->g = g;
     out->smse = smse;
     out->apply_out = apply_out;
 out:
     sparq_free(tmp);
+    sparq_free(acc);
     if (st != SPARQ_OK) ldlq_reg_free(out);
     return st;
 }

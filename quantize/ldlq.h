@@ -131,9 +131,42 @@ typedef struct ldlq_coder {
     void *ctx;
 } ldlq_coder;
 
+/* Where ldlq_regularize_on does its O(k·n) matrix work: on the CPU
+ * (ldlq_reg_engine_cpu, what ldlq_regularize uses; the matrix is host memory)
+ * or on a device (kernels/cuda/ldlq_cuda.h, ldlq_cuda_reg_*: the matrix stays
+ * in device memory, ldlq_reg.dev, and the recursion reads it there). The
+ * decisions between the steps (scales, signs, the scale search) are made on
+ * the host from what the engine returns, so an engine that keeps the CPU's
+ * arithmetic — sums of squares in double in the CPU's order, the same IEEE
+ * divisions and products, the same butterflies — gives the CPU's floats bit
+ * for bit. m is the engine's matrix (k×n, row-major). */
+typedef struct ldlq_reg_engine {
+    void *ctx;
+    /* *m ← a copy of host w (k×n) */
+    sparq_status (*load)(void *ctx, const float *w, int k, int n, void **m);
+    /* dim 0: out[c] = Σ_r m[r][c]² (r ascending); dim 1: out[r] = Σ_c m[r][c]² (c ascending); in double */
+    sparq_status (*sumsq)(void *ctx, void *m, int dim, double *out);
+    /* dim 0: m[r][c] /= s[c], then every row ← row·H (hadamard_right); dim 1: m[r][c] *= s[r], then
+     * every column ← H·column (hadamard_left) */
+    sparq_status (*scale_had)(void *ctx, void *m, int dim, const float *s);
+    /* out[ti·(n/16) + tj] = Σ m² over tile (ti, tj), its rows then columns ascending, in double */
+    sparq_status (*tile_sumsq)(void *ctx, void *m, double *out);
+    /* the tiles idx[i] = ti·(n/16) + tj in stream order (trellis_pos_row/col), 256 floats each, to host out */
+    sparq_status (*tiles)(void *ctx, void *m, const int *idx, size_t count, float *out);
+    /* m *= g */
+    sparq_status (*scale)(void *ctx, void *m, float g);
+    /* the host copy of m (k×n), or NULL for an engine whose matrix is not host memory */
+    float *(*host)(void *ctx, void *m);
+    void (*release)(void *ctx, void *m);
+} ldlq_reg_engine;
+
+extern const ldlq_reg_engine ldlq_reg_engine_cpu;
+
 typedef struct ldlq_reg {
     int k, n;
-    float *wr;       /* k×n row-major: the regularised weight, × g */
+    float *wr;       /* k×n row-major: the regularised weight, × g (host; NULL on a device engine) */
+    void *dev;       /* the engine's matrix (== wr on the CPU's): on a device, its regularised weight */
+    const ldlq_reg_engine *eng;
     float *su, *sv;  /* k, n: the scales suh / svh hold (su already ÷ g) */
     double g, smse;
     bool apply_out;
@@ -141,6 +174,10 @@ typedef struct ldlq_reg {
 
 sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
                              const ldlq_coder *coder, const char *name, ldlq_reg *out);
+/* ldlq_regularize with the matrix work on eng (ldlq_reg_engine_cpu: ldlq_regularize). */
+sparq_status ldlq_regularize_on(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
+                                const ldlq_coder *coder, const ldlq_reg_engine *eng, const char *name,
+                                ldlq_reg *out);
 void ldlq_reg_free(ldlq_reg *r);
 sparq_status ldlq_finish(const ldlq_hessian *hs, const ldlq_reg *r, const float *wq, double proxy, const char *name,
                          ldlq_result *res);

@@ -146,7 +146,7 @@ struct enc_slot {
  * scale search's encodes `estream` with their own encoder and buffers behind `elock`.
  * So a batch in flight never waits for a preparation or an encode, nor they for it. */
 struct ldlq_cuda {
-    cudaStream_t stream, copy, prep, estream;
+    cudaStream_t stream, copy, prep, estream, rstream;
     cublasHandle_t blas, pblas;
     size_t enc_ws;             /* every encoder's workspace (fixed at create) */
     enc_slot benc[BATCH_ENCODERS];
@@ -164,6 +164,7 @@ struct ldlq_cuda {
     float *ex, *edec;
     uint16_t *est;
     size_t ecap;               /* tiles the three buffers hold */
+    pthread_mutex_t rlock;     /* the regularisation's calls (ldlq_cuda_reg_*), one at a time on rstream */
 };
 
 /* A batch in flight (ldlq_cuda_batch_submit .. _wait). */
@@ -234,8 +235,8 @@ extern "C" void ldlq_cuda_free(ldlq_cuda *c)
     if (!c) return;
     cudaSetDevice(c->dev);
     /* batches still in flight (a caller's error) finish before their memory goes */
-    cudaStream_t ss[4] = {c->stream, c->copy, c->prep, c->estream};
-    for (int i = 0; i < 4; i++)
+    cudaStream_t ss[5] = {c->stream, c->copy, c->prep, c->estream, c->rstream};
+    for (int i = 0; i < 5; i++)
         if (ss[i]) cudaStreamSynchronize(ss[i]);
     for (int i = 0; i < BATCH_ENCODERS; i++) trellis_cuda_enc_free(c->benc[i].enc);
     trellis_cuda_enc_free(c->senc);
@@ -245,9 +246,10 @@ extern "C" void ldlq_cuda_free(ldlq_cuda *c)
     if (c->estream) cudaStreamSynchronize(c->estream);
     if (c->blas) cublasDestroy(c->blas);
     if (c->pblas) cublasDestroy(c->pblas);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (ss[i]) cudaStreamDestroy(ss[i]);
     pthread_mutex_destroy(&c->elock);
+    pthread_mutex_destroy(&c->rlock);
     pthread_mutex_destroy(&c->qlock);
     pthread_cond_destroy(&c->qturn);
     sparq_free(c);
@@ -268,6 +270,7 @@ extern "C" sparq_status ldlq_cuda_create(int device, size_t enc_workspace, ldlq_
     RETURN_IF(!c, SPARQ_E_NOMEM, "cuda ldlq: out of memory");
     c->dev = device;
     pthread_mutex_init(&c->elock, NULL);
+    pthread_mutex_init(&c->rlock, NULL);
     pthread_mutex_init(&c->qlock, NULL);
     pthread_cond_init(&c->qturn, NULL);
     c->senc_K = -1;
@@ -284,9 +287,9 @@ extern "C" sparq_status ldlq_cuda_create(int device, size_t enc_workspace, ldlq_
      * SMs only where a launch ends, and priority makes it go first there */
     int lo_prio = 0, hi_prio = 0;
     if (st == SPARQ_OK) st = cuda_status(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio), "ldlq: stream priorities");
-    cudaStream_t *ss[4] = {&c->stream, &c->copy, &c->prep, &c->estream};
-    const int prio[4] = {lo_prio, lo_prio, hi_prio, hi_prio};
-    for (int i = 0; i < 4 && st == SPARQ_OK; i++)
+    cudaStream_t *ss[5] = {&c->stream, &c->copy, &c->prep, &c->estream, &c->rstream};
+    const int prio[5] = {lo_prio, lo_prio, hi_prio, hi_prio, hi_prio};
+    for (int i = 0; i < 5 && st == SPARQ_OK; i++)
         st = cuda_status(cudaStreamCreateWithPriority(ss[i], cudaStreamNonBlocking, prio[i]), "ldlq: stream");
     cublasHandle_t *hh[2] = {&c->blas, &c->pblas};
     cudaStream_t hs[2] = {c->stream, c->prep};
@@ -433,7 +436,7 @@ static size_t batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int
 {
     const size_t k = (size_t)s->k, n = (size_t)s->n, kn = k * n, tiles = kn / 256;
     const size_t hess = (size_t)n_hess * (2 * k * k + k) * sizeof(float);
-    const size_t w = (size_t)n_items * kn * sizeof(float) * (want_wq ? 3 : 2);             /* wr, err (, wq) */
+    const size_t w = (size_t)n_items * kn * sizeof(float) * ((want_wq ? 3 : 2) - (s->wr_device ? 1 : 0)); /* wr, err (, wq) */
     const size_t strip = (size_t)n_items * 16 * n * (sizeof(float) * 4 + sizeof(uint16_t)); /* t, tiles, tw, dec, states */
     const size_t trellis = (size_t)n_items * tiles * 16 * s->K * sizeof(uint16_t);
     const size_t ptrs = (size_t)n_items * 12 * sizeof(void *);
@@ -490,7 +493,7 @@ static sparq_status enqueue(ldlq_cuda_pending *p, const ldlq_cuda_hess *hs, int 
     char *base = p->base;
     carver cv = {base};
     float *hbuf = cv.take<float>((size_t)n_host * (2 * kk + k));
-    float *wbuf = cv.take<float>((size_t)n_items * kn);
+    float *wbuf = s->wr_device ? NULL : cv.take<float>((size_t)n_items * kn);
     float *ebuf = cv.take<float>((size_t)n_items * kn);
     float *qbuf = p->want_wq ? cv.take<float>((size_t)n_items * kn) : NULL;
     float *tbuf = cv.take<float>((size_t)n_items * 16 * n);
@@ -542,7 +545,7 @@ static sparq_status enqueue(ldlq_cuda_pending *p, const ldlq_cuda_hess *hs, int 
         const ldlq_cuda_item *it = &items[i];
         const bool ident = !hs[it->hess].hr;
         P[0][i] = tbuf + (size_t)i * 16 * n;
-        P[1][i] = wbuf + (size_t)i * kn;
+        P[1][i] = wbuf ? wbuf + (size_t)i * kn : (void *)it->wr;
         P[2][i] = ebuf + (size_t)i * kn;
         P[3][i] = qbuf ? qbuf + (size_t)i * kn : NULL;
         P[4][i] = ident ? NULL : (void *)d_dev[it->hess];
@@ -553,7 +556,7 @@ static sparq_status enqueue(ldlq_cuda_pending *p, const ldlq_cuda_hess *hs, int 
             P[8][n_nz] = P[0][i];
             n_nz++;
         }
-        st = cuda_status(cudaMemcpyAsync(P[1][i], it->wr, kn * 4, cudaMemcpyHostToDevice, cs), "upload W");
+        if (wbuf) st = cuda_status(cudaMemcpyAsync(P[1][i], it->wr, kn * 4, cudaMemcpyHostToDevice, cs), "upload W");
     }
     void **D[12];
     for (int a = 0; a < 12; a++) D[a] = ptrs + (size_t)a * n_items;
@@ -662,6 +665,7 @@ extern "C" sparq_status ldlq_cuda_batch_submit(ldlq_cuda *c, const ldlq_cuda_sha
     for (int i = 0; i < n_items; i++) {
         RETURN_IF(items[i].hess < 0 || items[i].hess >= n_hess, SPARQ_E_ARG, "%s: item %d: Hessian %d of %d", name, i,
                   items[i].hess, n_hess);
+        RETURN_IF(!items[i].wr, SPARQ_E_ARG, "%s: item %d has no weight", name, i);
         want_wq |= items[i].wq != NULL;
     }
     for (int h = 0; h < n_hess; h++) n_host += hs[h].hr && !hs[h].device;
@@ -838,10 +842,286 @@ extern "C" ldlq_cuda_hess ldlq_cuda_hess_of(const ldlq_cuda_dhess *d)
     return ldlq_cuda_hess{d->h.hr, d->h.l, d->h.d_diag, 1};
 }
 
+/* --- the regularisation's matrix work (ldlq_cuda_reg_*; quantize/ldlq.h's ldlq_reg_engine) --------- */
+
+namespace {
+
+#define REG_HAD_SCALE 0.08838834764831845f /* 1/sqrt(128): kernels/cpu/trellis.c's HAD_SCALE */
+
+/* out[c] = Σ_r m[r][c]², r ascending: one thread per column (adjacent threads, adjacent columns). */
+__global__ void k_reg_col_sumsq(const float *m, int k, int n, double *out)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    double s = 0.0;
+    for (int r = 0; r < k; r++) {
+        const double x = m[(size_t)r * n + c];
+        s = __dadd_rn(s, __dmul_rn(x, x));
+    }
+    out[c] = s;
+}
+
+/* out[r] = Σ_c m[r][c]², c ascending: 32 rows a block, read through shared memory 32 columns
+ * at a time (coalesced), each row added by one thread in column order. */
+__global__ void k_reg_row_sumsq(const float *m, int k, int n, double *out)
+{
+    __shared__ float t[32][33];
+    const int r0 = blockIdx.x * 32, tx = threadIdx.x, ty = threadIdx.y; /* 32 × 8 */
+    double s = 0.0;
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        for (int rr = ty; rr < 32; rr += 8)
+            t[rr][tx] = r0 + rr < k && c0 + tx < n ? m[(size_t)(r0 + rr) * n + c0 + tx] : 0.0f;
+        __syncthreads();
+        if (ty == 0)
+            for (int q = 0; q < 32 && c0 + q < n; q++) {
+                const double x = t[tx][q];
+                s = __dadd_rn(s, __dmul_rn(x, x));
+            }
+        __syncthreads();
+    }
+    if (ty == 0 && r0 + tx < k) out[r0 + tx] = s;
+}
+
+/* out[ti·tn + tj] = Σ over tile (ti, tj) of m², its rows then columns ascending: a thread a tile. */
+__global__ void k_reg_tile_sumsq(const float *m, int k, int n, double *out)
+{
+    const int tn = n / 16;
+    const size_t tiles = (size_t)(k / 16) * tn;
+    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < tiles; x += (size_t)gridDim.x * blockDim.x) {
+        const float *b = m + (x / tn) * 16 * (size_t)n + (x % tn) * 16;
+        double s = 0.0;
+        for (int r = 0; r < 16; r++)
+            for (int q = 0; q < 16; q++) {
+                const double v = b[(size_t)r * n + q];
+                s = __dadd_rn(s, __dmul_rn(v, v));
+            }
+        out[x] = s;
+    }
+}
+
+/* The 128-point butterflies of trellis_had128 on v[0..128) in shared memory, `lanes` threads
+ * (lane 0..lanes) sharing the 64 pairs of each stage; then × 1/√128. */
+__device__ void had128_smem(float *v, int stride, int lane, int lanes)
+{
+    for (int h = 1; h < 128; h <<= 1) {
+        for (int p = lane; p < 64; p += lanes) {
+            const int j = (p / h) * 2 * h + p % h;
+            const float a = v[j * stride], c = v[(j + h) * stride];
+            v[j * stride] = __fadd_rn(a, c);
+            v[(j + h) * stride] = __fsub_rn(a, c);
+        }
+        __syncthreads();
+    }
+    for (int j = lane; j < 128; j += lanes) v[j * stride] = __fmul_rn(v[j * stride], REG_HAD_SCALE);
+    __syncthreads();
+}
+
+/* m[r][c] /= s[c], then every 128-block of every row ← block·H: a block of 128 threads per
+ * (row, 128-block), one element each (and one pair each for the first 64 in the stages). */
+__global__ void k_reg_had_right(float *m, int k, int n, const float *sc)
+{
+    __shared__ float v[128];
+    const int nb = n / 128;
+    const size_t seg = blockIdx.x; /* row · nb + block */
+    const int r = (int)(seg / nb), c0 = (int)(seg % nb) * 128, t = threadIdx.x;
+    float *row = m + (size_t)r * n + c0;
+    v[t] = __fdiv_rn(row[t], sc[c0 + t]);
+    __syncthreads();
+    had128_smem(v, 1, t, 128);
+    row[t] = v[t];
+}
+
+/* m[r][c] *= s[r], then every column's 128-blocks ← H·block: a block per (128 rows, 32 columns)
+ * in shared memory, 256 threads (8 per column) sharing each stage's 64 pairs of a column. */
+__global__ void k_reg_had_left(float *m, int k, int n, const float *sc)
+{
+    __shared__ float v[128 * 33];
+    const int r0 = blockIdx.y * 128, c0 = blockIdx.x * 32, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    for (int r = ty; r < 128; r += 8) {
+        const size_t o = (size_t)(r0 + r) * n + c0 + tx;
+        v[r * 33 + tx] = c0 + tx < n ? __fmul_rn(m[o], sc[r0 + r]) : 0.0f;
+    }
+    __syncthreads();
+    had128_smem(v + tx, 33, ty, 8);
+    for (int r = ty; r < 128; r += 8)
+        if (c0 + tx < n) m[(size_t)(r0 + r) * n + c0 + tx] = v[r * 33 + tx];
+}
+
+/* out[i·256 + p] = m's tile idx[i] at stream position p (trellis_pos_row / _col). */
+__global__ void k_reg_tiles(const float *m, int n, const int *idx, size_t count, float *out)
+{
+    const int tn = n / 16;
+    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < count * 256; x += (size_t)gridDim.x * blockDim.x) {
+        const int p = (int)(x & 255), t = idx[x >> 8];
+        const int r = (t / tn) * 16 + trellis_pos_row(p), c = (t % tn) * 16 + trellis_pos_col(p);
+        out[x] = m[(size_t)r * n + c];
+    }
+}
+
+__global__ void k_reg_scale(float *m, size_t kn, float g)
+{
+    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < kn; x += (size_t)gridDim.x * blockDim.x)
+        m[x] = __fmul_rn(m[x], g);
+}
+
+} // namespace
+
+/* A regularised weight in device memory. */
+struct reg_mat {
+    float *d;
+    int k, n;
+};
+
+extern "C" size_t ldlq_cuda_reg_bytes(int k, int n) { return (size_t)k * n * sizeof(float) + 256; }
+
+extern "C" const float *ldlq_cuda_reg_device(const void *m) { return ((const reg_mat *)m)->d; }
+
+/* One call of the engine: on the context's device and stream, one at a time. `scratch` is a
+ * device buffer of `bytes` (freed at the end, in stream order), the call's work queued by fn;
+ * the stream is synchronised before the lock goes, so the caller's results are there. */
+template <typename F>
+static sparq_status reg_call(ldlq_cuda *c, size_t bytes, const char *what, F fn)
+{
+    pthread_mutex_lock(&c->rlock);
+    sparq_status st = use_dev(c);
+    void *scratch = NULL;
+    if (st == SPARQ_OK && bytes) {
+        const cudaError_t e = dev_alloc(c, &scratch, bytes, c->rstream);
+        if (e != cudaSuccess)
+            st = sparq_err(SPARQ_E_NOMEM, "cuda regularisation: cannot allocate %.1f MB for %s (%s)", bytes / 1e6,
+                           what, cudaGetErrorString(e));
+    }
+    if (st == SPARQ_OK) st = fn(c->rstream, scratch);
+    if (st == SPARQ_OK) st = cuda_status(cudaGetLastError(), what);
+    dev_free(c, scratch, c->rstream);
+    const sparq_status s2 = cuda_status(cudaStreamSynchronize(c->rstream), what);
+    pthread_mutex_unlock(&c->rlock);
+    return st != SPARQ_OK ? st : s2;
+}
+
+extern "C" sparq_status ldlq_cuda_reg_load(void *cv, const float *w, int k, int n, void **out)
+{
+    ldlq_cuda *c = (ldlq_cuda *)cv;
+    *out = NULL;
+    RETURN_IF(k <= 0 || n <= 0 || k % 128 || n % 128, SPARQ_E_SHAPE, "cuda regularisation: %d x %d is not a "
+              "multiple of 128 both ways", k, n);
+    reg_mat *x = (reg_mat *)sparq_calloc(1, sizeof *x);
+    RETURN_IF(!x, SPARQ_E_NOMEM, "out of memory");
+    x->k = k, x->n = n;
+    const size_t bytes = (size_t)k * n * sizeof(float);
+    pthread_mutex_lock(&c->rlock);
+    sparq_status st = use_dev(c);
+    if (st == SPARQ_OK) {
+        const cudaError_t e = dev_alloc(c, (void **)&x->d, bytes, c->rstream);
+        if (e != cudaSuccess)
+            st = sparq_err(SPARQ_E_NOMEM, "cuda regularisation: cannot allocate %.1f MB for a %d x %d weight (%s)",
+                           bytes / 1e6, k, n, cudaGetErrorString(e));
+    }
+    if (st == SPARQ_OK)
+        st = cuda_status(cudaMemcpyAsync(x->d, w, bytes, cudaMemcpyHostToDevice, c->rstream), "upload weight");
+    const sparq_status s2 = cuda_status(cudaStreamSynchronize(c->rstream), "upload weight");
+    if (st == SPARQ_OK) st = s2;
+    if (st != SPARQ_OK) {
+        dev_free(c, x->d, c->rstream);
+        cudaStreamSynchronize(c->rstream);
+        sparq_free(x);
+        x = NULL;
+    }
+    pthread_mutex_unlock(&c->rlock);
+    *out = x;
+    return st;
+}
+
+extern "C" void ldlq_cuda_reg_release(void *cv, void *m)
+{
+    ldlq_cuda *c = (ldlq_cuda *)cv;
+    reg_mat *x = (reg_mat *)m;
+    if (!x) return;
+    pthread_mutex_lock(&c->rlock);
+    cudaSetDevice(c->dev);
+    dev_free(c, x->d, c->rstream);
+    pthread_mutex_unlock(&c->rlock);
+    sparq_free(x);
+}
+
+extern "C" sparq_status ldlq_cuda_reg_sumsq(void *cv, void *m, int dim, double *out)
+{
+    const reg_mat *x = (const reg_mat *)m;
+    const int len = dim == 0 ? x->n : x->k;
+    return reg_call((ldlq_cuda *)cv, (size_t)len * sizeof(double), "regularisation sums of squares",
+                    [&](cudaStream_t s, void *buf) {
+                        double *d = (double *)buf;
+                        if (dim == 0) k_reg_col_sumsq<<<(x->n + 127) / 128, 128, 0, s>>>(x->d, x->k, x->n, d);
+                        else k_reg_row_sumsq<<<(x->k + 31) / 32, dim3(32, 8), 0, s>>>(x->d, x->k, x->n, d);
+                        return cuda_status(cudaMemcpyAsync(out, d, (size_t)len * sizeof(double),
+                                                           cudaMemcpyDeviceToHost, s), "sums of squares");
+                    });
+}
+
+extern "C" sparq_status ldlq_cuda_reg_scale_had(void *cv, void *m, int dim, const float *sc)
+{
+    const reg_mat *x = (const reg_mat *)m;
+    const int len = dim == 0 ? x->n : x->k;
+    return reg_call((ldlq_cuda *)cv, (size_t)len * sizeof(float), "regularisation scales and Hadamard",
+                    [&](cudaStream_t s, void *buf) {
+                        float *d = (float *)buf;
+                        const sparq_status st = cuda_status(
+                            cudaMemcpyAsync(d, sc, (size_t)len * sizeof(float), cudaMemcpyHostToDevice, s), "scales");
+                        if (st != SPARQ_OK) return st;
+                        if (dim == 0)
+                            k_reg_had_right<<<(unsigned)((size_t)x->k * (x->n / 128)), 128, 0, s>>>(x->d, x->k, x->n, d);
+                        else k_reg_had_left<<<dim3((x->n + 31) / 32, x->k / 128), 256, 0, s>>>(x->d, x->k, x->n, d);
+                        return SPARQ_OK;
+                    });
+}
+
+extern "C" sparq_status ldlq_cuda_reg_tile_sumsq(void *cv, void *m, double *out)
+{
+    const reg_mat *x = (const reg_mat *)m;
+    const size_t tiles = (size_t)(x->k / 16) * (x->n / 16);
+    return reg_call((ldlq_cuda *)cv, tiles * sizeof(double), "regularisation tile sums",
+                    [&](cudaStream_t s, void *buf) {
+                        k_reg_tile_sumsq<<<grid_for(tiles), 256, 0, s>>>(x->d, x->k, x->n, (double *)buf);
+                        return cuda_status(cudaMemcpyAsync(out, buf, tiles * sizeof(double), cudaMemcpyDeviceToHost, s),
+                                           "tile sums");
+                    });
+}
+
+extern "C" sparq_status ldlq_cuda_reg_tiles(void *cv, void *m, const int *idx, size_t count, float *out)
+{
+    const reg_mat *x = (const reg_mat *)m;
+    if (count == 0) return SPARQ_OK;
+    const size_t ib = (count * sizeof(int) + 255) / 256 * 256;
+    return reg_call((ldlq_cuda *)cv, ib + count * 256 * sizeof(float), "regularisation sample tiles",
+                    [&](cudaStream_t s, void *buf) {
+                        int *di = (int *)buf;
+                        float *dt = (float *)((char *)buf + ib);
+                        sparq_status st = cuda_status(
+                            cudaMemcpyAsync(di, idx, count * sizeof(int), cudaMemcpyHostToDevice, s), "tile indices");
+                        if (st != SPARQ_OK) return st;
+                        k_reg_tiles<<<grid_for(count * 256), 256, 0, s>>>(x->d, x->n, di, count, dt);
+                        return cuda_status(cudaMemcpyAsync(out, dt, count * 256 * sizeof(float),
+                                                           cudaMemcpyDeviceToHost, s), "sample tiles");
+                    });
+}
+
+extern "C" sparq_status ldlq_cuda_reg_scale(void *cv, void *m, float g)
+{
+    const reg_mat *x = (const reg_mat *)m;
+    const size_t kn = (size_t)x->k * x->n;
+    return reg_call((ldlq_cuda *)cv, 0, "regularisation global scale", [&](cudaStream_t s, void *) {
+        k_reg_scale<<<grid_for(kn), 256, 0, s>>>(x->d, kn, g);
+        return SPARQ_OK;
+    });
+}
+
 static const ldlq_cuda_ops g_ops = {ldlq_cuda_create,      ldlq_cuda_free,        ldlq_cuda_mem_info,
                                     ldlq_cuda_batch_bytes, ldlq_cuda_encoder_bytes, ldlq_cuda_encode_host,
                                     ldlq_cuda_batch,       ldlq_cuda_hess_prepare, ldlq_cuda_hess_free,
                                     ldlq_cuda_hess_of,     ldlq_cuda_hess_bytes,  ldlq_cuda_batch_submit,
-                                    ldlq_cuda_batch_wait};
+                                    ldlq_cuda_batch_wait,  ldlq_cuda_reg_load,    ldlq_cuda_reg_sumsq,
+                                    ldlq_cuda_reg_scale_had, ldlq_cuda_reg_tile_sumsq, ldlq_cuda_reg_tiles,
+                                    ldlq_cuda_reg_scale,   ldlq_cuda_reg_release, ldlq_cuda_reg_device,
+                                    ldlq_cuda_reg_bytes};
 
 extern "C" const ldlq_cuda_ops *ldlq_cuda_get_ops(void) { return &g_ops; }

@@ -5,10 +5,13 @@
  * launch of the GPU Viterbi (trellis_encode.h). Plain C, no CUDA types:
  * device pointers are plain pointers.
  *
- * What runs where (quantize/layer_cuda.c drives it): the CPU prepares each
- * Hessian and regularises each weight (ldlq_hessian_prepare, ldlq_regularize:
- * O(k·n) work, bit-exact with the CPU quantizer, the scale search's tiles
- * encoded on the GPU through ldlq_cuda_encode_host); the GPU runs, per strip
+ * What runs where (quantize/layer_cuda.c drives it): each Hessian is prepared
+ * on the GPU (ldlq_cuda_hess_prepare) and each weight regularised with its
+ * matrix work on the GPU (ldlq_cuda_reg_*: quantize/ldlq.h's ldlq_reg_engine;
+ * the host makes the decisions between the steps, bit-exact with the CPU
+ * quantizer, the scale search's tiles encoded on the GPU through
+ * ldlq_cuda_encode_host), the regularised weight staying in device memory
+ * for the batch; the GPU runs, per strip
  * from the last to the first, the targets T = wr[strip] + L[later, strip]ᵀ ·
  * (wr − wq)[later] (cuBLAS SGEMM, batched over the weights, fp32, no TF32),
  * the gather into stream order, the Viterbi over every tile of the strip,
@@ -51,6 +54,7 @@ typedef struct ldlq_cuda_shape {
     int K;                /* 1..8 */
     trellis_codebook cb;
     int weighted;         /* weight each tile row by diag(D) (ldlq_opts.weighted) */
+    int wr_device;        /* every item's wr is device memory (ldlq_cuda_reg_device), read in place */
 } ldlq_cuda_shape;
 
 /* A prepared Hessian: host arrays (from ldlq_hessian_hr / _l / _d), or with
@@ -67,7 +71,7 @@ typedef struct ldlq_cuda_dhess ldlq_cuda_dhess;
 
 typedef struct ldlq_cuda_item {
     int hess;            /* index into the batch's Hessians */
-    const float *wr;     /* host k×n: ldlq_reg.wr */
+    const float *wr;     /* k×n: ldlq_reg.wr on the host, or (shape.wr_device) the device matrix */
     uint16_t *trellis;   /* host out: (k/16)·(n/16) tiles of 16K words, the on-disk layout */
     float *wq;           /* host out k×n (the codebook values, regularised basis) or NULL */
     double proxy_err;    /* out */
@@ -124,6 +128,29 @@ size_t ldlq_cuda_hess_bytes(int k);
 sparq_status ldlq_cuda_encode_host(ldlq_cuda *c, int K, trellis_codebook cb, const float *x, size_t n_tiles,
                                    uint16_t *states, float *decoded);
 
+/* The regularisation's matrix work on the GPU: the functions of quantize/ldlq.h's
+ * ldlq_reg_engine (ctx: the ldlq_cuda; the matrix m is opaque, its device data
+ * ldlq_cuda_reg_device(m)), with the CPU engine's arithmetic: the sums of
+ * squares in double, one thread per column, row or tile adding in the CPU's
+ * order; IEEE divisions and products; the 128-point butterflies in the CPU's
+ * stages, then × 1/√128. So wr is the CPU's bit for bit (test_ldlq_cuda).
+ * Any number of threads may call them at once: they run one at a time on the
+ * context's own high-priority stream (the recursion's launches fill every SM;
+ * priority makes this work go first where one ends), each synchronous. The
+ * matrix is allocated by load in stream order (k·n floats,
+ * ldlq_cuda_reg_bytes) and freed by release, which the caller does only after
+ * the batches reading it were waited for. */
+sparq_status ldlq_cuda_reg_load(void *c, const float *w, int k, int n, void **m);
+sparq_status ldlq_cuda_reg_sumsq(void *c, void *m, int dim, double *out);
+sparq_status ldlq_cuda_reg_scale_had(void *c, void *m, int dim, const float *s);
+sparq_status ldlq_cuda_reg_tile_sumsq(void *c, void *m, double *out);
+sparq_status ldlq_cuda_reg_tiles(void *c, void *m, const int *idx, size_t count, float *out);
+sparq_status ldlq_cuda_reg_scale(void *c, void *m, float g);
+void ldlq_cuda_reg_release(void *c, void *m);
+const float *ldlq_cuda_reg_device(const void *m);
+/* Device bytes one regularised k×n weight holds from load to release. */
+size_t ldlq_cuda_reg_bytes(int k, int n);
+
 /* A batch in flight. */
 typedef struct ldlq_cuda_pending ldlq_cuda_pending;
 
@@ -175,6 +202,15 @@ typedef struct ldlq_cuda_ops {
     sparq_status (*batch_submit)(ldlq_cuda *c, const ldlq_cuda_shape *s, const ldlq_cuda_hess *hs, int n_hess,
                                  ldlq_cuda_item *items, int n_items, const char *name, ldlq_cuda_pending **out);
     sparq_status (*batch_wait)(ldlq_cuda_pending *p, double *gpu_seconds);
+    sparq_status (*reg_load)(void *c, const float *w, int k, int n, void **m);
+    sparq_status (*reg_sumsq)(void *c, void *m, int dim, double *out);
+    sparq_status (*reg_scale_had)(void *c, void *m, int dim, const float *s);
+    sparq_status (*reg_tile_sumsq)(void *c, void *m, double *out);
+    sparq_status (*reg_tiles)(void *c, void *m, const int *idx, size_t count, float *out);
+    sparq_status (*reg_scale)(void *c, void *m, float g);
+    void (*reg_release)(void *c, void *m);
+    const float *(*reg_device)(const void *m);
+    size_t (*reg_bytes)(int k, int n);
 } ldlq_cuda_ops;
 
 const ldlq_cuda_ops *ldlq_cuda_get_ops(void);

@@ -28,6 +28,13 @@
  *    from its own thread at the same time (a batch of three weights, a GPU
  *    Hessian preparation and a search encode each), give the words and
  *    proxies of the one context, bit for bit;
+ *  - the regularisation on the GPU (ldlq_cuda_reg_*, the ldlq_reg_engine):
+ *    on random weights with loud rows and columns, a zero row and a zero
+ *    column, calibrated and identity Hessians, the scale search or a fixed
+ *    scale, several shapes: su, sv, g and every float of the regularised
+ *    weight equal the CPU engine's bit for bit, and the batch reading the
+ *    device matrix in place (wr_device) gives the words of the batch that
+ *    uploads the CPU's;
  *  - errors: a shape that is not a multiple of 128 is refused.
  * Exits 77 ("skipped: no GPU") without a usable GPU. */
 #include <math.h>
@@ -411,6 +418,81 @@ static void test_two_in_flight(void)
 /* The scale search's encodes: Gaussian tiles at some of the search's scales, every K, mul1:
  * the GPU's states against the CPU encoder's. Where they differ the tile's squared
  * errors are compared (equal: another path of the same cost; else a real difference). */
+/* The regularisation's matrix work on the GPU against the CPU's: the same bits (see the top). */
+static void test_reg_engine(void)
+{
+    const ldlq_reg_engine gpu = {g_ctx,         ldlq_cuda_reg_load,  ldlq_cuda_reg_sumsq, ldlq_cuda_reg_scale_had,
+                                 ldlq_cuda_reg_tile_sumsq, ldlq_cuda_reg_tiles, ldlq_cuda_reg_scale, NULL,
+                                 ldlq_cuda_reg_release};
+    static const struct {
+        int k, n, calibrated, search, out_scales, K;
+    } cases[] = {{128, 256, 1, 1, 1, 3}, {256, 128, 0, 1, -1, 2}, {512, 384, 1, 0, 1, 4}, {384, 512, 1, 1, -1, 5}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int k = cases[ci].k, n = cases[ci].n, K = cases[ci].K;
+        float *w = sparq_malloc((size_t)k * n * 4);
+        for (int r = 0; r < k; r++)
+            for (int c = 0; c < n; c++)
+                w[(size_t)r * n + c] = gauss() * 0.02f * (r % 37 == 3 ? 20.0f : 1.0f) * (c % 53 == 5 ? 30.0f : 1.0f) *
+                                       (r == 7 || c == 11 ? 0.0f : 1.0f);
+        float *h = cases[ci].calibrated ? random_hessian(k, k + 64) : NULL;
+        ldlq_hessian *hs = NULL;
+        CHECK_MSG(ldlq_hessian_prepare(&hs, h, k, 0.0f, 11 + ci, "reg") == SPARQ_OK, "%s", sparq_errmsg());
+        ldlq_opts o;
+        ldlq_opts_default(&o, K);
+        o.seed = 5 + ci;
+        o.out_scales = cases[ci].out_scales;
+        if (!cases[ci].search) o.g_fixed = ldlq_default_g(K, o.cb);
+        gpu_coder_ctx gc = {K, o.cb};
+        const ldlq_coder coder = {gpu_encode, &gc};
+        ldlq_reg rc = {0}, rg = {0};
+        sparq_status st = ldlq_regularize_on(hs, w, n, &o, &coder, &ldlq_reg_engine_cpu, "cpu", &rc);
+        CHECK_MSG(st == SPARQ_OK, "case %zu: cpu: %s", ci, sparq_errmsg());
+        if (st == SPARQ_OK) st = ldlq_regularize_on(hs, w, n, &o, &coder, &gpu, "gpu", &rg);
+        CHECK_MSG(st == SPARQ_OK, "case %zu: gpu: %s", ci, sparq_errmsg());
+        if (st == SPARQ_OK) {
+            CHECK_MSG(rg.wr == NULL && rg.dev != NULL, "case %zu: the GPU's matrix is on the device", ci);
+            CHECK_MSG(rc.g == rg.g && rc.smse == rg.smse && rc.apply_out == rg.apply_out,
+                      "case %zu: g %.9g / %.9g, smse %.9g / %.9g", ci, rc.g, rg.g, rc.smse, rg.smse);
+            CHECK_MSG(memcmp(rc.su, rg.su, (size_t)k * 4) == 0 && memcmp(rc.sv, rg.sv, (size_t)n * 4) == 0,
+                      "case %zu: su / sv differ", ci);
+            /* every tile of both matrices, through the engines' own gathers */
+            const size_t nt = (size_t)k * n / 256;
+            int *idx = sparq_malloc(nt * sizeof *idx);
+            float *tc = sparq_malloc(nt * 1024), *tg = sparq_malloc(nt * 1024);
+            for (size_t i = 0; i < nt; i++) idx[i] = (int)i;
+            CHECK(ldlq_reg_engine_cpu.tiles(NULL, rc.dev, idx, nt, tc) == SPARQ_OK);
+            CHECK(gpu.tiles(g_ctx, rg.dev, idx, nt, tg) == SPARQ_OK);
+            size_t diff = 0;
+            for (size_t i = 0; i < nt * 256; i++) diff += memcmp(&tc[i], &tg[i], 4) != 0;
+            CHECK_MSG(diff == 0, "case %zu (%d x %d): %zu of %zu regularised floats differ", ci, k, n, diff, nt * 256);
+            /* the batch reading the device matrix in place: the words of the host one */
+            const size_t words = nt * 16 * K;
+            uint16_t *t1 = sparq_malloc(words * 2), *t2 = sparq_malloc(words * 2);
+            ldlq_cuda_item i1 = {.hess = 0, .wr = rc.wr, .trellis = t1};
+            ldlq_cuda_item i2 = {.hess = 0, .wr = ldlq_cuda_reg_device(rg.dev), .trellis = t2};
+            const ldlq_cuda_hess gh = {ldlq_hessian_hr(hs), ldlq_hessian_l(hs), ldlq_hessian_d(hs), 0};
+            const ldlq_cuda_shape s1 = {k, n, K, o.cb, 0, 0}, s2 = {k, n, K, o.cb, 0, 1};
+            CHECK_MSG(ldlq_cuda_batch_bytes(&s2, 1, 1, 0) + (size_t)k * n * 4 == ldlq_cuda_batch_bytes(&s1, 1, 1, 0),
+                      "case %zu: a device weight's batch holds no copy of it", ci);
+            st = ldlq_cuda_batch(g_ctx, &s1, &gh, 1, &i1, 1, "host wr");
+            if (st == SPARQ_OK) st = ldlq_cuda_batch(g_ctx, &s2, &gh, 1, &i2, 1, "device wr");
+            CHECK_MSG(st == SPARQ_OK, "case %zu: batch: %s", ci, sparq_errmsg());
+            CHECK_MSG(st != SPARQ_OK || (memcmp(t1, t2, words * 2) == 0 && i1.proxy_err == i2.proxy_err),
+                      "case %zu: words or proxy differ with the device weight", ci);
+            sparq_free(t1), sparq_free(t2), sparq_free(idx), sparq_free(tc), sparq_free(tg);
+        }
+        ldlq_reg_free(&rc);
+        ldlq_reg_free(&rg);
+        ldlq_hessian_free(hs);
+        sparq_free(h);
+        sparq_free(w);
+    }
+    /* a shape the butterflies cannot take is refused before anything is allocated */
+    void *m = NULL;
+    float x[128 * 4] = {0};
+    CHECK(ldlq_cuda_reg_load(g_ctx, x, 4, 128, &m) == SPARQ_E_SHAPE && m == NULL);
+}
+
 static long search_worse, search_better, search_tie, search_tiles;
 static void test_search_encodes(void)
 {
@@ -567,6 +649,7 @@ int main(int argc, char **argv)
     RUN(test_search_encodes);
     if (!only_search) {
         RUN(test_identity);
+        RUN(test_reg_engine);
         RUN(test_batch_invariance);
         RUN(test_two_in_flight);
         RUN(test_contexts);

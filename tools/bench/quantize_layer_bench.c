@@ -10,8 +10,9 @@
  *              capture hands them over; made again for each batch that reads
  *              them (gate's and up's), as the driver prepares them again;
  *   prepare    ldlq_cuda_hess_prepare on the GPU (or ldlq_hessian_prepare on the CPU);
- *   regularise ldlq_regularize per weight (CPU, over the thread pool; the
- *              scale search's tiles on the GPU unless --scale fixed);
+ *   regularise ldlq_regularize_on per weight over the thread pool, the matrix
+ *              work on the GPU (ldlq_cuda_reg_*; --cpu-reg: on the CPU threads),
+ *              the scale search's tiles on the GPU unless --scale fixed;
  *   recursion  ldlq_cuda_batch_submit / _wait over every expert's gate and up
  *              (one group, as the driver's), then down.
  * The first three are the pipeline's CPU stage. Prints seconds per phase,
@@ -23,7 +24,7 @@
  *
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
- *                        [--layers L] [--cpu-check] [--cpu-hessian] [--no-overlap]
+ *                        [--layers L] [--cpu-check] [--cpu-hessian] [--cpu-reg] [--no-overlap]
  *                        [--devices LIST]
  * --devices LIST (as `sparq quantize --devices`, e.g. 0,1): with more than one
  * entry the layer runs twice, on the first device alone and then on all of
@@ -31,6 +32,7 @@
  * prints both and the speed-up. The bench's own Hessians (the capture's
  * stand-in) are made on the first device.
  * --cpu-hessian prepares the Hessians on the CPU (SPARQ_QUANT_GPU_HESSIAN=0).
+ * --cpu-reg regularises on the CPU's threads (SPARQ_QUANT_GPU_REG=0).
  * --no-overlap waits for each batch right after its submit (the same batches).
  * --cpu-check also quantizes expert 0's gate on the CPU (one thread per
  * tile over the pool) and prints both times and proxies. */
@@ -115,7 +117,7 @@ typedef struct bitem {
 
 typedef struct bench {
     const shape *sh;
-    int run, K, scale, gpu_hess, n_items;
+    int run, K, scale, gpu_hess, gpu_reg, n_items;
     bitem *items;
     sparq_pool *pool;
     int hdev;            /* the device of blas, hstream, dx, dh */
@@ -221,7 +223,7 @@ static void reg_one(void *ctx, size_t i, int tid)
     reg_job *r = ctx;
     bench *B = r->B;
     bbatch *b = r->b;
-    if (b->reg[i].wr) return; /* a shared scale's search, done first */
+    if (b->reg[i].dev) return; /* a shared scale's search, done first */
     const bitem *it = &B->items[b->first + i];
     const size_t kn = (size_t)b->k * b->n;
     float *w = sparq_malloc(kn * sizeof(float));
@@ -240,7 +242,11 @@ static void reg_one(void *ctx, size_t i, int tid)
     if (B->scale == 2) o.g_fixed = ldlq_default_g(B->K, o.cb);
     else if (B->scale == 1 && B->g_shared[it->p] > 0) o.g_fixed = B->g_shared[it->p];
     const ldlq_coder coder = {search_encode, r->c};
-    sparq_status st = ldlq_regularize(b->hs[b->hidx[i]], w, b->n, &o, &coder, "bench", &b->reg[i]);
+    const ldlq_reg_engine gpu = {r->c,         ldlq_cuda_reg_load,  ldlq_cuda_reg_sumsq, ldlq_cuda_reg_scale_had,
+                                 ldlq_cuda_reg_tile_sumsq, ldlq_cuda_reg_tiles, ldlq_cuda_reg_scale, NULL,
+                                 ldlq_cuda_reg_release};
+    sparq_status st = ldlq_regularize_on(b->hs[b->hidx[i]], w, b->n, &o, &coder,
+                                         B->gpu_reg ? &gpu : &ldlq_reg_engine_cpu, "bench", &b->reg[i]);
     if (st != SPARQ_OK) r->st = st;
     sparq_free(w);
 }
@@ -253,10 +259,12 @@ static void bench_cost(void *ctx, int m, qz_pipe_cost *c)
     int nh = 0;
     for (int i = 0; i < m; i++) nh += i == 0 || !same_hess(&it[i], &it[i - 1]);
     const int k = item_k(B, it), n = item_n(B, it);
-    const ldlq_cuda_shape s = {k, n, B->K, TRELLIS_CB_MUL1, 0};
-    c->dev_early = B->gpu_hess ? (size_t)nh * ldlq_cuda_hess_bytes(k) : 0;
+    const ldlq_cuda_shape s = {k, n, B->K, TRELLIS_CB_MUL1, 0, B->gpu_reg};
+    c->dev_early = (B->gpu_hess ? (size_t)nh * ldlq_cuda_hess_bytes(k) : 0) +
+                   (B->gpu_reg ? (size_t)m * ldlq_cuda_reg_bytes(k, n) : 0);
     c->dev = ldlq_cuda_batch_bytes(&s, B->gpu_hess ? 0 : nh, m, 0) + c->dev_early;
-    c->host = (uint64_t)m * (2ull * k * n * 4 + (uint64_t)k * n * B->K / 8) + (uint64_t)nh * 2ull * k * k * 4;
+    c->host = (uint64_t)m * ((B->gpu_reg ? 1ull : 2ull) * k * n * 4 + (uint64_t)k * n * B->K / 8) +
+              (uint64_t)nh * 2ull * k * k * 4;
 }
 
 static sparq_status plan(void *ctx, int first, const void *busy_v, int *count)
@@ -364,7 +372,8 @@ static sparq_status prepare(void *ctx, int first, int m, void **out)
     B->t_reg += sparq_now() - t2;
     const size_t words = (size_t)k * n / 256 * 16 * B->K;
     for (int i = 0; i < m && st == SPARQ_OK; i++) {
-        b->it[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = b->reg[i].wr, .trellis = sparq_malloc(words * 2)};
+        const float *wr = B->gpu_reg ? ldlq_cuda_reg_device(b->reg[i].dev) : b->reg[i].wr;
+        b->it[i] = (ldlq_cuda_item){.hess = b->hidx[i], .wr = wr, .trellis = sparq_malloc(words * 2)};
         if (!b->it[i].trellis) st = sparq_err(SPARQ_E_NOMEM, "out of memory");
     }
     B->plan_first = first;
@@ -380,7 +389,7 @@ static sparq_status submit(void *ctx, void *bv)
     const bench *B = ((bpipe *)ctx)->B;
     ldlq_cuda *g_ctx = ((bpipe *)ctx)->c;
     bbatch *b = bv;
-    const ldlq_cuda_shape s = {b->k, b->n, B->K, TRELLIS_CB_MUL1, 0};
+    const ldlq_cuda_shape s = {b->k, b->n, B->K, TRELLIS_CB_MUL1, 0, B->gpu_reg};
     return ldlq_cuda_batch_submit(g_ctx, &s, b->gh, b->n_hess, b->it, b->m, proj[B->items[b->first].p].name, &b->pend);
 }
 
@@ -506,13 +515,15 @@ static double run_layer(bench *B, ldlq_cuda **ctx, const int *devs, int n_dev, i
 int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
-    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, overlap = 1;
+    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, gpu_reg = 1;
+    int overlap = 1;
     int devs[QZ_MAX_DEVICES] = {0}, n_dev = 1;
     const char *dev_list = "0";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cpu-check")) { check = 1; continue; }
         if (!strcmp(a, "--cpu-hessian")) { gpu_hess = 0; continue; }
+        if (!strcmp(a, "--cpu-reg")) { gpu_reg = 0; continue; }
         if (!strcmp(a, "--no-overlap")) { overlap = 0; continue; }
         if (!v) { fprintf(stderr, "%s: needs a value\n", a); return 2; }
         i++;
@@ -537,7 +548,8 @@ int main(int argc, char **argv)
     if (run <= 0 || run > experts) run = experts;
     if (layers <= 0) layers = sh->layers;
     g_K = K;
-    bench B = {.sh = sh, .run = run, .K = K, .scale = scale, .gpu_hess = gpu_hess, .host_budget = (uint64_t)48 << 30};
+    bench B = {.sh = sh, .run = run, .K = K, .scale = scale, .gpu_hess = gpu_hess, .gpu_reg = gpu_reg,
+               .host_budget = (uint64_t)48 << 30};
     int lo_prio = 0, hi_prio = 0;
     const int kmax = sh->d > sh->inter ? sh->d : sh->inter;
     B.n_items = 3 * run;

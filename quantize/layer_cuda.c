@@ -10,8 +10,8 @@
  * prepares each distinct Hessian (on the GPU, kernels/cuda/hessian_cuda.h,
  * or with SPARQ_QUANT_GPU_HESSIAN=0 ldlq_hessian_prepare on the CPU; seeded
  * by the first linear that reads it, as the CPU loop) and regularises each
- * weight (ldlq_regularize_on with the GPU's engine, the matrix staying on the
- * device for the batch; SPARQ_QUANT_GPU_REG=0: the CPU's, uploaded with the
+ * weight (ldlq_regularize_on with the CPU's engine, uploaded with the batch;
+ * SPARQ_QUANT_GPU_REG=1: the GPU's, the matrix staying on the device for the
  * batch; the same floats; the scale search's tiles are encoded on the GPU;
  * with --scale-search shared the first expert's scale is reused, as on the
  * CPU); the GPU runs the recursion and the proxy; the CPU stores the fp16
@@ -97,12 +97,14 @@ static bool gpu_hessians(void)
     return !(e && strcmp(e, "0") == 0);
 }
 
-/* The regularisation's matrix work on the GPU too unless SPARQ_QUANT_GPU_REG=0 (then on the
- * CPU's threads, the regularised weights uploaded with each batch); the same floats either way. */
+/* The regularisation's matrix work on the GPU with SPARQ_QUANT_GPU_REG=1, else on the CPU's
+ * threads (the regularised weights uploaded with each batch); the same floats either way by
+ * construction. Opt-in until test_ldlq_cuda's test_reg_engine has run on a GPU: no device
+ * machine could be had in the session that wrote it. */
 static bool gpu_reg(void)
 {
     const char *e = getenv("SPARQ_QUANT_GPU_REG");
-    return !(e && strcmp(e, "0") == 0);
+    return e && strcmp(e, "1") == 0;
 }
 
 /* The GPU regularisation engine of context c (quantize/ldlq.h, kernels/cuda/ldlq_cuda.h). */

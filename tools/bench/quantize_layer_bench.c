@@ -11,7 +11,7 @@
  *              them (gate's and up's), as the driver prepares them again;
  *   prepare    ldlq_cuda_hess_prepare on the GPU (or ldlq_hessian_prepare on the CPU);
  *   regularise ldlq_regularize_on per weight over the thread pool, the matrix
- *              work on the GPU (ldlq_cuda_reg_*; --cpu-reg: on the CPU threads),
+ *              work on the CPU threads (--gpu-reg: on the GPU, ldlq_cuda_reg_*),
  *              the scale search's tiles on the GPU unless --scale fixed;
  *   recursion  ldlq_cuda_batch_submit / _wait over every expert's gate and up
  *              (one group, as the driver's), then down.
@@ -24,7 +24,7 @@
  *
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
- *                        [--layers L] [--cpu-check] [--cpu-hessian] [--cpu-reg] [--no-overlap]
+ *                        [--layers L] [--cpu-check] [--cpu-hessian] [--gpu-reg] [--no-overlap]
  *                        [--devices LIST]
  * --devices LIST (as `sparq quantize --devices`, e.g. 0,1): with more than one
  * entry the layer runs twice, on the first device alone and then on all of
@@ -32,7 +32,7 @@
  * prints both and the speed-up. The bench's own Hessians (the capture's
  * stand-in) are made on the first device.
  * --cpu-hessian prepares the Hessians on the CPU (SPARQ_QUANT_GPU_HESSIAN=0).
- * --cpu-reg regularises on the CPU's threads (SPARQ_QUANT_GPU_REG=0).
+ * --gpu-reg regularises on the GPU (SPARQ_QUANT_GPU_REG=1).
  * --no-overlap waits for each batch right after its submit (the same batches).
  * --cpu-check also quantizes expert 0's gate on the CPU (one thread per
  * tile over the pool) and prints both times and proxies. */
@@ -515,7 +515,7 @@ static double run_layer(bench *B, ldlq_cuda **ctx, const int *devs, int n_dev, i
 int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
-    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, gpu_reg = 1;
+    int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, gpu_reg = 0;
     int overlap = 1;
     int devs[QZ_MAX_DEVICES] = {0}, n_dev = 1;
     const char *dev_list = "0";
@@ -523,7 +523,7 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--cpu-check")) { check = 1; continue; }
         if (!strcmp(a, "--cpu-hessian")) { gpu_hess = 0; continue; }
-        if (!strcmp(a, "--cpu-reg")) { gpu_reg = 0; continue; }
+        if (!strcmp(a, "--gpu-reg")) { gpu_reg = 1; continue; }
         if (!strcmp(a, "--no-overlap")) { overlap = 0; continue; }
         if (!v) { fprintf(stderr, "%s: needs a value\n", a); return 2; }
         i++;

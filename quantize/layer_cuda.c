@@ -237,7 +237,8 @@ static ldlq_cuda_shape batch_shape(const glayer *L, const gitem *it)
 static size_t dev_early_bytes(const glayer *L, const ldlq_cuda_shape *s, int nh, int m)
 {
     const ldlq_cuda_ops *g = L->j->gops;
-    return (L->gpu_hess ? (size_t)nh * g->hess_bytes(s->k) : 0) + (L->gpu_reg ? (size_t)m * g->reg_bytes(s->k, s->n) : 0);
+    const size_t hess = L->gpu_hess ? (size_t)nh * g->hess_bytes(s->k) : 0;
+    return hess + (L->gpu_reg ? (size_t)m * g->reg_bytes(s->k, s->n) : 0);
 }
 
 /* Device bytes a batch of m items reading nh Hessians holds in all (its allocation and the above). */

@@ -436,7 +436,8 @@ static size_t batch_bytes(const ldlq_cuda_shape *s, int n_hess, int n_items, int
 {
     const size_t k = (size_t)s->k, n = (size_t)s->n, kn = k * n, tiles = kn / 256;
     const size_t hess = (size_t)n_hess * (2 * k * k + k) * sizeof(float);
-    const size_t w = (size_t)n_items * kn * sizeof(float) * ((want_wq ? 3 : 2) - (s->wr_device ? 1 : 0)); /* wr, err (, wq) */
+    const int copies = (want_wq ? 3 : 2) - (s->wr_device ? 1 : 0); /* wr (unless on the device), err (, wq) */
+    const size_t w = (size_t)n_items * kn * sizeof(float) * copies;
     const size_t strip = (size_t)n_items * 16 * n * (sizeof(float) * 4 + sizeof(uint16_t)); /* t, tiles, tw, dec, states */
     const size_t trellis = (size_t)n_items * tiles * 16 * s->K * sizeof(uint16_t);
     const size_t ptrs = (size_t)n_items * 12 * sizeof(void *);
@@ -951,7 +952,8 @@ __global__ void k_reg_had_left(float *m, int k, int n, const float *sc)
 __global__ void k_reg_tiles(const float *m, int n, const int *idx, size_t count, float *out)
 {
     const int tn = n / 16;
-    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < count * 256; x += (size_t)gridDim.x * blockDim.x) {
+    const size_t total = count * 256;
+    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < total; x += (size_t)gridDim.x * blockDim.x) {
         const int p = (int)(x & 255), t = idx[x >> 8];
         const int r = (t / tn) * 16 + trellis_pos_row(p), c = (t % tn) * 16 + trellis_pos_col(p);
         out[x] = m[(size_t)r * n + c];
@@ -1068,8 +1070,8 @@ extern "C" sparq_status ldlq_cuda_reg_scale_had(void *cv, void *m, int dim, cons
                         const sparq_status st = cuda_status(
                             cudaMemcpyAsync(d, sc, (size_t)len * sizeof(float), cudaMemcpyHostToDevice, s), "scales");
                         if (st != SPARQ_OK) return st;
-                        if (dim == 0)
-                            k_reg_had_right<<<(unsigned)((size_t)x->k * (x->n / 128)), 128, 0, s>>>(x->d, x->k, x->n, d);
+                        const unsigned segs = (unsigned)((size_t)x->k * (x->n / 128)); /* (row, 128-block)s */
+                        if (dim == 0) k_reg_had_right<<<segs, 128, 0, s>>>(x->d, x->k, x->n, d);
                         else k_reg_had_left<<<dim3((x->n + 31) / 32, x->k / 128), 256, 0, s>>>(x->d, x->k, x->n, d);
                         return SPARQ_OK;
                     });

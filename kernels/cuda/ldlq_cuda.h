@@ -150,6 +150,13 @@ void ldlq_cuda_reg_release(void *c, void *m);
 const float *ldlq_cuda_reg_device(const void *m);
 /* Device bytes one regularised k×n weight holds from load to release. */
 size_t ldlq_cuda_reg_bytes(int k, int n);
+/* quantize/ldlq.h's ldlq_reg_engine of context c, in that struct's field order (ctx, load,
+ * sumsq, scale_had, tile_sumsq, tiles, scale, host: NULL, the matrix is not host memory,
+ * release), for code that links these functions directly:
+ *     const ldlq_reg_engine e = LDLQ_CUDA_REG_ENGINE(c); */
+#define LDLQ_CUDA_REG_ENGINE(c)                                                                              \
+    {(c), ldlq_cuda_reg_load, ldlq_cuda_reg_sumsq, ldlq_cuda_reg_scale_had, ldlq_cuda_reg_tile_sumsq,        \
+     ldlq_cuda_reg_tiles, ldlq_cuda_reg_scale, NULL, ldlq_cuda_reg_release}
 
 /* A batch in flight. */
 typedef struct ldlq_cuda_pending ldlq_cuda_pending;

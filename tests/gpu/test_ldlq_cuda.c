@@ -421,9 +421,7 @@ static void test_two_in_flight(void)
 /* The regularisation's matrix work on the GPU against the CPU's: the same bits (see the top). */
 static void test_reg_engine(void)
 {
-    const ldlq_reg_engine gpu = {g_ctx,         ldlq_cuda_reg_load,  ldlq_cuda_reg_sumsq, ldlq_cuda_reg_scale_had,
-                                 ldlq_cuda_reg_tile_sumsq, ldlq_cuda_reg_tiles, ldlq_cuda_reg_scale, NULL,
-                                 ldlq_cuda_reg_release};
+    const ldlq_reg_engine gpu = LDLQ_CUDA_REG_ENGINE(g_ctx);
     static const struct {
         int k, n, calibrated, search, out_scales, K;
     } cases[] = {{128, 256, 1, 1, 1, 3}, {256, 128, 0, 1, -1, 2}, {512, 384, 1, 0, 1, 4}, {384, 512, 1, 1, -1, 5}};

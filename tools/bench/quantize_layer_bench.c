@@ -242,9 +242,7 @@ static void reg_one(void *ctx, size_t i, int tid)
     if (B->scale == 2) o.g_fixed = ldlq_default_g(B->K, o.cb);
     else if (B->scale == 1 && B->g_shared[it->p] > 0) o.g_fixed = B->g_shared[it->p];
     const ldlq_coder coder = {search_encode, r->c};
-    const ldlq_reg_engine gpu = {r->c,         ldlq_cuda_reg_load,  ldlq_cuda_reg_sumsq, ldlq_cuda_reg_scale_had,
-                                 ldlq_cuda_reg_tile_sumsq, ldlq_cuda_reg_tiles, ldlq_cuda_reg_scale, NULL,
-                                 ldlq_cuda_reg_release};
+    const ldlq_reg_engine gpu = LDLQ_CUDA_REG_ENGINE(r->c);
     sparq_status st = ldlq_regularize_on(b->hs[b->hidx[i]], w, b->n, &o, &coder,
                                          B->gpu_reg ? &gpu : &ldlq_reg_engine_cpu, "bench", &b->reg[i]);
     if (st != SPARQ_OK) r->st = st;

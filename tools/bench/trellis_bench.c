@@ -16,7 +16,13 @@
  *                                                    on the first C output columns (the cost is per
  *                                                    16x16 tile, so N/C times that is the whole matrix),
  *                                                    peak RSS, and the extrapolation to a V4.1 expert
- *                                                    layer and to the whole model */
+ *                                                    layer and to the whole model
+ *   trellis_bench regularize [--in K] [--out N] [--reps R]
+ *                                                    ldlq_regularize (the CPU engine: sums of squares,
+ *                                                    scales, both Hadamards; the fixed scale, no search)
+ *                                                    on one in x out weight, one thread, best of R;
+ *                                                    the CPU half of each weight that --device cuda
+ *                                                    does on the host by default (docs/cuda.md) */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -437,12 +443,42 @@ static int bench_expert(int in, int out, int cols, int K, int threads)
     return 0;
 }
 
+static int bench_regularize(int in, int out, int reps)
+{
+    if (in % 128 || out % 128 || reps < 1) {
+        fprintf(stderr, "trellis_bench regularize: --in and --out must be multiples of 128, --reps >= 1\n");
+        return 2;
+    }
+    ldlq_hessian *hs = NULL;
+    float *w = sparq_malloc((size_t)in * out * sizeof(float));
+    if (!w || time_hessian(in, 1024, &hs) < 0) return 1;
+    for (size_t i = 0; i < (size_t)in * out; i++) w[i] = trellis_rand_in(rnd32, -0.03f, 0.03f);
+    ldlq_opts lo;
+    ldlq_opts_default(&lo, 3);
+    lo.g_fixed = ldlq_default_g(3, TRELLIS_CB_MUL1); /* no search: the coder is not called */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        ldlq_reg reg;
+        const double t0 = now();
+        if (ldlq_regularize(hs, w, out, &lo, NULL, "bench regularize", &reg) != SPARQ_OK) return 1;
+        const double dt = now() - t0;
+        ldlq_reg_free(&reg);
+        if (dt < best) best = dt;
+    }
+    printf("regularize %d x %d (K = 3, fixed scale, one thread): best of %d %.1f ms = %.0f M weights/s\n", in, out,
+           reps, best * 1e3, (double)in * out / best / 1e6);
+    ldlq_hessian_free(hs);
+    sparq_free(w);
+    return 0;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: trellis_bench mse [--values N] [--threads T]\n"
                     "       trellis_bench encode [--tiles N] [--threads T]\n"
                     "       trellis_bench gemv [--threads T] [--reps R] [--path scalar|avx2|avx512|neon]\n"
-                    "       trellis_bench expert [--in K] [--out N] [--cols C] [--bits K] [--threads T]\n");
+                    "       trellis_bench expert [--in K] [--out N] [--cols C] [--bits K] [--threads T]\n"
+                    "       trellis_bench regularize [--in K] [--out N] [--reps R]\n");
     return 2;
 }
 
@@ -450,7 +486,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2) return usage();
     size_t values = (size_t)1 << 20, tiles = 64;
-    int threads = 0, reps = 50, e_in = 5120, e_out = 2304, e_cols = 256, e_bits = 3;
+    int threads = 0, reps = 0 /* the mode's: gemv 50, regularize 5 */, e_in = 5120, e_out = 2304, e_cols = 256, e_bits = 3;
     bench_path = trellis_path_best();
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) return usage();
@@ -479,7 +515,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "mse")) return bench_mse(values, threads);
     if (!strcmp(argv[1], "encode")) return bench_encode(tiles, threads);
-    if (!strcmp(argv[1], "gemv")) return bench_gemv(threads, reps);
+    if (!strcmp(argv[1], "gemv")) return bench_gemv(threads, reps ? reps : 50);
     if (!strcmp(argv[1], "expert")) return bench_expert(e_in, e_out, e_cols, e_bits, threads);
+    if (!strcmp(argv[1], "regularize")) return bench_regularize(e_in, e_out, reps ? reps : 5);
     return usage();
 }

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/cuda/attn_prefill.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/link_cuda.h"
 #include "kernels/cuda/sample_cuda.h"
@@ -115,6 +116,8 @@ typedef struct cuda_state {
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
     bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
+    bool no_attn_prefill; /* unless SPARQ_CUDA_ATTN_PREFILL=1: prefill chunks through the one-block-a-head kernel
+                           (the flash kernel is opt-in until its test has run on a GPU) */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
     int *smp_req;
     size_t smp_req_cap;
@@ -1050,14 +1053,15 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
     /* in steps of GRAPH_KV_BUCKET keys, so a graph step's launch holds for the keys of its bucket */
     mx = (mx + GRAPH_KV_BUCKET - 1) / GRAPH_KV_BUCKET * GRAPH_KV_BUCKET;
     const size_t smem = ((size_t)hd + (size_t)mx) * sizeof(float);
-    if (smem > ATTN_SMEM_MAX) {
-        keep_err(st, sparq_err(SPARQ_E_UNSUPPORTED, "cuda attention: %d keys exceed this kernel's %d", mx,
-                               (int)(ATTN_SMEM_MAX / sizeof(float)) - hd));
-        return;
-    }
     const int *df = stage(st, kv_first, (size_t)rows), *dl = stage(st, kv_len, (size_t)rows);
     if (!df || !dl || replaying(st, 4, P(q), P(k), P(out), (uint64_t)rows << 32 | (uint32_t)smem, P(df) ^ P(dl) << 1))
         return;
+    /* prefill chunks (more rows than a graph step has): flash attention, attn_prefill.h */
+    if (rows > ATTN_SPLIT_ROWS && !st->no_attn_prefill && sq_cuda_attn_prefill_ok(n_heads, n_kv, hd, q, k, v, out)) {
+        sq_cuda_attn_prefill(st->s, q, rows, n_heads, n_kv, hd, k, v, df, dl, scale, out);
+        check(st, cudaGetLastError(), "prefill attention launch");
+        return;
+    }
     int per_split, splits;
     if (st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && attn_split_shape(rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
         const size_t sm2 = (size_t)(n_heads / n_kv) * (size_t)(hd + per_split) * sizeof(float);
@@ -1076,6 +1080,11 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
 #undef ATTN_SPLIT_CASE
         }
         launch(st->s, st, k_attn_combine, rows * n_heads, 128, 0, st->attn_part, n_heads, hd, splits, out);
+        return;
+    }
+    if (smem > ATTN_SMEM_MAX) {
+        keep_err(st, sparq_err(SPARQ_E_UNSUPPORTED, "cuda attention: %d keys exceed this kernel's %d", mx,
+                               (int)(ATTN_SMEM_MAX / sizeof(float)) - hd));
         return;
     }
     launch(st->s, st, k_attention, rows * n_heads, 128, smem, q, n_heads, n_kv, hd, k, v, df, dl, scale, out);
@@ -1917,6 +1926,9 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     st->graph.max_rows = 16; /* the fused MoE's limit; prepare_moe lowers it for other experts */
     const char *fe = getenv("SPARQ_CUDA_FUSED");
     st->no_fuse = fe && strcmp(fe, "0") == 0;
+    const char *ae = getenv("SPARQ_CUDA_ATTN_PREFILL");
+    st->no_attn_prefill = !(ae && strcmp(ae, "1") == 0);
+    if (s == SPARQ_OK) s = sq_cuda_attn_prefill_init();
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)

@@ -237,6 +237,60 @@ static void test_attention_split(void)
         }
 }
 
+/* Prefill-sized attention (more than 16 rows: the flash kernel, kernels/cuda/
+ * attn_prefill.cu, for head widths 64 and 128; the one-block-a-head kernel for
+ * others). One sequence's chunk after `past` cached keys (kv_first not a
+ * multiple of the kernel's 64-key tiles, each row one key more), and rows of
+ * three sequences interleaved, one with no keys, over a cache whose rows no
+ * query row reads are NaN (a key tile that spans two sequences must not let
+ * them into the output). */
+static void test_attention_prefill(void)
+{
+    static const struct { int nh, nkv, hd; } sh[] = {{32, 4, 128}, {8, 8, 64}, {6, 2, 64}, {16, 1, 128}, {4, 2, 96}};
+    static const int nrows[] = {17, 64, 100, 513};
+    static const int pasts[] = {0, 200, 1000};
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        for (int mixed = 0; mixed < 2; mixed++)
+            for (size_t ri = 0; ri < sizeof nrows / sizeof nrows[0]; ri++)
+                for (size_t pi = 0; pi < (mixed ? 1 : sizeof pasts / sizeof pasts[0]); pi++) {
+                    const int rows = nrows[ri], nh = sh[s].nh, nkv = sh[s].nkv, hd = sh[s].hd, past = pasts[pi];
+                    const int base = 37, seq_rows = 2000;
+                    const size_t kvd = (size_t)nkv * hd, cache = mixed ? 3 * (size_t)seq_rows : (size_t)(base + past + rows);
+                    int *kvf = malloc((size_t)rows * sizeof(int)), *kvl = malloc((size_t)rows * sizeof(int));
+                    for (int r = 0; r < rows; r++) {
+                        if (mixed) {
+                            kvf[r] = (r % 3) * seq_rows + 11;
+                            kvl[r] = r == 5 ? 0 : 1 + (r * 389) % 1500;
+                        } else
+                            kvf[r] = base, kvl[r] = past + r + 1;
+                    }
+                    float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f);
+                    if (mixed) { /* NaN in every cache row no query row reads */
+                        char *read = calloc(cache, 1);
+                        for (int r = 0; r < rows; r++)
+                            for (int t = 0; t < kvl[r]; t++) read[kvf[r] + t] = 1;
+                        for (size_t t = 0; t < cache; t++)
+                            if (!read[t])
+                                for (size_t i = 0; i < kvd; i++) kc[t * kvd + i] = vc[t * kvd + i] = NAN;
+                        free(read);
+                    }
+                    float *q = randv((size_t)rows * nh * hd, 1.0f);
+                    float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4),
+                          *dq = up(q, (size_t)rows * nh * hd * 4), *dout = up(NULL, (size_t)rows * nh * hd * 4);
+                    float *oc = malloc((size_t)rows * nh * hd * 4), *og = malloc((size_t)rows * nh * hd * 4);
+                    const float scale = 1.0f / sqrtf((float)hd);
+                    cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, scale, oc);
+                    gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, scale, dout);
+                    down(og, dout, (size_t)rows * nh * hd * 4);
+                    char what[128];
+                    snprintf(what, sizeof what, "prefill attention %d rows %d/%d heads x %d, %s", rows, nh, nkv, hd,
+                             mixed ? "three sequences" : past ? "after cached keys" : "from position 0");
+                    check_nmse(og, oc, (size_t)rows * nh * hd, 1e-11, what);
+                    gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dout);
+                    free(kc), free(vc), free(q), free(oc), free(og), free(kvf), free(kvl);
+                }
+}
+
 static void test_attention_kv(void)
 {
     const int rows = 3, nh = 4, nkv = 2, hd = 64, cache = 300;
@@ -550,6 +604,8 @@ int main(void)
 {
     const char *why = "";
     if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
+    /* test_attention_prefill checks the flash prefill kernel, opt-in in the runtime for now */
+    if (!getenv("SPARQ_CUDA_ATTN_PREFILL")) setenv("SPARQ_CUDA_ATTN_PREFILL", "1", 1);
     if (sq_exec_create(&cpu, 2) != SPARQ_OK || sq_exec_reserve(cpu, sq_exec_scratch_floats(512, 512)) != SPARQ_OK ||
         sq_exec_create_cuda(&gpu, 1) != SPARQ_OK) {
         fprintf(stderr, "%s\n", sparq_errmsg());
@@ -561,6 +617,7 @@ int main(void)
     RUN(test_add_rmsnorm);
     RUN(test_attention_kv);
     RUN(test_attention_split);
+    RUN(test_attention_prefill);
     RUN(test_attn_front);
     RUN(test_router_embed);
     RUN(test_moe);

@@ -116,8 +116,7 @@ typedef struct cuda_state {
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
     bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
-    bool no_attn_prefill; /* unless SPARQ_CUDA_ATTN_PREFILL=1: prefill chunks through the one-block-a-head kernel
-                           (the flash kernel is opt-in until its test has run on a GPU) */
+    bool no_attn_prefill; /* SPARQ_CUDA_ATTN_PREFILL=0: prefill chunks through the one-block-a-head kernel */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
     int *smp_req;
     size_t smp_req_cap;
@@ -1927,7 +1926,7 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     const char *fe = getenv("SPARQ_CUDA_FUSED");
     st->no_fuse = fe && strcmp(fe, "0") == 0;
     const char *ae = getenv("SPARQ_CUDA_ATTN_PREFILL");
-    st->no_attn_prefill = !(ae && strcmp(ae, "1") == 0);
+    st->no_attn_prefill = ae && strcmp(ae, "0") == 0;
     if (s == SPARQ_OK) s = sq_cuda_attn_prefill_init();
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;

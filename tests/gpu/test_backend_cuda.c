@@ -604,8 +604,6 @@ int main(void)
 {
     const char *why = "";
     if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
-    /* test_attention_prefill checks the flash prefill kernel, opt-in in the runtime for now */
-    if (!getenv("SPARQ_CUDA_ATTN_PREFILL")) setenv("SPARQ_CUDA_ATTN_PREFILL", "1", 1);
     if (sq_exec_create(&cpu, 2) != SPARQ_OK || sq_exec_reserve(cpu, sq_exec_scratch_floats(512, 512)) != SPARQ_OK ||
         sq_exec_create_cuda(&gpu, 1) != SPARQ_OK) {
         fprintf(stderr, "%s\n", sparq_errmsg());

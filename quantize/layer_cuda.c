@@ -99,8 +99,8 @@ static bool gpu_hessians(void)
 
 /* The regularisation's matrix work on the GPU with SPARQ_QUANT_GPU_REG=1, else on the CPU's
  * threads (the regularised weights uploaded with each batch); the same floats either way by
- * construction. Opt-in, and broken: its first GPU run (2026-12-07) crashed the
- * host process (docs/cuda.md, "The regularisation on the GPU"). */
+ * construction (tested on a GPU); opt-in until its speed is measured (docs/cuda.md,
+ * "The regularisation on the GPU"). */
 static bool gpu_reg(void)
 {
     const char *e = getenv("SPARQ_QUANT_GPU_REG");

@@ -640,7 +640,7 @@ sparq_status ldlq_regularize_on(const ldlq_hessian *hs, const float *w, int n, c
     st = eng->scale(eng->ctx, m, (float)g);
     if (st != SPARQ_OK) goto out;
     for (int r = 0; r < k; r++) su[r] /= (float)g;
-    out->wr = eng->host(eng->ctx, m);
+    out->wr = eng->host ? eng->host(eng->ctx, m) : NULL; /* a device engine has no host copy */
     out->g = g;
     out->smse = smse;
     out->apply_out = apply_out;

@@ -155,7 +155,8 @@ typedef struct ldlq_reg_engine {
     sparq_status (*tiles)(void *ctx, void *m, const int *idx, size_t count, float *out);
     /* m *= g */
     sparq_status (*scale)(void *ctx, void *m, float g);
-    /* the host copy of m (k×n), or NULL for an engine whose matrix is not host memory */
+    /* the host copy of m (k×n); NULL (the pointer, or what it returns) for an engine whose matrix is not
+     * host memory */
     float *(*host)(void *ctx, void *m);
     void (*release)(void *ctx, void *m);
 } ldlq_reg_engine;

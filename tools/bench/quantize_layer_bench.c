@@ -24,8 +24,11 @@
  *
  *   quantize_layer_bench [--preset qwen3|v41] [--experts N] [--run M]
  *                        [--K K] [--scale full|shared|fixed] [--threads T]
- *                        [--layers L] [--cpu-check] [--cpu-hessian] [--gpu-reg] [--no-overlap]
- *                        [--devices LIST]
+ *                        [--first E] [--layers L] [--cpu-check] [--cpu-hessian] [--gpu-reg]
+ *                        [--no-overlap] [--devices LIST]
+ * --first E runs experts E .. E+M-1 (each expert's weights and Hessians are
+ * seeded by its index), so that a layer too long for one sitting is run in
+ * pieces: --run 192 --first 0, then --run 192 --first 192.
  * --devices LIST (as `sparq quantize --devices`, e.g. 0,1): with more than one
  * entry the layer runs twice, on the first device alone and then on all of
  * them (one context and pipeline each, qz_pipe_run_multi), and the bench
@@ -136,6 +139,7 @@ typedef struct bench {
 typedef struct bpipe {
     bench *B;
     ldlq_cuda *c;
+    ldlq_reg_engine eng; /* c's regularisation engine: each ldlq_reg points at it until released */
 } bpipe;
 
 typedef struct bbatch {
@@ -213,6 +217,7 @@ static sparq_status make_hessian(bench *B, int k, uint64_t seed, float *h)
 typedef struct reg_job {
     bench *B;
     ldlq_cuda *c;
+    const ldlq_reg_engine *eng; /* the pipeline's (outlives the batch's ldlq_regs) */
     bbatch *b;
     sparq_status st;
 } reg_job;
@@ -242,9 +247,8 @@ static void reg_one(void *ctx, size_t i, int tid)
     if (B->scale == 2) o.g_fixed = ldlq_default_g(B->K, o.cb);
     else if (B->scale == 1 && B->g_shared[it->p] > 0) o.g_fixed = B->g_shared[it->p];
     const ldlq_coder coder = {search_encode, r->c};
-    const ldlq_reg_engine gpu = LDLQ_CUDA_REG_ENGINE(r->c);
     sparq_status st = ldlq_regularize_on(b->hs[b->hidx[i]], w, b->n, &o, &coder,
-                                         B->gpu_reg ? &gpu : &ldlq_reg_engine_cpu, "bench", &b->reg[i]);
+                                         B->gpu_reg ? r->eng : &ldlq_reg_engine_cpu, "bench", &b->reg[i]);
     if (st != SPARQ_OK) r->st = st;
     sparq_free(w);
 }
@@ -358,7 +362,7 @@ static sparq_status prepare(void *ctx, int first, int m, void **out)
     const double t2 = sparq_now();
     B->t_hess += th;
     B->t_prep += t2 - t0 - th;
-    reg_job rj = {B, g_ctx, b, SPARQ_OK};
+    reg_job rj = {B, g_ctx, &((bpipe *)ctx)->eng, b, SPARQ_OK};
     if (st == SPARQ_OK && B->scale == 1) /* each projection's first expert searches, as --scale-search shared */
         for (int i = 0; i < m && rj.st == SPARQ_OK; i++)
             if (!(B->g_shared[items[i].p] > 0)) {
@@ -459,7 +463,7 @@ static double run_layer(bench *B, ldlq_cuda **ctx, const int *devs, int n_dev, i
     qz_pipe_ops ops[QZ_PIPE_MAX];
     char names[QZ_PIPE_MAX][32];
     for (int d = 0; d < n_dev; d++) {
-        bp[d] = (bpipe){B, ctx[d]};
+        bp[d] = (bpipe){B, ctx[d], LDLQ_CUDA_REG_ENGINE(ctx[d])};
         snprintf(names[d], sizeof names[d], "CUDA device %d", devs[d]);
         ops[d] = (qz_pipe_ops){&bp[d], plan, prepare, submit, wait_, finish, release, names[d]};
     }
@@ -514,7 +518,7 @@ int main(int argc, char **argv)
 {
     const shape *sh = &presets[0];
     int experts = -1, run = -1, K = 3, scale = 0, threads = 0, layers = -1, check = 0, gpu_hess = 1, gpu_reg = 0;
-    int overlap = 1;
+    int overlap = 1, first = 0;
     int devs[QZ_MAX_DEVICES] = {0}, n_dev = 1;
     const char *dev_list = "0";
     for (int i = 1; i < argc; i++) {
@@ -532,6 +536,7 @@ int main(int argc, char **argv)
             if (!sh) { fprintf(stderr, "--preset %s: qwen3 or v41\n", v); return 2; }
         } else if (!strcmp(a, "--experts")) experts = atoi(v);
         else if (!strcmp(a, "--run")) run = atoi(v);
+        else if (!strcmp(a, "--first")) first = atoi(v);
         else if (!strcmp(a, "--K")) K = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--layers")) layers = atoi(v);
@@ -544,6 +549,10 @@ int main(int argc, char **argv)
     }
     if (experts <= 0) experts = sh->experts;
     if (run <= 0 || run > experts) run = experts;
+    if (first < 0 || first + run > experts) {
+        fprintf(stderr, "--first %d: experts %d..%d are past the layer's %d\n", first, first, first + run - 1, experts);
+        return 2;
+    }
     if (layers <= 0) layers = sh->layers;
     g_K = K;
     bench B = {.sh = sh, .run = run, .K = K, .scale = scale, .gpu_hess = gpu_hess, .gpu_reg = gpu_reg,
@@ -573,10 +582,11 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int e = 0, q = 0; e < run; e++) /* the driver's order: gate, up of each expert (one group) */
-        B.items[q++] = (bitem){0, e}, B.items[q++] = (bitem){1, e};
-    for (int e = 0; e < run; e++) B.items[2 * run + e] = (bitem){2, e};
-    printf("layer %s: %d experts of %d -> %d -> %d, K = %d, scale search %s; running %d of them, %d threads, %s\n",
-           sh->name, experts, sh->d, sh->inter, sh->d, K, scale == 0 ? "full" : scale == 1 ? "shared" : "fixed", run,
+        B.items[q++] = (bitem){0, first + e}, B.items[q++] = (bitem){1, first + e};
+    for (int e = 0; e < run; e++) B.items[2 * run + e] = (bitem){2, first + e};
+    printf("layer %s: %d experts of %d -> %d -> %d, K = %d, scale search %s; running %d of them (from %d), %d threads, "
+           "%s\n",
+           sh->name, experts, sh->d, sh->inter, sh->d, K, scale == 0 ? "full" : scale == 1 ? "shared" : "fixed", run, first,
            sparq_pool_size(B.pool), overlap ? "CPU and GPU overlapped" : "no overlap");
     const int n_runs = n_dev > 1 ? 2 : 1;
     double wall[2] = {0};

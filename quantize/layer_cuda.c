@@ -99,8 +99,8 @@ static bool gpu_hessians(void)
 
 /* The regularisation's matrix work on the GPU with SPARQ_QUANT_GPU_REG=1, else on the CPU's
  * threads (the regularised weights uploaded with each batch); the same floats either way by
- * construction (tested on a GPU); opt-in until its speed is measured (docs/cuda.md,
- * "The regularisation on the GPU"). */
+ * construction (tested on a GPU); opt-in: under the pipeline's overlap it gained 3-7 % of a
+ * layer on a 16-core host for more GPU memory (docs/benchmarks-quantize.md §7.6). */
 static bool gpu_reg(void)
 {
     const char *e = getenv("SPARQ_QUANT_GPU_REG");

@@ -175,7 +175,9 @@ typedef struct ldlq_reg {
 
 sparq_status ldlq_regularize(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
                              const ldlq_coder *coder, const char *name, ldlq_reg *out);
-/* ldlq_regularize with the matrix work on eng (ldlq_reg_engine_cpu: ldlq_regularize). */
+/* ldlq_regularize with the matrix work on eng (ldlq_reg_engine_cpu: ldlq_regularize). *out
+ * keeps the pointer eng until ldlq_reg_free (which calls eng->release): eng must outlive it, so
+ * never pass an engine that lives on a stack frame the ldlq_reg leaves. */
 sparq_status ldlq_regularize_on(const ldlq_hessian *hs, const float *w, int n, const ldlq_opts *opts,
                                 const ldlq_coder *coder, const ldlq_reg_engine *eng, const char *name,
                                 ldlq_reg *out);

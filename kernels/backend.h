@@ -293,6 +293,15 @@ typedef struct sq_backend {
     bool (*attn_front)(sq_exec *ex, const sq_attn_front *a, const float *x, int rows, const int *pos,
                        const int *kv_first, float *kc, float *vc, float *q, float *k, float *v);
 
+    /* Optional (issue 21): sq_linear_forward(l, x) then add_rmsnorm of that
+     * output into h (h += y, xn = rmsnorm(h) ⊙ w) in one go, y not
+     * materialised; returns false, having done nothing, when this backend
+     * has no fused path for this linear and rows (the graph then runs the two
+     * ops; the answer depends only on the linear and rows). NULL on the CPU,
+     * whose ops are the reference. */
+    bool (*linear_add_rmsnorm)(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *h, const float *w,
+                               float eps, float *xn);
+
     /* --- device links (issue 25): a pipeline's hidden states rank to rank,
      * device memory to device memory on the exec's stream, never through the
      * host (runtime/dist/dist.c; sq_link_spec below). NULL on the CPU, and

@@ -117,6 +117,7 @@ typedef struct cuda_state {
     step_graphs graph;
     bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
     bool no_attn_prefill; /* SPARQ_CUDA_ATTN_PREFILL=0: prefill chunks through the one-block-a-head kernel */
+    bool no_linear_norm; /* SPARQ_CUDA_LINEAR_NORM=0: o_proj, then add_rmsnorm as its own launch */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
     int *smp_req;
     size_t smp_req_cap;
@@ -1282,6 +1283,31 @@ static void cuda_kv_store(sq_exec *ex, const float *k, const float *v, int rows,
     launch(st->s, st, k_kv_store, rows, 256, 0, k, v, width, df, dp, kc, vc);
 }
 
+/* o_proj and the post-attention add_rmsnorm in the integer GEMV's three
+ * launches (trellis_cuda_gemv_add_rmsnorm): EXL3 mul1 without bias, 1..4
+ * rows, out a multiple of 128 up to 4096; SPARQ_CUDA_FUSED=0 or
+ * SPARQ_CUDA_LINEAR_NORM=0 turns it off. */
+static bool cuda_linear_add_rmsnorm(sq_exec *ex, const sq_linear *l, const float *x, int rows, float *h,
+                                    const float *w, float eps, float *xn)
+{
+    cuda_state *st = state_of(ex);
+    if (st->no_fuse || st->no_linear_norm || rows < 1 || !st->tws || l->kind != SQ_LINEAR_EXL3 || l->bias)
+        return false;
+    const ent *e = find_ent(st, l->impl);
+    if (!e) return false;
+    const trellis_cuda_linear *lin = (const trellis_cuda_linear *)e->dev;
+    if (!trellis_cuda_gemv_add_rmsnorm_ok(lin, rows, st->tws)) return false;
+    void *dw;
+    sparq_status s = raw_get(st, w, (size_t)l->out * sizeof(float), &dw);
+    if (s != SPARQ_OK) {
+        keep_err(st, s);
+        return true;
+    }
+    if (replaying(st, 15, P(l), P(x), P(h), (uint64_t)rows, P(dw) ^ P(xn) << 1)) return true;
+    keep_err(st, trellis_cuda_gemv_add_rmsnorm(lin, x, rows, h, (const float *)dw, eps, xn, st->tws, st->s));
+    return true;
+}
+
 /* The attention front as one grouped integer GEMV (trellis_cuda_gemv_group):
  * the input norm in its input launch, q/k/v in one main launch, the head
  * norms, rope and the KV append in its output launch — 3 launches where the
@@ -1880,6 +1906,7 @@ static const sq_backend cuda_backend = {
     .step_graphs = cuda_step_graphs,
     .sample_select = cuda_sample_select,
     .attn_front = cuda_attn_front,
+    .linear_add_rmsnorm = cuda_linear_add_rmsnorm,
     .link_open = cuda_link_open,
     .link_send = cuda_link_send,
     .link_send_ready = cuda_link_send_ready,
@@ -1927,6 +1954,8 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     st->no_fuse = fe && strcmp(fe, "0") == 0;
     const char *ae = getenv("SPARQ_CUDA_ATTN_PREFILL");
     st->no_attn_prefill = ae && strcmp(ae, "0") == 0;
+    const char *ne = getenv("SPARQ_CUDA_LINEAR_NORM");
+    st->no_linear_norm = ne && strcmp(ne, "0") == 0;
     if (s == SPARQ_OK) s = sq_cuda_attn_prefill_init();
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;

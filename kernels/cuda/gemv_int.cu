@@ -343,6 +343,77 @@ sparq_status gemv_int_launch(const trellis_cuda_linear *lin, const float *x, int
     return SPARQ_OK;
 }
 
+/* --- the GEMV with the residual add and the next RMSNorm (trellis_cuda_gemv_add_rmsnorm) --- */
+
+/* Grid (rows), n/128 warps (≤ 32): warp cb's 128 columns y as
+ * k_gemv_int_output makes them, then h += y (each sum rounded once, as the
+ * add_rmsnorm op) and xn = w ⊙ (h · inv), inv = 1/√(Σh²/n + eps) with the sum
+ * in double, as k_rmsnorm. The whole row is one block, so the norm needs no
+ * further launch; h and t are loaded in one round trip after the wait. */
+__global__ void __launch_bounds__(1024) k_gemv_int_output_norm(float *__restrict__ t, const float *__restrict__ usb,
+                                                               const __half *__restrict__ svh, float *__restrict__ h,
+                                                               const float *__restrict__ w, float eps,
+                                                               float *__restrict__ xn, int n, int nb)
+{
+    __shared__ double part[32];
+    griddep_launch();
+    const int lane = threadIdx.x & 31, cb = threadIdx.x >> 5, r = blockIdx.x, nw = blockDim.x >> 5;
+    float sv[4], wn[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        sv[e] = __half2float(svh[cb * 128 + lane + 32 * e]);
+        wn[e] = w[cb * 128 + lane + 32 * e];
+    }
+    griddep_wait();
+    float *hr = h + (size_t)r * n + cb * 128;
+    float hv[4], v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) hv[e] = hr[lane + 32 * e];
+    output_block(t + (size_t)r * n + cb * 128, usb + r * nb, nb, lane, v);
+    double ss = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        hv[e] += v[e] * sv[e];
+        hr[lane + 32 * e] = hv[e];
+        ss += (double)hv[e] * hv[e];
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) part[cb] = ss;
+    __syncthreads();
+    ss = 0;
+    for (int i = 0; i < nw; i++) ss += part[i];
+    const float inv = (float)(1.0 / sqrt(ss / n + eps));
+#pragma unroll
+    for (int e = 0; e < 4; e++) xn[(size_t)r * n + cb * 128 + lane + 32 * e] = wn[e] * (hv[e] * inv);
+}
+
+bool trellis_cuda_gemv_add_rmsnorm_ok(const trellis_cuda_linear *lin, int rows, const trellis_cuda_ws *ws)
+{
+    return lin && ws && lin->cb == CB_MUL1 && rows >= 1 && rows <= GEMV_INT_MAX_ROWS && lin->n % 128 == 0 &&
+           lin->n / 128 <= 32 && lin->k % 128 == 0 && lin->k <= ws->max_k && lin->n <= ws->max_n &&
+           main_pick(lin->K, trellis_cuda_gemm_choice(lin, rows)).single;
+}
+
+sparq_status trellis_cuda_gemv_add_rmsnorm(const trellis_cuda_linear *lin, const float *x, int rows, float *h,
+                                           const float *w, float eps, float *xn, trellis_cuda_ws *ws, void *stream)
+{
+    RETURN_IF(!trellis_cuda_gemv_add_rmsnorm_ok(lin, rows, ws), SPARQ_E_UNSUPPORTED,
+              "%s: no fused integer gemv + add_rmsnorm at %d rows", lin ? lin->name : "cuda gemv", rows);
+    RETURN_IF(!h || !w || !xn, SPARQ_E_ARG, "%s: gemv + add_rmsnorm without its residual, weight or output",
+              lin->name);
+    const trellis_cuda_gemm_kernel kernel = trellis_cuda_gemm_choice(lin, rows);
+    FORWARD_IF(gemv_int_launch(lin, x, rows, xn, ws, stream, kernel, TRELLIS_CUDA_PART_INPUT | TRELLIS_CUDA_PART_MAIN));
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = pdl_config(attr, (cudaStream_t)stream);
+    cfg.gridDim = dim3(rows);
+    cfg.blockDim = dim3(lin->n / 128 * 32);
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_gemv_int_output_norm, ws->t, (const float *)ws->usb,
+                                      (const __half *)lin->svh, h, w, eps, xn, lin->n, lin->k / 128),
+                   "%s: integer output transform + add_rmsnorm launch (PDL)", lin->name);
+    return SPARQ_OK;
+}
+
 /* --- a group of linears on one input (trellis_cuda_gemv_group) ------------------------ */
 
 /* The group as the kernels see it (a kernel parameter: ~400 bytes). */

@@ -122,6 +122,15 @@ sparq_status trellis_cuda_gemv_group(const trellis_cuda_linear *const *lin, int 
                                      float *const *y, const trellis_cuda_group_opts *o, trellis_cuda_ws *ws,
                                      void *stream);
 
+/* y = x·W, then h += y and xn = rmsnorm(h) ⊙ w (the add_rmsnorm op: sums
+ * of squares in double) in the GEMV's output launch, one block a row: three
+ * launches where the two ops take four. x, h, xn: rows × k / n fp32, w: n
+ * (device). Taken by trellis_cuda_gemv_add_rmsnorm_ok's linears: mul1, 1..4
+ * rows, n a multiple of 128 up to 4096, within the workspace. */
+bool trellis_cuda_gemv_add_rmsnorm_ok(const trellis_cuda_linear *lin, int rows, const trellis_cuda_ws *ws);
+sparq_status trellis_cuda_gemv_add_rmsnorm(const trellis_cuda_linear *lin, const float *x, int rows, float *h,
+                                           const float *w, float eps, float *xn, trellis_cuda_ws *ws, void *stream);
+
 /* Prefill: y = x·W for any rows ≥ 1 through cuBLAS on Q decoded into the
  * workspace (nothing is kept per linear). One prefill workspace serves every
  * linear with k·n ≤ max_kn, k ≤ max_k and n ≤ max_n on one stream at a

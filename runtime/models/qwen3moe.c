@@ -518,10 +518,12 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
     const float *kb = cached ? m->kv_k : m->k, *vb = cached ? m->kv_v : m->v;
     be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, 1.0f / sqrtf((float)hd), m->ao);
     sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
-    sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
-
     /* MoE / MLP, on the residual plus the attention's output; the MoE adds into the residual */
-    be->add_rmsnorm(ex, m->proj, hidden, rows, d, w->post_norm, m->eps, m->xn);
+    if (!be->linear_add_rmsnorm ||
+        !be->linear_add_rmsnorm(ex, w->o, m->ao, rows, hidden, w->post_norm, m->eps, m->xn)) {
+        sq_linear_forward(ex, w->o, m->ao, rows, m->proj);
+        be->add_rmsnorm(ex, m->proj, hidden, rows, d, w->post_norm, m->eps, m->xn);
+    }
     moe_block(m, L, m->xn, rows, obs, hidden);
 }
 

@@ -206,6 +206,56 @@ static void test_add_rmsnorm(void)
     }
 }
 
+/* o_proj and the post-attention add_rmsnorm fused (linear_add_rmsnorm,
+ * trellis_cuda_gemv_add_rmsnorm): against the CPU's linear + add_rmsnorm and
+ * the GPU's two ops, h and xn both, at Qwen3-30B's o_proj (4096 → 2048) and
+ * -235B's (8192 → 4096), the 32-warp limit and small shapes, 1..4 rows and K
+ * 2..5; 5 rows and 33 column blocks are declined. */
+static void test_linear_add_rmsnorm(void)
+{
+    static const int shapes[][4] = {{4096, 2048, 4, 1}, {8192, 4096, 4, 2}, {256, 128, 3, 4},
+                                    {384, 640, 2, 3},   {512, 256, 5, 1}};
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int k = shapes[c][0], n = shapes[c][1], rows = shapes[c][3];
+        sq_linear l = exl3_linear(k, n, shapes[c][2], TRELLIS_CB_MUL1);
+        CHECK(gpu->be->prepare_linear(gpu, &l) == SPARQ_OK);
+        float *w = randv((size_t)n, 1.0f);
+        const size_t nx = (size_t)rows * k, nh = (size_t)rows * n, bh = nh * 4;
+        float *x = randv(nx, 1.0f), *h = randv(nh, 2.0f), *y = malloc(bh), *xc = malloc(bh), *hg = malloc(bh),
+              *xg = malloc(bh), *h2 = malloc(bh), *x2 = malloc(bh);
+        sq_linear_forward(cpu, &l, x, rows, y);
+        float *dx = up(x, nx * 4), *dh = up(h, bh), *dh2 = up(h, bh), *dxn = up(NULL, bh), *dxn2 = up(NULL, bh),
+              *dy = up(NULL, bh);
+        cpu->be->add_rmsnorm(cpu, y, h, rows, n, w, 1e-6f, xc);
+        CHECK_MSG(gpu->be->linear_add_rmsnorm(gpu, &l, dx, rows, dh, w, 1e-6f, dxn), "%dx%d rows %d: not fused", k,
+                  n, rows);
+        sq_linear_forward(gpu, &l, dx, rows, dy);
+        gpu->be->add_rmsnorm(gpu, dy, dh2, rows, n, w, 1e-6f, dxn2);
+        CHECK(gpu->be->sync(gpu) == SPARQ_OK);
+        down(hg, dh, bh), down(xg, dxn, bh), down(h2, dh2, bh), down(x2, dxn2, bh);
+        char msg[96];
+        snprintf(msg, sizeof msg, "linear_add_rmsnorm %dx%d K=%d rows %d: h vs cpu", k, n, shapes[c][2], rows);
+        check_nmse(hg, h, nh, 1e-5, msg);
+        snprintf(msg, sizeof msg, "linear_add_rmsnorm %dx%d K=%d rows %d: xn vs cpu", k, n, shapes[c][2], rows);
+        check_nmse(xg, xc, nh, 1e-5, msg);
+        snprintf(msg, sizeof msg, "linear_add_rmsnorm %dx%d K=%d rows %d: h vs the two gpu ops", k, n,
+                 shapes[c][2], rows);
+        check_nmse(hg, h2, nh, 1e-10, msg);
+        snprintf(msg, sizeof msg, "linear_add_rmsnorm %dx%d K=%d rows %d: xn vs the two gpu ops", k, n,
+                 shapes[c][2], rows);
+        check_nmse(xg, x2, nh, 1e-10, msg);
+        CHECK(!gpu->be->linear_add_rmsnorm(gpu, &l, dx, 5, dh, w, 1e-6f, dxn)); /* more rows than the GEMV takes */
+        gpu->be->free(gpu, dx), gpu->be->free(gpu, dh), gpu->be->free(gpu, dh2), gpu->be->free(gpu, dxn),
+            gpu->be->free(gpu, dxn2), gpu->be->free(gpu, dy);
+        free(x), free(h), free(y), free(xc), free(hg), free(xg), free(h2), free(x2);
+    }
+    sq_linear wide = exl3_linear(256, 4224, 3, TRELLIS_CB_MUL1); /* 33 column blocks: more than a block's warps */
+    CHECK(gpu->be->prepare_linear(gpu, &wide) == SPARQ_OK);
+    float *w = randv(4224, 1.0f), *dx = up(NULL, 256 * 4), *dh = up(NULL, 4224 * 4), *dxn = up(NULL, 4224 * 4);
+    CHECK(!gpu->be->linear_add_rmsnorm(gpu, &wide, dx, 1, dh, w, 1e-6f, dxn));
+    gpu->be->free(gpu, dx), gpu->be->free(gpu, dh), gpu->be->free(gpu, dxn);
+}
+
 /* Decode-sized attention over a KV cache (the split kernel, kernels/cuda/
  * backend_cuda.cu k_attn_split) for Qwen3-30B's heads (32 over 4 KV heads,
  * 128 wide), a head width that is not a multiple of 128, one head per KV head
@@ -598,6 +648,28 @@ static void test_moe(void)
                            .down = dwn};
         run_moe(&ml, counts, 5, 1e-5, "exl3");
     }
+    /* EXL3 experts at a real router's width: 128 and 100 experts (top-k
+     * lanes past n_exp), top-8, both renormalisations, the router's rows in
+     * equal pairs so that half the logits tie (ties to the lower expert, as
+     * the CPU); fused path to 16 rows, grouped beyond. */
+    static const int shapes[][3] = {{128, 8, 1}, {100, 8, 0}};
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int E = shapes[c][0], d = 128, I = 128;
+        sq_linear *gate = calloc(E, sizeof *gate), *upl = calloc(E, sizeof *upl), *dwn = calloc(E, sizeof *dwn);
+        for (int e = 0; e < E; e++) {
+            gate[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+            upl[e] = exl3_linear(d, I, 3, TRELLIS_CB_MUL1);
+            dwn[e] = exl3_linear(I, d, 3, TRELLIS_CB_MUL1);
+        }
+        uint16_t *rw = rand_weight(SQ_LINEAR_BF16, E, d);
+        for (int e = 1; e < E; e += 2) memcpy(rw + (size_t)e * d, rw + (size_t)(e - 1) * d, (size_t)d * 2);
+        sq_linear router = {.kind = SQ_LINEAR_BF16, .in = d, .out = E, .w = rw};
+        sq_moe_layer ml = {.n_exp = E, .top_k = shapes[c][1], .norm_topk = shapes[c][2] != 0, .router = &router,
+                           .gate = gate, .up = upl, .down = dwn};
+        char what[48];
+        snprintf(what, sizeof what, "exl3, %d experts top-%d", E, shapes[c][1]);
+        run_moe(&ml, counts, 5, 1e-5, what);
+    }
 }
 
 int main(void)
@@ -613,6 +685,7 @@ int main(void)
     RUN(test_linear_exl3);
     RUN(test_rmsnorm_rope_swiglu_axpy);
     RUN(test_add_rmsnorm);
+    RUN(test_linear_add_rmsnorm);
     RUN(test_attention_kv);
     RUN(test_attention_split);
     RUN(test_attention_prefill);

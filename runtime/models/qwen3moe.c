@@ -518,7 +518,8 @@ static void layer_core(q3 *m, int L, float *hidden, int rows, const int *pos, bo
     const float *kb = cached ? m->kv_k : m->k, *vb = cached ? m->kv_v : m->v;
     be->attention(ex, m->q, rows, m->nh, m->nkv, hd, kb, vb, m->kvf, m->kvl, 1.0f / sqrtf((float)hd), m->ao);
     sq_observe(obs, L, S_O, 0, m->ao, rows, m->nh * hd);
-    /* MoE / MLP, on the residual plus the attention's output; the MoE adds into the residual */
+    /* o_proj, its add into the residual and the post-attention norm (one op where the backend
+     * fuses them); then the MoE / MLP on that norm, adding into the residual */
     if (!be->linear_add_rmsnorm ||
         !be->linear_add_rmsnorm(ex, w->o, m->ao, rows, hidden, w->post_norm, m->eps, m->xn)) {
         sq_linear_forward(ex, w->o, m->ao, rows, m->proj);

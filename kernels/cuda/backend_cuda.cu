@@ -81,6 +81,11 @@ typedef struct step_graphs {
     step_graph *cur;
     uint64_t sig, clock;
     size_t stage_at;      /* next free int of the graph staging area */
+    struct {
+        const int *host;
+        size_t n, at;
+    } staged[8];          /* this step's staged arrays, by host pointer: a later op reuses the copy */
+    int n_staged;
     uint64_t n_capture, n_replay;
     int max_rows;         /* largest step every layer runs without a host round trip (set by prepare_moe) */
     bool pending;         /* a graph was launched and nothing has waited for it yet */
@@ -116,6 +121,7 @@ typedef struct cuda_state {
     cudaStream_t s; /* every op runs on this one stream (a graph cannot capture the legacy stream) */
     step_graphs graph;
     bool no_fuse; /* SPARQ_CUDA_FUSED=0: the attention front op by op */
+    bool no_stage_reuse; /* SPARQ_CUDA_STAGE_REUSE=0: a graph step copies every staged array (benchmarks) */
     bool no_attn_prefill; /* SPARQ_CUDA_ATTN_PREFILL=0: prefill chunks through the one-block-a-head kernel */
     bool no_linear_norm; /* SPARQ_CUDA_LINEAR_NORM=0: o_proj, then add_rmsnorm as its own launch */
     /* sample_select: the request on the host (staged), the results on the device and their pinned mirror */
@@ -292,6 +298,7 @@ static void cuda_step_begin(sq_exec *ex, int rows, int max_keys)
     g->cur = hit;
     g->sig = 0;
     g->stage_at = 0;
+    g->n_staged = 0;
     if (hit->exec) {
         g->mode = G_REPLAY;
         return;
@@ -465,6 +472,16 @@ static const int *stage(cuda_state *st, const int *host, size_t n)
     }
     step_graphs *g = &st->graph;
     if (g->mode == G_CAPTURE || g->mode == G_REPLAY) { /* the same offsets every time the step runs */
+        /* The layers stage the same arrays (positions, key ranges) again and
+         * again: each copy would be a memcpy node on the step's critical path
+         * between two kernels (no programmatic hand-over across it), so an
+         * array staged earlier in the step, same host pointer and contents,
+         * is reused. Which calls reuse depends on the code path only, so a
+         * replay takes the offsets its capture took (the signature checks). */
+        for (int i = 0; i < g->n_staged && !st->no_stage_reuse; i++)
+            if (g->staged[i].host == host && g->staged[i].n == n &&
+                memcmp(st->h_stage + STAGE_INTS - GRAPH_STAGE_INTS + g->staged[i].at, host, n * sizeof(int)) == 0)
+                return st->d_stage + STAGE_INTS - GRAPH_STAGE_INTS + g->staged[i].at;
         if (g->stage_at + n > GRAPH_STAGE_INTS) {
             keep_err(st, sparq_err(SPARQ_E_RANGE, "cuda backend: a graph step stages more than %d indices",
                                    GRAPH_STAGE_INTS));
@@ -472,6 +489,11 @@ static const int *stage(cuda_state *st, const int *host, size_t n)
         }
         const size_t at = STAGE_INTS - GRAPH_STAGE_INTS + g->stage_at;
         memcpy(st->h_stage + at, host, n * sizeof(int));
+        if (g->n_staged < 8) {
+            g->staged[g->n_staged].host = host;
+            g->staged[g->n_staged].n = n;
+            g->staged[g->n_staged++].at = g->stage_at;
+        }
         if (g->mode == G_CAPTURE)
             check(st, cudaMemcpyAsync(st->d_stage + at, st->h_stage + at, n * sizeof(int), cudaMemcpyHostToDevice, st->s),
                   "index upload");
@@ -1957,6 +1979,8 @@ extern "C" sparq_status sq_exec_create_cuda(sq_exec **out, int n_threads)
     const char *ne = getenv("SPARQ_CUDA_LINEAR_NORM");
     st->no_linear_norm = ne && strcmp(ne, "0") == 0;
     if (s == SPARQ_OK) s = sq_cuda_attn_prefill_init();
+    const char *re = getenv("SPARQ_CUDA_STAGE_REUSE");
+    st->no_stage_reuse = re && strcmp(re, "0") == 0;
     const char *ge = getenv("SPARQ_CUDA_GRAPHS");
     st->graph.disabled = ge && strcmp(ge, "0") == 0;
     if (s == SPARQ_OK)

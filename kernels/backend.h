@@ -174,7 +174,11 @@ typedef struct sq_backend {
     /* Causal GQA attention. q [rows, n_heads*hd]; k, v: key/value rows
      * [*, n_kv*hd] (a KV cache or the batch itself). Query row r attends to key
      * rows kv_first[r] .. kv_first[r] + kv_len[r] - 1. out [rows, n_heads*hd].
-     * Query head h uses KV head h / (n_heads / n_kv). Scores scaled by `scale`. */
+     * Query head h uses KV head h / (n_heads / n_kv). Scores scaled by `scale`.
+     * The ops just before it may have written only key rows at or above
+     * kv_first[r] + kv_len[r] - rows (each row appends one key, as a decode
+     * or prefill step does): the CUDA backend loads the older ones before it
+     * waits for those ops. */
     void (*attention)(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
                       const float *v, const int *kv_first, const int *kv_len, float scale, float *out);
 

@@ -918,7 +918,14 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, int n_heads, 
  * at most ATTN_SPLIT_KEYS·k keys; a warp takes one key at a time, its lanes 4
  * dimensions each (coalesced, one warp sum a query head); then the split's
  * max, exp and sum per head and its unnormalised output. k_attn_combine
- * merges the splits in order (deterministic). The old kernel (above) runs one
+ * merges the splits in order (deterministic). A split's first keys go
+ * through shared memory, the older of them loaded before the wait (the step
+ * cannot have written them), and every thread's loads of a batch are issued
+ * before its stores (a loop of dependent loads costs a memory round trip an
+ * iteration on the step's critical path: the query copy was eight such
+ * loads a thread, the combine three loops over the splits, 48 at 768 keys;
+ * docs/benchmarks-cuda.md, "Round trips off the decode step"). The old
+ * kernel (above) runs one
  * block per (row, head) with a thread per key: 32 blocks on 132 SMs at batch 1
  * and uncoalesced key loads. */
 #define ATTN_SPLIT_ROWS 16
@@ -929,27 +936,80 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, int n_heads, 
                                     measured faster there (docs/benchmarks-cuda.md) */
 #define ATTN_SPLIT_MAX 64        /* splits per (row, KV head) at most */
 #define ATTN_SPLIT_SCRATCH ((size_t)2 << 20)
+#define ATTN_PRE_KEYS 64         /* keys a split stages in shared memory at most (the older before its wait) */
+#define ATTN_PRE_FLOATS 8192     /* and at most this many floats of keys (as many of values) */
+
+/* Key and value rows t0 .. t1 − 1 of a split (row stride kvd floats, h4
+ * float4s each) into ks / vs, by a 128-thread block: each thread's loads of a
+ * batch (four float4 of keys and four of values) are issued before any store,
+ * so a batch costs one memory round trip, not one a load. */
+__device__ __forceinline__ void stage_rows4(const float *kb, const float *vb, int kvd, int t0, int t1, int h4,
+                                            float4 *ks, float4 *vs)
+{
+    const int end = t1 * h4;
+    for (int base = t0 * h4; base < end; base += 4 * 128) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int x = base + j * 128 + threadIdx.x;
+            if (x < end) {
+                const int t = x / h4, c = x - t * h4;
+                a[j] = *(const float4 *)(kb + (size_t)t * kvd + 4 * c);
+                b[j] = *(const float4 *)(vb + (size_t)t * kvd + 4 * c);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int x = base + j * 128 + threadIdx.x;
+            if (x < end) ks[x] = a[j], vs[x] = b[j];
+        }
+    }
+}
 
 template <int G>
 __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads, int n_kv, int hd, const float *k,
                                                     const float *v, const int *kv_first, const int *kv_len,
-                                                    float scale, int per_split, int splits, float *part)
+                                                    float scale, int per_split, int splits, int pre, int fresh,
+                                                    float *part)
 {
-    pdl_enter();
     extern __shared__ float sm[];
     const int kvd = n_kv * hd;
     const int split = blockIdx.x % splits, hk = (blockIdx.x / splits) % n_kv, r = blockIdx.x / (splits * n_kv);
+    /* kv_first / kv_len come from a staging copy before this kernel in stream order (no kernel
+     * writes them): readable before the wait */
     const int n = kv_len[r], t0 = split * per_split, t1 = min(n, t0 + per_split), nt = max(t1 - t0, 0);
-    float *qs = sm;                       /* [G][hd] */
-    float *sc = sm + (size_t)G * hd;      /* [G][per_split] */
-    const float *qb = q + ((size_t)r * n_heads + (size_t)hk * G) * hd;
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qb[i];
-    __syncthreads();
+    float *qs = sm;                                  /* [G][hd] */
+    float *sc = sm + (size_t)G * hd;                 /* [G][per_split] */
+    float *ks = sc + (size_t)G * per_split;          /* [pre][hd], 16-byte aligned (hd % 4 == 0) */
+    float *vs = ks + (size_t)pre * hd;               /* [pre][hd] */
     const float *kb = k + ((size_t)kv_first[r] + t0) * kvd + (size_t)hk * hd;
     const float *vb = v + ((size_t)kv_first[r] + t0) * kvd + (size_t)hk * hd;
+    /* The split's first `pre` keys go through shared memory, and
+     * those the ops before cannot have written (below kv_len − fresh, fresh
+     * = the step's rows: each row appends one key, backend.h) are loaded
+     * before the wait, while the attention front still runs: their loads
+     * leave the step's critical path. */
+    const int npre = min(nt, pre), nold = max(0, min(npre, n - fresh - t0)), h4 = hd / 4;
+    stage_rows4(kb, vb, kvd, 0, nold, h4, (float4 *)ks, (float4 *)vs);
+    pdl_enter();
+    stage_rows4(kb, vb, kvd, nold, npre, h4, (float4 *)ks, (float4 *)vs);
+    {   /* the queries of the block's heads, four float4 loads a thread in flight */
+        const float4 *q4 = (const float4 *)(q + ((size_t)r * n_heads + (size_t)hk * G) * hd);
+        const int nq = G * h4;
+        for (int base = 0; base < nq; base += 4 * 128) {
+            float4 t4[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (base + j * 128 + (int)threadIdx.x < nq) t4[j] = q4[base + j * 128 + threadIdx.x];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (base + j * 128 + (int)threadIdx.x < nq) ((float4 *)qs)[base + j * 128 + threadIdx.x] = t4[j];
+        }
+    }
+    __syncthreads();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int t = warp; t < nt; t += nw) {
-        const float *kt = kb + (size_t)t * kvd;
+        const float *kt = t < npre ? ks + (size_t)t * hd : kb + (size_t)t * kvd;
         float s[G];
 #pragma unroll
         for (int g = 0; g < G; g++) s[g] = 0.f;
@@ -990,12 +1050,20 @@ __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads,
     }
     __syncthreads();
     /* unnormalised output: thread i owns dimensions i, i + 128, ... of every head */
-    float *pb = part + (((size_t)r * n_heads + (size_t)hk * G) * splits + split) * (size_t)(hd + 2);
+    /* part: the unnormalised outputs [rows][heads][splits][hd], then each split's max and sum [rows][heads][splits][2] */
+    const size_t hs = ((size_t)r * n_heads + (size_t)hk * G) * splits + split; /* (row, first head, split) */
+    float *pb = part + hs * hd;
+    float *pml = part + (size_t)(gridDim.x / (splits * n_kv)) * n_heads * splits * hd + 2 * hs;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc[G];
 #pragma unroll
         for (int g = 0; g < G; g++) acc[g] = 0.f;
         int t = 0;
+        for (; t < npre; t++) {
+            const float vv = vs[(size_t)t * hd + i];
+#pragma unroll
+            for (int g = 0; g < G; g++) acc[g] = fmaf(sc[(size_t)g * per_split + t], vv, acc[g]);
+        }
         for (; t + 4 <= nt; t += 4) { /* four value loads in flight */
             float vv[4];
 #pragma unroll
@@ -1011,38 +1079,94 @@ __global__ void __launch_bounds__(128) k_attn_split(const float *q, int n_heads,
             for (int g = 0; g < G; g++) acc[g] = fmaf(sc[(size_t)g * per_split + t], vv, acc[g]);
         }
 #pragma unroll
-        for (int g = 0; g < G; g++) pb[(size_t)g * splits * (hd + 2) + i] = acc[g];
+        for (int g = 0; g < G; g++) pb[(size_t)g * splits * hd + i] = acc[g];
     }
     if (threadIdx.x < G) {
-        float *pg = pb + (size_t)threadIdx.x * splits * (hd + 2);
-        pg[hd] = mx_s[threadIdx.x];
-        pg[hd + 1] = sum_s[threadIdx.x];
+        pml[(size_t)threadIdx.x * splits * 2] = mx_s[threadIdx.x];
+        pml[(size_t)threadIdx.x * splits * 2 + 1] = sum_s[threadIdx.x];
     }
 }
 
-/* Block (row, head): out = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s, splits in order. */
-__global__ void k_attn_combine(const float *part, int n_heads, int hd, int splits, float *out)
+/* Block (row, head), 128 threads: out = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s.
+ * Every load goes out in one round trip: warp w holds splits w, w + 4, ...
+ * (a float4 of dimensions a lane) and thread s split s's max and sum; the
+ * block reduces M and the denominator, each warp sums its splits, the four
+ * warps' sums add in a fixed order (deterministic). */
+__global__ void __launch_bounds__(128) k_attn_combine(const float *part, int n_heads, int hd, int splits, float *out)
 {
+    __shared__ float w_s[ATTN_SPLIT_MAX];
+    __shared__ float red[4];
+    __shared__ float4 acc_s[4][ATTN_SPLIT_HDMAX / 4];
     pdl_enter();
-    const float *pb = part + (size_t)blockIdx.x * splits * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < splits; s++)
-        if (pb[(size_t)s * (hd + 2) + hd + 1] > 0.f) M = fmaxf(M, pb[(size_t)s * (hd + 2) + hd]);
-    float L = 0.f;
-    for (int s = 0; s < splits; s++) {
-        const float l = pb[(size_t)s * (hd + 2) + hd + 1];
-        if (l > 0.f) L = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), l, L);
+    const int i = threadIdx.x, lane = i & 31, warp = i >> 5, h4 = hd >> 2;
+    const float *pv = part + (size_t)blockIdx.x * splits * hd;
+    const float *pml = part + (size_t)gridDim.x * splits * hd + (size_t)blockIdx.x * splits * 2;
+    constexpr int J = ATTN_SPLIT_MAX / 4;
+    float4 v[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int sp = warp + 4 * j;
+        v[j] = sp < splits && lane < h4 ? *(const float4 *)(pv + (size_t)sp * hd + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const float inv = 1.0f / L;
-    float *o = out + (size_t)blockIdx.x * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float a = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const float l = pb[(size_t)s * (hd + 2) + hd + 1];
-            if (l > 0.f) a = fmaf(expf(pb[(size_t)s * (hd + 2) + hd] - M), pb[(size_t)s * (hd + 2) + i], a);
+    float m = -INFINITY, l = 0.f;
+    if (i < splits) {
+        l = pml[2 * i + 1];
+        m = l > 0.f ? pml[2 * i] : -INFINITY;
+    }
+    float M = m;
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const float w = l > 0.f ? expf(m - M) : 0.f;
+    if (i < splits) w_s[i] = w;
+    float L = w * l;
+    for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    __syncthreads(); /* red's maxima read by every thread; w_s written */
+    if (lane == 0) red[warp] = L;
+    for (int c = lane; c < h4; c += 32) {
+        if (c != lane) /* head widths past 128: the next float4 column of the warp's splits */
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int sp = warp + 4 * j;
+                if (sp < splits) v[j] = *(const float4 *)(pv + (size_t)sp * hd + 4 * c);
+            }
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int sp = warp + 4 * j;
+            if (sp < splits) {
+                const float ws = w_s[sp];
+                a.x = fmaf(ws, v[j].x, a.x), a.y = fmaf(ws, v[j].y, a.y);
+                a.z = fmaf(ws, v[j].z, a.z), a.w = fmaf(ws, v[j].w, a.w);
+            }
         }
-        o[i] = a * inv;
+        acc_s[warp][c] = a;
     }
+    __syncthreads();
+    const float inv = 1.0f / ((red[0] + red[1]) + (red[2] + red[3]));
+    float *o = out + (size_t)blockIdx.x * hd;
+    for (int c = i; c < h4; c += 128) {
+        const float4 a0 = acc_s[0][c], a1 = acc_s[1][c], a2 = acc_s[2][c], a3 = acc_s[3][c];
+        float4 t;
+        t.x = ((a0.x + a1.x) + (a2.x + a3.x)) * inv, t.y = ((a0.y + a1.y) + (a2.y + a3.y)) * inv;
+        t.z = ((a0.z + a1.z) + (a2.z + a3.z)) * inv, t.w = ((a0.w + a1.w) + (a2.w + a3.w)) * inv;
+        *(float4 *)(o + 4 * c) = t;
+    }
+}
+
+/* Keys k_attn_split stages in shared memory: all of a split up to ATTN_PRE_KEYS and ATTN_PRE_FLOATS. */
+static int attn_pre_keys(int hd, int per_split)
+{
+    int pre = ATTN_PRE_FLOATS / hd;
+    if (pre > ATTN_PRE_KEYS) pre = ATTN_PRE_KEYS;
+    return pre < per_split ? pre : per_split;
+}
+
+/* k_attn_split's shared memory: the queries and scores of its heads, the staged keys and values. */
+static size_t attn_split_smem(int G, int hd, int per_split)
+{
+    return ((size_t)G * (size_t)(hd + per_split) + 2 * (size_t)attn_pre_keys(hd, per_split) * hd) * sizeof(float);
 }
 
 /* The split kernel's launch for these rows, or false (the one-block-a-head kernel serves them). */
@@ -1060,8 +1184,7 @@ static bool attn_split_shape(int rows, int n_heads, int n_kv, int hd, int mx, in
     if ((size_t)sp * per > ATTN_SPLIT_SCRATCH) return false;
     *per_split = (mx + sp - 1) / sp;
     *splits = (mx + *per_split - 1) / *per_split;
-    const size_t smem = ((size_t)(n_heads / n_kv) * (size_t)(hd + *per_split)) * sizeof(float);
-    return smem <= ATTN_SMEM_MAX;
+    return attn_split_smem(n_heads / n_kv, hd, *per_split) <= ATTN_SMEM_MAX;
 }
 
 static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, int n_kv, int hd, const float *k,
@@ -1085,14 +1208,16 @@ static void cuda_attention(sq_exec *ex, const float *q, int rows, int n_heads, i
         return;
     }
     int per_split, splits;
-    if (st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && attn_split_shape(rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
-        const size_t sm2 = (size_t)(n_heads / n_kv) * (size_t)(hd + per_split) * sizeof(float);
+    if (st->attn_part && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && (uintptr_t)q % 16 == 0 &&
+        (uintptr_t)out % 16 == 0 &&
+        attn_split_shape(rows, n_heads, n_kv, hd, mx, &per_split, &splits)) {
+        const size_t sm2 = attn_split_smem(n_heads / n_kv, hd, per_split);
         const unsigned blocks = (unsigned)(rows * n_kv * splits);
         switch (n_heads / n_kv) {
 #define ATTN_SPLIT_CASE(G)                                                                                          \
     case G:                                                                                                         \
         launch(st->s, st, k_attn_split<G>, blocks, 128, sm2, q, n_heads, n_kv, hd, k, v, df, dl, scale, per_split,  \
-               splits, st->attn_part);                                                                              \
+               splits, attn_pre_keys(hd, per_split), rows, st->attn_part);                                          \
         break;
             ATTN_SPLIT_CASE(1)
             ATTN_SPLIT_CASE(2)

@@ -341,30 +341,44 @@ static void test_attention_prefill(void)
                 }
 }
 
+/* The KV append, then attention over the cache that includes the appended
+ * rows, back to back: short caches (the one-block-a-head kernel) and, with
+ * Qwen3-30B's heads, 600..1000 keys (the split kernel, which loads the older
+ * keys before it waits for the append: the appended rows must come after it,
+ * and the cache holds other values there before). */
 static void test_attention_kv(void)
 {
-    const int rows = 3, nh = 4, nkv = 2, hd = 64, cache = 300;
-    const size_t kvd = (size_t)nkv * hd;
-    float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f), *q = randv((size_t)rows * nh * hd, 1.0f);
-    float *k = randv((size_t)rows * kvd, 1.0f), *v = randv((size_t)rows * kvd, 1.0f);
-    int kvf[3] = {0, 10, 40}, kvl[3] = {1, 17, 259}, pos[3] = {0, 16, 258};
-    float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4), *dq = up(q, (size_t)rows * nh * hd * 4);
-    float *dk = up(k, (size_t)rows * kvd * 4), *dv = up(v, (size_t)rows * kvd * 4);
-    float *dout = up(NULL, (size_t)rows * nh * hd * 4);
-    cpu->be->kv_store(cpu, k, v, rows, kvd, kvf, pos, kc, vc);
-    gpu->be->kv_store(gpu, dk, dv, rows, kvd, kvf, pos, dkc, dvc);
-    float *kg = malloc(cache * kvd * 4), *vg = malloc(cache * kvd * 4);
-    down(kg, dkc, cache * kvd * 4);
-    down(vg, dvc, cache * kvd * 4);
-    CHECK(memcmp(kg, kc, cache * kvd * 4) == 0 && memcmp(vg, vc, cache * kvd * 4) == 0);
-    float *oc = malloc((size_t)rows * nh * hd * 4), *og = malloc((size_t)rows * nh * hd * 4);
-    cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, 0.125f, oc);
-    gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, 0.125f, dout);
-    down(og, dout, (size_t)rows * nh * hd * 4);
-    check_nmse(og, oc, (size_t)rows * nh * hd, 1e-11, "attention");
-    gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dk),
-        gpu->be->free(gpu, dv), gpu->be->free(gpu, dout);
-    free(kc), free(vc), free(q), free(k), free(v), free(kg), free(vg), free(oc), free(og);
+    static const struct { int nh, nkv, hd, cache, kvf[3], kvl[3]; } cs[] = {
+        {4, 2, 64, 300, {0, 10, 40}, {1, 17, 259}},
+        {32, 4, 128, 3000, {0, 1000, 2000}, {600, 777, 1000}},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int rows = 3, nh = cs[c].nh, nkv = cs[c].nkv, hd = cs[c].hd, cache = cs[c].cache;
+        const size_t kvd = (size_t)nkv * hd;
+        int kvf[3], kvl[3], pos[3];
+        for (int r = 0; r < rows; r++) kvf[r] = cs[c].kvf[r], kvl[r] = cs[c].kvl[r], pos[r] = kvl[r] - 1;
+        float *kc = randv(cache * kvd, 1.0f), *vc = randv(cache * kvd, 1.0f), *q = randv((size_t)rows * nh * hd, 1.0f);
+        float *k = randv((size_t)rows * kvd, 1.0f), *v = randv((size_t)rows * kvd, 1.0f);
+        float *dkc = up(kc, cache * kvd * 4), *dvc = up(vc, cache * kvd * 4), *dq = up(q, (size_t)rows * nh * hd * 4);
+        float *dk = up(k, (size_t)rows * kvd * 4), *dv = up(v, (size_t)rows * kvd * 4);
+        float *dout = up(NULL, (size_t)rows * nh * hd * 4);
+        float *oc = malloc((size_t)rows * nh * hd * 4), *og = malloc((size_t)rows * nh * hd * 4);
+        cpu->be->kv_store(cpu, k, v, rows, kvd, kvf, pos, kc, vc);
+        cpu->be->attention(cpu, q, rows, nh, nkv, hd, kc, vc, kvf, kvl, 0.125f, oc);
+        gpu->be->kv_store(gpu, dk, dv, rows, kvd, kvf, pos, dkc, dvc);
+        gpu->be->attention(gpu, dq, rows, nh, nkv, hd, dkc, dvc, kvf, kvl, 0.125f, dout);
+        down(og, dout, (size_t)rows * nh * hd * 4);
+        char what[96];
+        snprintf(what, sizeof what, "kv append then attention, %d/%d heads x %d, up to %d keys", nh, nkv, hd, kvl[2]);
+        check_nmse(og, oc, (size_t)rows * nh * hd, 1e-11, what);
+        float *kg = malloc(cache * kvd * 4), *vg = malloc(cache * kvd * 4);
+        down(kg, dkc, cache * kvd * 4);
+        down(vg, dvc, cache * kvd * 4);
+        CHECK(memcmp(kg, kc, cache * kvd * 4) == 0 && memcmp(vg, vc, cache * kvd * 4) == 0);
+        gpu->be->free(gpu, dkc), gpu->be->free(gpu, dvc), gpu->be->free(gpu, dq), gpu->be->free(gpu, dk),
+            gpu->be->free(gpu, dv), gpu->be->free(gpu, dout);
+        free(kc), free(vc), free(q), free(k), free(v), free(kg), free(vg), free(oc), free(og);
+    }
 }
 
 /* The fused attention front (attn_front: the grouped q/k/v GEMV with the

@@ -342,10 +342,11 @@ static void test_attention_prefill(void)
 }
 
 /* The KV append, then attention over the cache that includes the appended
- * rows, back to back: short caches (the one-block-a-head kernel) and, with
- * Qwen3-30B's heads, 600..1000 keys (the split kernel, which loads the older
- * keys before it waits for the append: the appended rows must come after it,
- * and the cache holds other values there before). */
+ * rows, back to back, for heads of 64 (up to 259 keys) and Qwen3-30B's heads
+ * (600..1000 keys). Both go through the split kernel (keys are counted in
+ * 256-key buckets, so 259 counts as 512), which loads the older keys before
+ * it waits for the append: the appended rows must come after the wait, and
+ * the cache holds other values there before. */
 static void test_attention_kv(void)
 {
     static const struct { int nh, nkv, hd, cache, kvf[3], kvl[3]; } cs[] = {

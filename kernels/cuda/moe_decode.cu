@@ -112,14 +112,39 @@ __device__ __forceinline__ void int_input_block(float u, bool valid, int beta, i
     int_bq_store(bq, q, i, beta, r, ktiles);
 }
 
+/* The expert split (trellis_cuda_moe_forward_own): k_moe_select lists the
+ * step's pairs whose expert this GPU holds, sel[0] of them, in pair order at
+ * sel[1..]; every later launch works on those "slots" only (its scratch
+ * indexed by slot), and its blocks past sel[0] wait and leave. sel NULL:
+ * slot = pair, every pair. One warp, pairs in rounds of 32 by ballot. */
+__global__ void k_moe_select(const int *__restrict__ ids, int pairs, int own_n, int own_k, int *__restrict__ sel)
+{
+    const int lane = threadIdx.x;
+    int n = 0;
+    for (int p0 = 0; p0 < pairs; p0 += 32) {
+        const int p = p0 + lane;
+        const bool mine = p < pairs && ids[p] % own_n == own_k;
+        const unsigned m = __ballot_sync(0xFFFFFFFFu, mine);
+        if (mine) sel[1 + n + __popc(m & ((1u << lane) - 1u))] = p;
+        n += __popc(m);
+    }
+    if (lane == 0) sel[0] = n;
+}
+
+__device__ __forceinline__ int sel_count(const int *__restrict__ sel, int pairs) { return sel ? sel[0] : pairs; }
+__device__ __forceinline__ int sel_pair(const int *__restrict__ sel, int slot) { return sel ? sel[1 + slot] : slot; }
+
 __global__ void __launch_bounds__(128) k_moe_int_input(moe_proj gate, moe_proj up, const int *__restrict__ ids,
+                                                       const int *__restrict__ sel,
                                                        const float *__restrict__ x, uint32_t *__restrict__ bq,
                                                        float *__restrict__ sa, int *__restrict__ ch,
                                                        float *__restrict__ usb, int *__restrict__ pc, int hidden,
                                                        int top_k)
 {
     griddep_launch();
-    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair], beta = blockIdx.x;
+    const int job = blockIdx.y;
+    if (job >> 1 >= sel_count(sel, gridDim.y >> 1)) return; /* a plain launch: nothing to wait for */
+    const int pair = sel_pair(sel, job >> 1), token = pair / top_k, e = ids[pair], beta = blockIdx.x;
     const int i = threadIdx.x, nb = hidden >> 7, ktiles = hidden >> 4;
     const __half *suh = (job & 1) ? up.suh[e] : gate.suh[e];
     const float u = x[(size_t)token * hidden + beta * 128 + i] * __half2float(suh[beta * 128 + i]);
@@ -134,12 +159,13 @@ __global__ void __launch_bounds__(128) k_moe_int_input(moe_proj gate, moe_proj u
  * 256-thread blocks (moe_int_forward). */
 template <int K, bool GU>
 __global__ void __maxnreg__(120)
-    k_moe_int_c8(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const uint32_t *__restrict__ bq,
-                 const float *__restrict__ sa, const int *__restrict__ pc, float *__restrict__ t, int k, int n,
-                 int jobs, int total_warps, uint32_t one)
+    k_moe_int_c8(moe_proj pa, moe_proj pb, const int *__restrict__ ids, const int *__restrict__ sel,
+                 const uint32_t *__restrict__ bq, const float *__restrict__ sa, const int *__restrict__ pc,
+                 float *__restrict__ t, int k, int n, int jobs, int total_warps, uint32_t one)
 {
     constexpr int NW = GEMV_INT_C8_NW;
     griddep_launch();
+    if (sel) jobs = (GU ? 2 : 1) * sel[0]; /* the selected slots' jobs, balanced over every warp */
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int ktiles = k >> 4, ngroups = (n >> 4) / NW, nb = k >> 7;
@@ -157,11 +183,12 @@ __global__ void __maxnreg__(120)
         const int kt1 =
             (int)(min(q1 - (long long)job * per_job, (long long)(grp + 1) * ktiles) - (long long)grp * ktiles);
         q += kt1 - kt0;
-        const int e = __ldg(ids + (GU ? job >> 1 : job));
+        const int e = __ldg(ids + sel_pair(sel, GU ? job >> 1 : job));
         const uint32_t *tr = (GU && (job & 1)) ? pb.tr[e] : pa.tr[e];
         int2_segment<K, true>(tr, bq + (size_t)job * ktiles * 128, sa + (size_t)job * nb, pc + (size_t)job * nb * 9,
                               t + (size_t)job * n, k, n, 1, grp, kt0, kt1, lr, one, bok, waited);
     }
+    if (!waited) griddep_wait(); /* a warp without work (few selected pairs) still ends after the previous launch */
 }
 
 /* Σ over the nb entries s[0..nb) by a 128-thread block (red: 4 floats). */
@@ -208,12 +235,18 @@ __device__ __forceinline__ void had128_block2(float &v0, float &v1, float2 *sm)
  * wait, not three), and the gate and up Hadamards through one set of
  * barriers (had128_block2). */
 __global__ void __launch_bounds__(128)
-    k_moe_int_swiglu(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids, float *__restrict__ t_gu,
-                     const float *__restrict__ usb_gu, uint32_t *__restrict__ bq, float *__restrict__ sa,
-                     int *__restrict__ ch, float *__restrict__ usb, int *__restrict__ pc, int hidden, int inter)
+    k_moe_int_swiglu(moe_proj gate, moe_proj up, moe_proj down, const int *__restrict__ ids,
+                     const int *__restrict__ sel, float *__restrict__ t_gu, const float *__restrict__ usb_gu,
+                     uint32_t *__restrict__ bq, float *__restrict__ sa, int *__restrict__ ch, float *__restrict__ usb,
+                     int *__restrict__ pc, int hidden, int inter)
 {
     griddep_launch();
-    const int pair = blockIdx.y, beta = blockIdx.x, i = threadIdx.x, e = ids[pair];
+    const int pair = blockIdx.y, beta = blockIdx.x, i = threadIdx.x; /* pair: the slot (sel) */
+    if (pair >= sel_count(sel, gridDim.y)) {
+        griddep_wait();
+        return;
+    }
+    const int e = ids[sel_pair(sel, pair)];
     const int nbh = hidden >> 7, nbi = inter >> 7, kti = inter >> 4;
     const size_t j = (size_t)beta * 128 + i;
     float v[2];
@@ -254,19 +287,25 @@ __global__ void __launch_bounds__(128)
 /* Grid (hidden/128, pairs), one pair per block, added into out with atomics;
  * the expert's svh and the routing weight are loaded before the wait. */
 __global__ void __launch_bounds__(128) k_moe_int_output(moe_proj down, const int *__restrict__ ids,
+                                                        const int *__restrict__ sel,
                                                         const float *__restrict__ weights, float *__restrict__ t_d,
                                                         const float *__restrict__ usb_d, float *__restrict__ out,
                                                         int hidden, int inter, int top_k)
 {
     __shared__ float sm[128];
     __shared__ float red[4];
-    const int pair = blockIdx.y, token = pair / top_k, i = threadIdx.x, nbi = inter >> 7, e = ids[pair];
+    const int slot = blockIdx.y, i = threadIdx.x, nbi = inter >> 7;
+    if (slot >= sel_count(sel, gridDim.y)) {
+        griddep_wait();
+        return;
+    }
+    const int pair = sel_pair(sel, slot), token = pair / top_k, e = ids[pair];
     const size_t j = (size_t)blockIdx.x * 128 + i;
     const float sv = weights[pair] * __half2float(down.svh[e][j]);
     griddep_wait();
-    const float a = t_d[(size_t)pair * hidden + j];
-    const float su = block_sum128(usb_d + (size_t)pair * nbi, nbi, red);
-    t_d[(size_t)pair * hidden + j] = 0.0f;
+    const float a = t_d[(size_t)slot * hidden + j];
+    const float su = block_sum128(usb_d + (size_t)slot * nbi, nbi, red);
+    t_d[(size_t)slot * hidden + j] = 0.0f;
     atomicAdd(out + (size_t)token * hidden + j, had128_block(a + INT_D * su, sm) * sv);
 }
 
@@ -279,6 +318,7 @@ __global__ void __launch_bounds__(128) k_moe_int_output(moe_proj down, const int
 typedef struct moe_bufs {
     int refs;
     void *gu, *t_gu, *t_down, *c_gu, *c_down, *iscr;
+    int *sel; /* k_moe_select's list: 1 + pairs ints */
 } moe_bufs;
 
 /* Resident warps of the moe_int main kernels, by kernel and block size. */
@@ -367,6 +407,7 @@ static void moe_bufs_release(moe_bufs *b)
     cudaFree(b->c_gu);
     cudaFree(b->c_down);
     cudaFree(b->iscr);
+    cudaFree(b->sel);
     free(b);
 }
 
@@ -396,11 +437,11 @@ static void moe_point_at(trellis_cuda_moe *m, moe_bufs *b, size_t gu_end)
  * 8-warp ones; Qwen3-30B: 2.9, 0.05–0.1 µs slower (lab runs 56–57). */
 #define MOE_B512_ITEMS 8
 
-typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const uint32_t *, const float *, const int *, float *,
-                           int, int, int, int, uint32_t);
+typedef void (*moe_int_fn)(moe_proj, moe_proj, const int *, const int *, const uint32_t *, const float *,
+                           const int *, float *, int, int, int, int, uint32_t);
 
 static sparq_status moe_int_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
-                                    const float *weights, float *out, void *stream)
+                                    const int *sel, const float *weights, float *out, void *stream)
 {
     moe_int_fn fg = NULL, fd = NULL;
     with_k_cb(m->K, CB_MUL1, [&](auto k, auto) -> int {
@@ -438,30 +479,30 @@ static sparq_status moe_int_forward(trellis_cuda_moe *m, const float *x, int tok
     cfg.gridDim = dim3(H / 128, 2 * pairs);
     cfg.blockDim = dim3(128);
     cfg.numAttrs = 0; /* plain: it rewrites the scratch the previous call read */
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_input, m->proj[0], m->proj[1], ids, x, m->bq_gu, m->sa_gu,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_input, m->proj[0], m->proj[1], ids, sel, x, m->bq_gu, m->sa_gu,
                                       m->ch_gu, m->usb_gu, m->pc_gu, H, m->top_k),
                    "moe input launch (%d pairs)", pairs);
     cfg.numAttrs = 1;
     cfg.gridDim = dim3(blocks[0]);
     cfg.blockDim = dim3(tpb[0]);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, (const uint32_t *)m->bq_gu,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fg, m->proj[0], m->proj[1], ids, sel, (const uint32_t *)m->bq_gu,
                                       (const float *)m->sa_gu, (const int *)m->pc_gu, m->t_gu, H, I, 2 * pairs,
                                       warps[0], 1u),
                    "moe gate/up launch (%d blocks, PDL)", blocks[0]);
     cfg.gridDim = dim3(I / 128, pairs);
     cfg.blockDim = dim3(128);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_swiglu, m->proj[0], m->proj[1], m->proj[2], ids, m->t_gu,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_swiglu, m->proj[0], m->proj[1], m->proj[2], ids, sel, m->t_gu,
                                       (const float *)m->usb_gu, m->bq_d, m->sa_d, m->ch_d, m->usb_d, m->pc_d, H, I),
                    "moe SwiGLU launch (PDL)");
     cfg.gridDim = dim3(blocks[1]);
     cfg.blockDim = dim3(tpb[1]);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, (const uint32_t *)m->bq_d,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, fd, m->proj[2], m->proj[2], ids, sel, (const uint32_t *)m->bq_d,
                                       (const float *)m->sa_d, (const int *)m->pc_d, m->t_down, I, H, pairs, warps[1],
                                       1u),
                    "moe down launch (%d blocks, PDL)", blocks[1]);
     cfg.gridDim = dim3(H / 128, pairs);
     cfg.blockDim = dim3(128);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_output, m->proj[2], ids, weights, m->t_down,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, k_moe_int_output, m->proj[2], ids, sel, weights, m->t_down,
                                       (const float *)m->usb_d, out, H, I, m->top_k),
                    "moe output launch (PDL)");
     return SPARQ_OK;
@@ -469,13 +510,13 @@ static sparq_status moe_int_forward(trellis_cuda_moe *m, const float *x, int tok
 
 /* --- moe_fused: the two launches --------------------------------------------------- */
 
-typedef void (*moe_gu_fn)(moe_proj, moe_proj, const int *, const float *, float *, float *, unsigned *, int, int,
-                          int, int);
-typedef void (*moe_down_fn)(moe_proj, const int *, const float *, const float *, float *, float *, unsigned *, int,
-                            int, int, int);
+typedef void (*moe_gu_fn)(moe_proj, moe_proj, const int *, const int *, const float *, float *, float *, unsigned *,
+                          int, int, int, int);
+typedef void (*moe_down_fn)(moe_proj, const int *, const int *, const float *, const float *, float *, float *,
+                            unsigned *, int, int, int, int);
 
 static sparq_status moe_fused_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
-                                      const float *weights, float *out, void *stream)
+                                      const int *sel, const float *weights, float *out, void *stream)
 {
     moe_gu_fn gu = NULL;
     moe_down_fn dn = NULL;
@@ -499,7 +540,7 @@ static sparq_status moe_fused_forward(trellis_cuda_moe *m, const float *x, int t
     const int nbc1 = (m->inter + FUSED_COLS - 1) / FUSED_COLS, nbc2 = (m->hidden + FUSED_COLS - 1) / FUSED_COLS;
     const int sp1 = (m->hidden / 16 + c1 - 1) / c1, sp2 = (m->inter / 16 + c2 - 1) / c2;
     gu<<<dim3(nbc1 * sp1, 2 * pairs), 256, fused_smem_bytes(c1, 1), s>>>(
-        m->proj[0], m->proj[1], ids, x, m->gu, m->t_gu, m->c_gu, m->hidden, m->inter, m->top_k, c1);
+        m->proj[0], m->proj[1], ids, sel, x, m->gu, m->t_gu, m->c_gu, m->hidden, m->inter, m->top_k, c1);
     CUDA_RETURN_IF(cudaGetLastError(), "moe gate/up launch (%d pairs)", pairs);
     /* down may start while gate/up runs: it waits (griddepcontrol.wait)
      * before reading gu */
@@ -508,7 +549,7 @@ static sparq_status moe_fused_forward(trellis_cuda_moe *m, const float *x, int t
     cfg.gridDim = dim3(nbc2 * sp2, pairs);
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = fused_smem_bytes(c2, 1);
-    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, dn, m->proj[2], ids, weights, (const float *)m->gu, out, m->t_down,
+    CUDA_RETURN_IF(cudaLaunchKernelEx(&cfg, dn, m->proj[2], ids, sel, weights, (const float *)m->gu, out, m->t_down,
                                       m->c_down, m->hidden, m->inter, m->top_k, c2),
                    "moe down launch (%d pairs, PDL)", pairs);
     return SPARQ_OK;
@@ -550,11 +591,13 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
                   top_k > n_experts,
               SPARQ_E_ARG, "cuda moe: %d experts, %d tokens, top-%d (tokens 1..%d, top-k ≤ experts)", n_experts,
               max_tokens, top_k, TRELLIS_GEMM_MAX_ROWS);
-    const trellis_cuda_linear *g0 = gate[0];
-    RETURN_IF(!g0, SPARQ_E_ARG, "cuda moe: expert 0 has no gate projection");
+    const trellis_cuda_linear *g0 = NULL;
+    for (int e = 0; e < n_experts && !g0; e++) g0 = gate[e];
+    RETURN_IF(!g0, SPARQ_E_ARG, "cuda moe: none of the %d experts has a gate projection", n_experts);
     const int hidden = g0->k, inter = g0->n;
     for (int e = 0; e < n_experts; e++) {
         const trellis_cuda_linear *l[3] = {gate[e], up[e], down[e]};
+        if (!l[0] && !l[1] && !l[2]) continue; /* an expert this GPU does not hold (the expert split) */
         for (int j = 0; j < 3; j++) {
             RETURN_IF(!l[j], SPARQ_E_ARG, "cuda moe: expert %d lacks its %s projection", e,
                       j == 0 ? "gate" : j == 1 ? "up" : "down");
@@ -582,7 +625,7 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     }
     for (size_t e = 0; e < E; e++) {
         const trellis_cuda_linear *l[3] = {gate[e], up[e], down[e]};
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < 3 && l[0]; j++) { /* an expert not held keeps NULL entries: never routed here */
             host[(3 * j + 0) * E + e] = l[j]->trellis;
             host[(3 * j + 1) * E + e] = l[j]->suh;
             host[(3 * j + 2) * E + e] = l[j]->svh;
@@ -603,6 +646,7 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
     if (err == cudaSuccess) err = cudaMalloc(&b->t_down, pairs * hidden * 4);
     if (err == cudaSuccess) err = cudaMalloc(&b->c_gu, pairs * 2 * nbc_gu * 4);
     if (err == cudaSuccess) err = cudaMalloc(&b->c_down, pairs * nbc_d * 4);
+    if (err == cudaSuccess) err = cudaMalloc((void **)&b->sel, (1 + pairs) * sizeof(int));
     if (err == cudaSuccess) err = cudaMemset(b->t_gu, 0, pairs * 2 * inter * 4);
     if (err == cudaSuccess) err = cudaMemset(b->t_down, 0, pairs * hidden * 4);
     if (err == cudaSuccess) err = cudaMemset(b->c_gu, 0, pairs * 2 * nbc_gu * 4);
@@ -632,12 +676,26 @@ sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_c
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream)
 {
+    return trellis_cuda_moe_forward_own(m, x, tokens, ids, weights, out, 0, 0, stream);
+}
+
+sparq_status trellis_cuda_moe_forward_own(trellis_cuda_moe *m, const float *x, int tokens, const int *ids,
+                                          const float *weights, float *out, int own_n, int own_k, void *stream)
+{
     RETURN_IF(!m, SPARQ_E_ARG, "cuda moe forward: no layer");
     RETURN_IF(!x || !ids || !weights || !out, SPARQ_E_ARG, "cuda moe forward: missing argument");
     RETURN_IF(tokens < 1 || tokens > m->max_tokens, SPARQ_E_ARG, "cuda moe forward: %d tokens, created for 1..%d",
               tokens, m->max_tokens);
-    if (m->cb == CB_MUL1) return moe_int_forward(m, x, tokens, ids, weights, out, stream);
-    return moe_fused_forward(m, x, tokens, ids, weights, out, stream);
+    RETURN_IF(own_n > 1 && (own_k < 0 || own_k >= own_n), SPARQ_E_ARG, "cuda moe forward: expert set %d of %d",
+              own_k, own_n);
+    const int *sel = NULL;
+    if (own_n > 1) { /* plain, like the first launch after it: it rewrites the list the previous call read */
+        k_moe_select<<<1, 32, 0, (cudaStream_t)stream>>>(ids, tokens * m->top_k, own_n, own_k, m->bufs->sel);
+        CUDA_RETURN_IF(cudaGetLastError(), "moe pair selection launch");
+        sel = m->bufs->sel;
+    }
+    if (m->cb == CB_MUL1) return moe_int_forward(m, x, tokens, ids, sel, weights, out, stream);
+    return moe_fused_forward(m, x, tokens, ids, sel, weights, out, stream);
 }
 
 const char *trellis_cuda_moe_kernel_name(const trellis_cuda_moe *m)

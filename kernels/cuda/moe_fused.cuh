@@ -192,13 +192,19 @@ struct moe_proj {
     const __half *const *svh;
 };
 
+/* sel (the expert split; NULL: every pair): blockIdx.y counts slots, slot s
+ * being pair sel[1 + s] of sel[0] (moe_decode.cu, k_moe_select); gu, t and
+ * the counters are indexed by slot. */
 template <int K, int CB>
 __global__ void __launch_bounds__(256) k_moe_fused_gate_up(moe_proj gate, moe_proj up, const int *__restrict__ ids,
-                                                     const float *__restrict__ x, float *__restrict__ gu,
-                                                     float *__restrict__ t, unsigned *__restrict__ counters,
-                                                     int hidden, int inter, int top_k, int chunk)
+                                                     const int *__restrict__ sel, const float *__restrict__ x,
+                                                     float *__restrict__ gu, float *__restrict__ t,
+                                                     unsigned *__restrict__ counters, int hidden, int inter,
+                                                     int top_k, int chunk)
 {
-    const int job = blockIdx.y, pair = job >> 1, token = pair / top_k, e = ids[pair];
+    const int job = blockIdx.y;
+    if (sel && job >> 1 >= sel[0]) return; /* a plain launch: nothing to wait for */
+    const int pair = sel ? sel[1 + (job >> 1)] : job >> 1, token = pair / top_k, e = ids[pair];
     const moe_proj &pr = (job & 1) ? up : gate;
     const int nbc = (inter + FUSED_COLS - 1) / FUSED_COLS;
     griddep_launch();
@@ -208,16 +214,21 @@ __global__ void __launch_bounds__(256) k_moe_fused_gate_up(moe_proj gate, moe_pr
 
 template <int K, int CB>
 __global__ void __launch_bounds__(256) k_moe_fused_down(moe_proj down, const int *__restrict__ ids,
-                                                  const float *__restrict__ weights, const float *__restrict__ gu,
-                                                  float *__restrict__ out, float *__restrict__ t,
-                                                  unsigned *__restrict__ counters, int hidden, int inter, int top_k,
-                                                  int chunk)
+                                                  const int *__restrict__ sel, const float *__restrict__ weights,
+                                                  const float *__restrict__ gu, float *__restrict__ out,
+                                                  float *__restrict__ t, unsigned *__restrict__ counters, int hidden,
+                                                  int inter, int top_k, int chunk)
 {
-    const int pair = blockIdx.y, token = pair / top_k, e = ids[pair];
+    const int slot = blockIdx.y;
+    if (sel && slot >= sel[0]) {
+        griddep_wait();
+        return;
+    }
+    const int pair = sel ? sel[1 + slot] : slot, token = pair / top_k, e = ids[pair];
     const int nbc = (hidden + FUSED_COLS - 1) / FUSED_COLS;
     fused_body<K, CB, FUSED_IN_SWIGLU | FUSED_OUT_ADD | FUSED_WAIT>(
-        down.tr[e], gu + (size_t)2 * pair * inter, gu + (size_t)(2 * pair + 1) * inter, down.suh[e], down.svh[e],
-        t + (size_t)pair * hidden, counters + (size_t)pair * nbc, out + (size_t)token * hidden, weights[pair], inter,
+        down.tr[e], gu + (size_t)2 * slot * inter, gu + (size_t)(2 * slot + 1) * inter, down.suh[e], down.svh[e],
+        t + (size_t)slot * hidden, counters + (size_t)slot * nbc, out + (size_t)token * hidden, weights[pair], inter,
         hidden, 1, chunk);
 }
 

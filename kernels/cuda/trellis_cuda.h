@@ -153,7 +153,10 @@ sparq_status trellis_cuda_gemm_prefill(const trellis_cuda_linear *lin, const flo
 typedef struct trellis_cuda_moe trellis_cuda_moe;
 
 /* Build device tables for n_experts experts (gate[e], up[e], down[e]) and
- * scratch for up to max_tokens (1..16) tokens routed to top_k experts each. */
+ * scratch for up to max_tokens (1..16) tokens routed to top_k experts each.
+ * An expert whose three handles are all NULL is one this GPU does not hold
+ * (the expert split): it may only be routed to trellis_cuda_moe_forward_own
+ * of an expert set without it. */
 sparq_status trellis_cuda_moe_create(trellis_cuda_linear *const *gate, trellis_cuda_linear *const *up,
                                      trellis_cuda_linear *const *down, int n_experts, int max_tokens, int top_k,
                                      trellis_cuda_moe **out);
@@ -178,6 +181,14 @@ sparq_status trellis_cuda_moe_share(trellis_cuda_moe *moe, trellis_cuda_moe *don
  * shared scratch). */
 sparq_status trellis_cuda_moe_forward(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
                                       const float *weights, float *out, void *stream);
+
+/* The same for the pairs whose expert e has e % own_n == own_k only (the
+ * expert split: this GPU holds those experts, the others' tables may be
+ * NULL in trellis_cuda_moe_create); own_n <= 1: every pair, as above. A
+ * first launch lists the step's own pairs on the device; the later ones
+ * divide only their work over their grids and skip the rest. */
+sparq_status trellis_cuda_moe_forward_own(trellis_cuda_moe *moe, const float *x, int tokens, const int *ids,
+                                          const float *weights, float *out, int own_n, int own_k, void *stream);
 
 #ifdef __cplusplus
 }

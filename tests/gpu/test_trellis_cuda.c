@@ -717,6 +717,45 @@ static void check_moe(int hidden, int inter, int E, int top_k, int tokens, int K
         CHECK(trellis_cuda_moe_share(moe3, moe2) == SPARQ_E_SHAPE);
         trellis_cuda_moe_free(moe3);
     }
+    /* the expert split: a layer holding only the experts e % own_n == own_k
+     * (the others' handles NULL), forward_own on every pair's routing: the
+     * reference with the other pairs' weights zero; twice each (the scratch
+     * of the slots it ran must come back to zero), every set of 2 and 3 */
+    {
+        trellis_cuda_linear **own = calloc((size_t)3 * E, sizeof *own);
+        float *w0 = malloc(pairs * 4);
+        CHECK(trellis_cuda_upload(dids, ids, pairs * sizeof(int)) == SPARQ_OK);
+        for (int on = 2; on <= 3; on++)
+            for (int ok = 0; ok < on; ok++) {
+                for (int e = 0; e < E; e++)
+                    for (int j = 0; j < 3; j++) own[j * E + e] = e % on == ok ? dl[j * E + e] : NULL;
+                for (size_t p = 0; p < pairs; p++) w0[p] = ids[p] % on == ok ? w[p] : 0.0f;
+                moe_ref(hl, E, hidden, inter, top_k, tokens, x, ids, w0, ref);
+                double energy = 0;
+                for (size_t i = 0; i < (size_t)tokens * hidden; i++) energy += (double)ref[i] * ref[i];
+                trellis_cuda_moe *mo = NULL;
+                CHECK_MSG(trellis_cuda_moe_create(own, own + E, own + 2 * E, E, tokens, top_k, &mo) == SPARQ_OK,
+                          "moe of experts %d mod %d: %s", ok, on, sparq_errmsg());
+                for (int run = 0; mo && run < 2; run++) {
+                    CHECK(trellis_cuda_upload(dout, res, (size_t)tokens * hidden * 4) == SPARQ_OK);
+                    CHECK(trellis_cuda_moe_forward_own(mo, dx, tokens, dids, dw, dout, on, ok, NULL) == SPARQ_OK);
+                    CHECK(trellis_cuda_sync(NULL) == SPARQ_OK);
+                    CHECK(trellis_cuda_download(out, dout, (size_t)tokens * hidden * 4) == SPARQ_OK);
+                    double dev = 0;
+                    for (size_t i = 0; i < (size_t)tokens * hidden; i++) {
+                        out[i] -= res[i];
+                        dev += (double)out[i] * out[i];
+                    }
+                    const double e = energy > 0 ? nmse(out, ref, (size_t)tokens * hidden) : dev;
+                    CHECK_MSG(e <= NMSE_MAX, "moe (%s) of experts %d mod %d, %d tokens top-%d, run %d: %s %.3g",
+                              trellis_cuda_moe_kernel_name(mo), ok, on, tokens, top_k, run,
+                              energy > 0 ? "normalised MSE" : "no pair is this set's, yet output energy", e);
+                }
+                trellis_cuda_moe_free(mo);
+            }
+        free(own);
+        free(w0);
+    }
     trellis_cuda_moe_free(moe2);
     for (int i = 0; i < 3 * E; i++) {
         trellis_cuda_linear_free(dl[i]);

@@ -92,9 +92,10 @@ uint64_t sq_linear_stored_bytes(const sq_linear *l);
 sparq_status sq_linear_rows_view(const sq_linear *l, int row0, int rows, sq_linear *view);
 
 /* The expert split (runtime/dist/dist.h): turns a rank's partial MoE output
- * part[rows, d] (the sum over the experts it holds) into the whole one, in
- * place and bit-identical on every rank (an all-gather, then the pieces
- * added in rank order), before it goes into the residual. */
+ * part[rows, d] (the sum over the experts it holds; backend memory) into the
+ * whole one, in place and bit-identical on every rank (an all-gather, then
+ * the pieces added in rank order by the `sum_parts` op), before it goes into
+ * the residual. */
 typedef struct sq_moe_combine {
     sparq_status (*fn)(void *user, float *part, int rows, int d);
     void *user;
@@ -105,8 +106,9 @@ typedef struct sq_moe_combine {
  * The expert split: own_n > 1 means this process holds only the experts e
  * with e % own_n == own_k (the others' linears are empty): every row is
  * routed as always, the pairs of other experts are skipped, and `combine`
- * (when its fn is set) completes the sum. The host path does this; a device
- * backend's `moe` refuses own_n > 1 (sq_exec_set_error). */
+ * (when its fn is set) completes the sum. The host path does this, and the
+ * CUDA backend's `moe` (its kernels skip the pairs of experts it does not
+ * hold; prepare_moe uploads only the experts it holds). */
 typedef struct sq_moe_layer {
     int n_exp, top_k;
     bool norm_topk;           /* renormalise the top-k weights to sum 1 */
@@ -115,6 +117,12 @@ typedef struct sq_moe_layer {
     int own_n, own_k;
     const sq_moe_combine *combine;
 } sq_moe_layer;
+
+/* Does this process hold routed expert e of ml (the expert split's rule)? */
+static inline bool sq_moe_holds(const sq_moe_layer *ml, int e)
+{
+    return ml->own_n <= 1 || e % ml->own_n == ml->own_k;
+}
 
 /* Workspace of the `moe` op, backend memory sized for max_rows rows:
  * rl [R, E]; rw, lw [R, k]; ridx, rows_of [R, k] ints; xg, dn [R, d];
@@ -193,6 +201,11 @@ typedef struct sq_backend {
 
     /* y[i] += a · x[i], n elements. */
     void (*axpy)(sq_exec *ex, float a, const float *x, size_t n, float *y);
+    /* out[i] = parts[0][i] + parts[1][i] + ... + parts[n_parts - 1][i],
+     * added in that order (parts: [n_parts][n]; out may not overlap them):
+     * the expert split's combine, where every rank must end with the same
+     * floats (issue 25). */
+    void (*sum_parts)(sq_exec *ex, const float *parts, int n_parts, size_t n, float *out);
 
     /* h[r] += x[r]; y[r] = rmsnorm(h[r]) ⊙ w (rmsnorm's rule), rows vectors of dim. y ≠ h.
      * The residual add and the next norm in one pass (one launch on the GPU):
@@ -329,6 +342,14 @@ typedef struct sq_backend {
                               double timeout_s);
     bool (*link_send_ready)(sq_exec *ex, sq_link *l, int peer);
     sparq_status (*link_recv)(sq_exec *ex, sq_link *l, int peer, void *mem, size_t bytes, double timeout_s);
+    /* link_allgather (the expert split's combine): collective, every rank in
+     * the same order with the same bytes; all[r·bytes ..] = rank r's `mine`
+     * for every rank r (this rank's own piece copied too), the ops queued
+     * after it seeing all of them. It waits up to timeout_s for the pieces,
+     * else SPARQ_E_TIMEOUT naming a rank that did not send (an NCCL link is
+     * then aborted). mine and all are backend memory, bytes ≤ max_bytes. */
+    sparq_status (*link_allgather)(sq_exec *ex, sq_link *l, const void *mine, void *all, size_t bytes,
+                                   double timeout_s);
     void (*link_close)(sq_exec *ex, sq_link *l);
     /* The shared state of a same-process link of `size` ranks (ranks as
      * threads: sq_transport_threads), made once (by rank 0) and given to

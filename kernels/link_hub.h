@@ -125,10 +125,10 @@ static inline void sq_hub_taken(sq_hub_core *h, sq_hub_box *b)
 
 /* The messages of a send that timed out and of a receive that did, the same for every backend. */
 #define SQ_HUB_SEND_TIMEOUT_FMT                                                                                        \
-    "rank %d: rank %d has not taken the hidden states sent to it over the device link within %.1f s (the --timeout): " \
+    "rank %d: rank %d has not taken what was sent to it over the device link within %.1f s (the --timeout): "       \
     "rank %d is stopped, hung or dead"
 #define SQ_HUB_RECV_TIMEOUT_FMT                                                                                        \
-    "rank %d: no hidden states from rank %d over the device link within %.1f s (the --timeout): rank %d is stopped, "  \
+    "rank %d: nothing from rank %d over the device link within %.1f s (the --timeout): rank %d is stopped, "         \
     "hung or dead"
 
 #endif

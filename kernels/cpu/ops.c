@@ -475,6 +475,17 @@ static void cpu_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
     axpy_any(a, x, n, y);
 }
 
+static void cpu_sum_parts(sq_exec *ex, const float *parts, int n_parts, size_t n, float *out)
+{
+    (void)ex;
+    if (n_parts < 1) return;
+    memcpy(out, parts, n * sizeof(float));
+    for (int r = 1; r < n_parts; r++) {
+        const float *p = parts + (size_t)r * n;
+        for (size_t i = 0; i < n; i++) out[i] += p[i];
+    }
+}
+
 /* --- memory and former graph steps (host memory: plain copies) ------------------------------- */
 
 static void *cpu_alloc(sq_exec *ex, size_t bytes)
@@ -545,6 +556,7 @@ static const sq_backend cpu_backend = {
     .router_topk = cpu_router_topk,
     .swiglu = cpu_swiglu,
     .axpy = cpu_axpy,
+    .sum_parts = cpu_sum_parts,
     .add_rmsnorm = cpu_add_rmsnorm,
     .device = false,
     .alloc = cpu_alloc,

@@ -1379,6 +1379,24 @@ static void cuda_axpy(sq_exec *ex, float a, const float *x, size_t n, float *y)
         launch(st->s, st, k_axpy, grid_for(n, 256), 256, 0, a, x, n, y);
 }
 
+/* out[i] = parts[0][i] + ... + parts[np - 1][i] in that order (the CPU's). */
+__global__ void k_sum_parts(const float *parts, int np, size_t n, float *out)
+{
+    pdl_enter();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float a = parts[i];
+        for (int r = 1; r < np; r++) a += parts[(size_t)r * n + i];
+        out[i] = a;
+    }
+}
+
+static void cuda_sum_parts(sq_exec *ex, const float *parts, int n_parts, size_t n, float *out)
+{
+    cuda_state *st = state_of(ex);
+    if (n && n_parts > 0 && !replaying(st, 14, P(parts), P(out), n, (uint64_t)n_parts))
+        launch(st->s, st, k_sum_parts, grid_for(n, 256), 256, 0, parts, n_parts, n, out);
+}
+
 template <typename T>
 __global__ void k_embed(const T *table, int d, const int *tokens, float *hidden)
 {
@@ -1528,13 +1546,18 @@ __global__ void k_scatter(const float *dn, int d, const int *rows_of, const floa
 /* Small-batch MoE on dense experts, routing read on the device (no host
  * round trip). Slot s = (row s / K, its j-th expert ids[s]).
  * h[s, o] = silu(x·gate_e[o]) · (x·up_e[o]): one warp per (slot, o). */
+/* own_n > 1 (the expert split): only the slots of experts e % own_n ==
+ * own_k; the others' tables may be NULL and their dn is not written. */
+__device__ __forceinline__ bool moe_owns(int e, int own_n, int own_k) { return own_n <= 1 || e % own_n == own_k; }
+
 template <typename T>
 __global__ void __launch_bounds__(256) k_moe_gateup(const void *const *tab, int E, const float *__restrict__ x,
-                                                    const int *ids, int K, int d, int I, float *h, bool vec)
+                                                    const int *ids, int K, int d, int I, float *h, bool vec,
+                                                    int own_n, int own_k)
 {
     const int slot = blockIdx.y, o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (o >= I) return;
     const int e = ids[slot];
+    if (o >= I || !moe_owns(e, own_n, own_k)) return;
     const float *xr = x + (size_t)(slot / K) * d;
     const T *g = (const T *)tab[e] + (size_t)o * d, *u = (const T *)tab[E + e] + (size_t)o * d;
     float ag = 0.f, au = 0.f;
@@ -1558,10 +1581,11 @@ __global__ void __launch_bounds__(256) k_moe_gateup(const void *const *tab, int 
 /* dn[s, o] = h[s]·down_e[o]: one warp per (slot, o). */
 template <typename T>
 __global__ void __launch_bounds__(256) k_moe_down(const void *const *tab, int E, const float *__restrict__ h,
-                                                  const int *ids, int I, int d, float *dn, bool vec)
+                                                  const int *ids, int I, int d, float *dn, bool vec, int own_n,
+                                                  int own_k)
 {
     const int slot = blockIdx.y, o = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (o >= d) return;
+    if (o >= d || !moe_owns(ids[slot], own_n, own_k)) return;
     const T *w = (const T *)tab[2 * E + ids[slot]] + (size_t)o * I;
     const float *hr = h + (size_t)slot * I;
     float a = 0.f;
@@ -1580,28 +1604,31 @@ __global__ void __launch_bounds__(256) k_moe_down(const void *const *tab, int E,
     if (lane == 0) dn[(size_t)slot * d + o] = a;
 }
 
-/* out[r] (+)= Σ_j w[r·K + j] · dn[r·K + j], in slot order (deterministic). */
-__global__ void k_moe_combine(const float *dn, const float *w, int K, int d, bool add, float *out)
+/* out[r] (+)= Σ_j w[r·K + j] · dn[r·K + j], in slot order (deterministic),
+ * over the slots of experts this GPU holds. */
+__global__ void k_moe_combine(const float *dn, const float *w, const int *ids, int K, int d, bool add, float *out,
+                              int own_n, int own_k)
 {
     const int r = blockIdx.x;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float a = 0.f;
-        for (int j = 0; j < K; j++) a = fmaf(w[r * K + j], dn[((size_t)r * K + j) * d + i], a);
+        for (int j = 0; j < K; j++)
+            if (moe_owns(ids[r * K + j], own_n, own_k)) a = fmaf(w[r * K + j], dn[((size_t)r * K + j) * d + i], a);
         out[(size_t)r * d + i] = add ? out[(size_t)r * d + i] + a : a;
     }
 }
 
 template <typename T>
-static void dense_moe_run(const dense_moe *dm, int E, const float *xn, int rows, int K, int d, int I,
+static void dense_moe_run(const dense_moe *dm, const sq_moe_layer *ml, const float *xn, int rows, int d, int I,
                           const sq_moe_ws *ws, float *out, bool add, cudaStream_t s)
 {
-    const int slots = rows * K;
+    const int E = ml->n_exp, K = ml->top_k, slots = rows * K, on = ml->own_n, ok = ml->own_k;
     const bool vd = d % 8 == 0 && (uintptr_t)xn % 16 == 0, vi = I % 8 == 0 && (uintptr_t)ws->g % 16 == 0;
     k_moe_gateup<T><<<dim3((unsigned)((I + 7) / 8), (unsigned)slots), 256, 0, s>>>(dm->tab, E, xn, ws->ridx, K, d, I,
-                                                                               ws->g, vd);
+                                                                               ws->g, vd, on, ok);
     k_moe_down<T><<<dim3((unsigned)((d + 7) / 8), (unsigned)slots), 256, 0, s>>>(dm->tab, E, ws->g, ws->ridx, I, d,
-                                                                             ws->dn, vi);
-    k_moe_combine<<<(unsigned)rows, 256, 0, s>>>(ws->dn, ws->rw, K, d, add, out);
+                                                                             ws->dn, vi, on, ok);
+    k_moe_combine<<<(unsigned)rows, 256, 0, s>>>(ws->dn, ws->rw, ws->ridx, K, d, add, out, on, ok);
 }
 
 static sparq_status host_grow(cuda_state *st, size_t slots, size_t cnt)
@@ -1646,21 +1673,24 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     const int E = ml->n_exp, K = ml->top_k;
     cuda_linear(ex, ml->router, xn, rows, ws->rl);
     cuda_router_topk(ex, ws->rl, rows, E, K, ml->norm_topk, ws->ridx, ws->rw);
+    const uint64_t own = (uint64_t)(ml->own_n > 1 ? ml->own_n : 0) << 32 | (uint32_t)ml->own_k;
     ent *fused = find_ent(st, ml->gate);
     if (fused && rows <= 16) { /* adds into out */
-        if (replaying(st, 10, P(fused->dev), P(xn), P(out), (uint64_t)rows << 1 | add, P(ws->ridx) ^ P(ws->rw) << 1))
+        if (replaying(st, 10, P(fused->dev), P(xn), P(out), (uint64_t)rows << 1 | add,
+                      P(ws->ridx) ^ P(ws->rw) << 1 ^ own << 3))
             return;
         if (!add) check(st, cudaMemsetAsync(out, 0, (size_t)rows * d * sizeof(float), st->s), "moe: clear");
-        keep_err(st, trellis_cuda_moe_forward((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out, st->s));
+        keep_err(st, trellis_cuda_moe_forward_own((trellis_cuda_moe *)fused->dev, xn, rows, ws->ridx, ws->rw, out,
+                                                  ml->own_n, ml->own_k, st->s));
         return;
     }
     ent *dense = find_ent(st, ml->up);
     if (dense && rows <= 8 && rows * K <= ((dense_moe *)dense->dev)->max_slots) {
         const dense_moe *dm = (const dense_moe *)dense->dev;
-        if (replaying(st, 11, P(dm), P(xn), P(out), (uint64_t)rows << 1 | add, P(ws))) return;
-        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
-        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
-        else dense_moe_run<f16_t>(dm, E, xn, rows, K, d, I, ws, out, add, st->s);
+        if (replaying(st, 11, P(dm), P(xn), P(out), (uint64_t)rows << 1 | add, P(ws) ^ own << 3)) return;
+        if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
+        else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
+        else dense_moe_run<f16_t>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
         return;
     }
     if (st->graph.mode == G_CAPTURE || st->graph.mode == G_REPLAY) { /* prepare_moe keeps such steps out of graphs */
@@ -1696,7 +1726,7 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
     check(st, cudaMemcpyAsync(ws->lw, st->h_lw, slots * sizeof(float), cudaMemcpyHostToDevice, st->s), "moe rows");
     for (int e = 0; e < E; e++) {
         const int first = cnt[e], n = cnt[e + 1] - first;
-        if (n <= 0) continue;
+        if (n <= 0 || !sq_moe_holds(ml, e)) continue; /* the expert split: another rank's expert */
         k_gather<<<(unsigned)n, 256, 0, st->s>>>(xn, d, ws->rows_of + first, ws->xg);
         cuda_linear(ex, &ml->gate[e], ws->xg, n, ws->g);
         cuda_linear(ex, &ml->up[e], ws->xg, n, ws->u);
@@ -1711,17 +1741,19 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
 static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int max_rows)
 {
     const int E = ml->n_exp;
-    const sq_linear_kind kind = ml->gate[0].kind;
+    const sq_linear_kind kind = ml->gate[ml->own_n > 1 ? ml->own_k : 0].kind;
     for (int e = 0; e < E; e++) {
+        if (!sq_moe_holds(ml, e)) continue;
         const sq_linear *l[3] = {&ml->gate[e], &ml->up[e], &ml->down[e]};
         for (int i = 0; i < 3; i++)
             if (l[i]->kind != kind || kind == SQ_LINEAR_EXL3 || l[i]->bias) return SPARQ_OK;
     }
-    const void **h = (const void **)sparq_malloc(3 * (size_t)E * sizeof *h);
+    const void **h = (const void **)sparq_calloc(3 * (size_t)E, sizeof *h);
     dense_moe *dm = (dense_moe *)sparq_calloc(1, sizeof *dm);
     sparq_status s = h && dm ? SPARQ_OK : sparq_err(SPARQ_E_NOMEM, "cuda moe: out of memory");
     const size_t es = kind == SQ_LINEAR_F32 ? 4 : 2;
     for (int e = 0; s == SPARQ_OK && e < E; e++) {
+        if (!sq_moe_holds(ml, e)) continue; /* NULL entries: never routed here */
         void *p;
         const size_t gu = (size_t)ml->gate[e].in * ml->gate[e].out * es, dn = (size_t)ml->down[e].in * ml->down[e].out * es;
         if ((s = raw_get(st, ml->gate[e].w, gu, &p)) == SPARQ_OK) h[e] = p;
@@ -1757,6 +1789,7 @@ static sparq_status cuda_prepare_moe(sq_exec *ex, const sq_moe_layer *ml, int ma
     if (ml->router) FORWARD_IF(ex->be->prepare_linear(ex, ml->router));
     bool exl3 = ml->router != NULL;
     for (int e = 0; e < E; e++) {
+        if (ml->router && !sq_moe_holds(ml, e)) continue; /* the expert split: not held here */
         FORWARD_IF(ex->be->prepare_linear(ex, &ml->gate[e]));
         FORWARD_IF(ex->be->prepare_linear(ex, &ml->up[e]));
         FORWARD_IF(ex->be->prepare_linear(ex, &ml->down[e]));
@@ -1782,6 +1815,8 @@ static sparq_status prepare_fused_moe(cuda_state *st, const sq_moe_layer *ml, bo
     trellis_cuda_linear **h = (trellis_cuda_linear **)sparq_malloc(3 * (size_t)E * sizeof *h);
     RETURN_IF(!h, SPARQ_E_NOMEM, "cuda moe: out of memory");
     for (int e = 0; e < E; e++) {
+        h[e] = h[E + e] = h[2 * E + e] = NULL; /* an expert not held (the expert split): no tables */
+        if (!sq_moe_holds(ml, e)) continue;
         (void)exl3_get(st, &ml->gate[e], &h[e]);
         (void)exl3_get(st, &ml->up[e], &h[E + e]);
         (void)exl3_get(st, &ml->down[e], &h[2 * E + e]);
@@ -2033,6 +2068,7 @@ static const sq_backend cuda_backend = {
     .router_topk = cuda_router_topk,
     .swiglu = cuda_swiglu,
     .axpy = cuda_axpy,
+    .sum_parts = cuda_sum_parts,
     .add_rmsnorm = cuda_add_rmsnorm,
     .device = true,
     .alloc = cuda_alloc,
@@ -2058,6 +2094,7 @@ static const sq_backend cuda_backend = {
     .link_send = cuda_link_send,
     .link_send_ready = cuda_link_send_ready,
     .link_recv = cuda_link_recv,
+    .link_allgather = cuda_link_allgather,
     .link_close = cuda_link_close,
     .link_hub_make = cuda_link_hub_make,
 };

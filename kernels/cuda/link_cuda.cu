@@ -136,7 +136,7 @@ static sparq_status hub_recv(sq_link *l, cudaStream_t s, int peer, void *mem, si
     size_t got = 0;
     const int b = sq_hub_claim_recv(&h->core, &m->box, timeout_s, &got);
     RETURN_IF(b < 0, SPARQ_E_TIMEOUT, SQ_HUB_RECV_TIMEOUT_FMT, l->rank, peer, timeout_s, peer);
-    RETURN_IF(got != bytes, SPARQ_E_COMM, "rank %d: %zu bytes of hidden states from rank %d over the device link, "
+    RETURN_IF(got != bytes, SPARQ_E_COMM, "rank %d: %zu bytes from rank %d over the device link, "
               "expected %zu", l->rank, got, peer, bytes);
     const char *src = m->buf + (size_t)b * l->max_bytes;
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, m->full[b], 0), "waiting for the sender's copy"));
@@ -213,6 +213,27 @@ sparq_status cuda_link_recv(sq_exec *ex, sq_link *l, int peer, void *mem, size_t
     return nccl_link_recv(l->nccl, s, peer, mem, bytes, timeout_s);
 }
 
+/* The hub's all-gather: this rank's piece into its own place, then sent
+ * to every other rank and each other rank's piece received, over the
+ * mailboxes (a send waits for nothing on the GPU, so all ranks sending
+ * first cannot deadlock). NCCL: one ncclAllGather. */
+sparq_status cuda_link_allgather(sq_exec *ex, sq_link *l, const void *mine, void *all, size_t bytes,
+                                 double timeout_s)
+{
+    RETURN_IF(bytes > l->max_bytes, SPARQ_E_RANGE, "device link: a %zu-byte all-gather piece for %zu-byte buffers",
+              bytes, l->max_bytes);
+    cudaStream_t s = sq_cuda_link_stream(ex);
+    if (l->kind == LINK_NCCL) return nccl_link_allgather(l->nccl, s, mine, all, bytes, timeout_s);
+    char *a = (char *)all;
+    FORWARD_IF(link_cuda_status(cudaMemcpyAsync(a + (size_t)l->rank * bytes, mine, bytes, cudaMemcpyDeviceToDevice, s),
+                                "all-gather: own piece"));
+    for (int p = 0; p < l->size; p++)
+        if (p != l->rank) FORWARD_IF(hub_send(l, s, p, mine, bytes, timeout_s));
+    for (int p = 0; p < l->size; p++)
+        if (p != l->rank) FORWARD_IF(hub_recv(l, s, p, a + (size_t)p * bytes, bytes, timeout_s));
+    return SPARQ_OK;
+}
+
 void cuda_link_close(sq_exec *ex, sq_link *l)
 {
     if (!l) return;
@@ -244,6 +265,12 @@ bool nccl_link_send_ready(nccl_end *e, int peer)
 sparq_status nccl_link_recv(nccl_end *e, cudaStream_t s, int peer, void *mem, size_t bytes, double timeout_s)
 {
     (void)e, (void)s, (void)peer, (void)mem, (void)bytes, (void)timeout_s;
+    return SPARQ_E_STATE;
+}
+sparq_status nccl_link_allgather(nccl_end *e, cudaStream_t s, const void *mine, void *all, size_t bytes,
+                                 double timeout_s)
+{
+    (void)e, (void)s, (void)mine, (void)all, (void)bytes, (void)timeout_s;
     return SPARQ_E_STATE;
 }
 void nccl_link_close(nccl_end *e) { (void)e; }

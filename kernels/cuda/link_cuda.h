@@ -36,6 +36,8 @@ sparq_status cuda_link_open(sq_exec *ex, const sq_link_spec *spec, sq_link **out
 sparq_status cuda_link_send(sq_exec *ex, sq_link *l, int peer, const void *mem, size_t bytes, double timeout_s);
 bool cuda_link_send_ready(sq_exec *ex, sq_link *l, int peer);
 sparq_status cuda_link_recv(sq_exec *ex, sq_link *l, int peer, void *mem, size_t bytes, double timeout_s);
+sparq_status cuda_link_allgather(sq_exec *ex, sq_link *l, const void *mine, void *all, size_t bytes,
+                                 double timeout_s);
 void cuda_link_close(sq_exec *ex, sq_link *l);
 void *cuda_link_hub_make(int size);
 
@@ -45,6 +47,8 @@ sparq_status nccl_link_open(const sq_link_spec *spec, nccl_end **out);
 sparq_status nccl_link_send(nccl_end *e, cudaStream_t s, int peer, const void *mem, size_t bytes, double timeout_s);
 bool nccl_link_send_ready(nccl_end *e, int peer);
 sparq_status nccl_link_recv(nccl_end *e, cudaStream_t s, int peer, void *mem, size_t bytes, double timeout_s);
+sparq_status nccl_link_allgather(nccl_end *e, cudaStream_t s, const void *mine, void *all, size_t bytes,
+                                 double timeout_s);
 void nccl_link_close(nccl_end *e);
 
 /* A CUDA error as a status naming `what` (both kinds). */

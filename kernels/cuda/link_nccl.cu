@@ -99,6 +99,10 @@ static sparq_status end_wait(nccl_end *e, cudaEvent_t ev, double timeout_s, int 
         }
         if (sparq_now() > t_end) {
             end_abort(e);
+            if (peer < 0) /* a collective: NCCL does not say which rank is missing */
+                return sparq_err(SPARQ_E_TIMEOUT, "rank %d: device link (NCCL): %s every rank did not complete within "
+                                 "%.1f s (the --timeout): another rank is stopped, hung or dead", e->rank, what,
+                                 timeout_s);
             return sparq_err(SPARQ_E_TIMEOUT, "rank %d: device link (NCCL): %s rank %d did not complete within %.1f s "
                              "(the --timeout): rank %d is stopped, hung or dead", e->rank, what, peer, timeout_s, peer);
         }
@@ -178,6 +182,22 @@ sparq_status nccl_link_recv(nccl_end *e, cudaStream_t s, int peer, void *mem, si
     FORWARD_IF(link_cuda_status(cudaEventRecord(e->in, e->side), "event record"));
     FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, e->in, 0), "stream wait"));
     return end_wait(e, e->in, timeout_s, peer, "the receive of hidden states from");
+}
+
+/* One ncclAllGather on the side stream, joined to the exec's stream both
+ * ways like a receive, and polled on the host against the deadline. */
+sparq_status nccl_link_allgather(nccl_end *e, cudaStream_t s, const void *mine, void *all, size_t bytes,
+                                 double timeout_s)
+{
+    RETURN_IF(e->aborted, SPARQ_E_COMM, "rank %d: device link (NCCL): aborted after an earlier failure", e->rank);
+    FORWARD_IF(link_cuda_status(cudaEventRecord(e->joined, s), "event record"));
+    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(e->side, e->joined, 0), "side stream wait"));
+    ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, e->comm, e->side);
+    if (r == ncclInProgress) FORWARD_IF(end_wait(e, NULL, timeout_s, -1, "queueing the all-gather with"));
+    else FORWARD_IF(nccl_status(r, "ncclAllGather"));
+    FORWARD_IF(link_cuda_status(cudaEventRecord(e->in, e->side), "event record"));
+    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, e->in, 0), "stream wait"));
+    return end_wait(e, e->in, timeout_s, -1, "the all-gather of the MoE partial sums with");
 }
 
 void nccl_link_close(nccl_end *e)

@@ -161,6 +161,17 @@ static void test_rmsnorm_rope_swiglu_axpy(void)
     gpu->be->axpy(gpu, 0.37f, du, n, dg);
     down(og, dg, n * 4);
     check_nmse(og, oc, n, 1e-12, "axpy");
+    { /* sum_parts: the CPU's floats to the bit (rank order, one rounding a piece), 3 pieces of n */
+        float *parts = randv(3 * n, 1.0f), *sc = malloc(n * 4), *sg = malloc(n * 4);
+        for (size_t i = 0; i < n; i += 7) parts[i] = 16777216.0f, parts[2 * n + i] = -16777216.0f;
+        float *dp = up(parts, 3 * n * 4), *ds = up(NULL, n * 4);
+        cpu->be->sum_parts(cpu, parts, 3, n, sc);
+        gpu->be->sum_parts(gpu, dp, 3, n, ds);
+        down(sg, ds, n * 4);
+        CHECK_MSG(!memcmp(sg, sc, n * 4), "sum_parts: the GPU's sums are not the CPU's to the bit");
+        gpu->be->free(gpu, dp), gpu->be->free(gpu, ds);
+        free(parts), free(sc), free(sg);
+    }
     gpu->be->free(gpu, dx), gpu->be->free(gpu, dy), gpu->be->free(gpu, dq), gpu->be->free(gpu, dg),
         gpu->be->free(gpu, du);
     /* w and inv stay allocated: the backend keys its device copies by host address, and a
@@ -588,7 +599,8 @@ static void test_router_embed(void)
     }
 }
 
-/* The CPU reference of the moe op, from CPU ops, one routed (row, expert) at a time. */
+/* The CPU reference of the moe op, from CPU ops, one routed (row, expert) at
+ * a time; the expert split (own_n > 1): only the experts ml holds. */
 static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out)
 {
     const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k;
@@ -601,6 +613,7 @@ static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < K; j++) {
             const int e = idx[r * K + j];
+            if (!sq_moe_holds(ml, e)) continue;
             sq_linear_forward(cpu, &ml->gate[e], x + (size_t)r * d, 1, g);
             sq_linear_forward(cpu, &ml->up[e], x + (size_t)r * d, 1, u);
             cpu->be->swiglu(cpu, g, u, (size_t)I, g);
@@ -610,7 +623,7 @@ static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out
     free(rl), free(w), free(g), free(u), free(dn), free(idx);
 }
 
-static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts, double bound, const char *what)
+static void run_moe1(const sq_moe_layer *ml, const int *row_counts, int n_counts, double bound, const char *what)
 {
     const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k, R = 64;
     CHECK(gpu->be->prepare_moe(gpu, ml, R) == SPARQ_OK);
@@ -624,7 +637,7 @@ static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts,
         moe_ref(ml, x, rows, oc);
         gpu->be->moe(gpu, ml, dx, rows, dout, &ws, false);
         down(og, dout, (size_t)rows * d * 4);
-        char msg[64];
+        char msg[160];
         snprintf(msg, sizeof msg, "moe %s rows %d", what, rows);
         check_nmse(og, oc, (size_t)rows * d, bound, msg);
         gpu->be->free(gpu, dx), gpu->be->free(gpu, dout);
@@ -632,6 +645,29 @@ static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts,
     }
     void *bufs[] = {ws.rl, ws.rw, ws.lw, ws.xg, ws.g, ws.u, ws.dn, ws.ridx, ws.rows_of};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->be->free(gpu, bufs[i]);
+}
+
+/* The layer as it is, then as node 1 of 2 and node 0 of 3 of the expert
+ * split hold it: the other experts' linears empty (as a split bundle binds
+ * them), so prepare_moe must leave them out and every path skip their pairs. */
+static void run_moe(const sq_moe_layer *ml, const int *row_counts, int n_counts, double bound, const char *what)
+{
+    run_moe1(ml, row_counts, n_counts, bound, what);
+    static const int sets[][2] = {{2, 1}, {3, 0}};
+    for (size_t c = 0; c < sizeof sets / sizeof *sets; c++) {
+        const int E = ml->n_exp;
+        sq_linear *lin = calloc((size_t)3 * E, sizeof *lin);
+        sq_moe_layer own = *ml;
+        own.own_n = sets[c][0];
+        own.own_k = sets[c][1];
+        for (int e = 0; e < E; e++)
+            if (sq_moe_holds(&own, e)) lin[e] = ml->gate[e], lin[E + e] = ml->up[e], lin[2 * E + e] = ml->down[e];
+        own.gate = lin, own.up = lin + E, own.down = lin + 2 * E;
+        char w[96];
+        snprintf(w, sizeof w, "%s, experts %d mod %d", what, own.own_k, own.own_n);
+        run_moe1(&own, row_counts, n_counts, bound, w);
+        /* lin stays: the backend keys its MoE tables by the arrays' addresses, which a later calloc could reuse */
+    }
 }
 
 static void test_moe(void)

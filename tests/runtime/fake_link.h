@@ -109,6 +109,20 @@ static sparq_status fake_link_recv(sq_exec *ex, sq_link *l, int peer, void *mem,
     return SPARQ_OK;
 }
 
+/* As the CUDA hub's: own piece, send to every other rank, then receive from each. */
+static sparq_status fake_link_allgather(sq_exec *ex, sq_link *l, const void *mine, void *all, size_t bytes,
+                                        double timeout_s)
+{
+    const int size = l->h->core.size;
+    char *a = all;
+    memcpy(a + (size_t)l->rank * bytes, mine, bytes);
+    for (int p = 0; p < size; p++)
+        if (p != l->rank) FORWARD_IF(fake_link_send(ex, l, p, mine, bytes, timeout_s));
+    for (int p = 0; p < size; p++)
+        if (p != l->rank) FORWARD_IF(fake_link_recv(ex, l, p, a + (size_t)p * bytes, bytes, timeout_s));
+    return SPARQ_OK;
+}
+
 static void fake_link_close(sq_exec *ex, sq_link *l)
 {
     (void)ex;
@@ -137,6 +151,7 @@ static void fake_device_init(void)
     fake_device.link_send = fake_link_send;
     fake_device.link_send_ready = fake_link_send_ready;
     fake_device.link_recv = fake_link_recv;
+    fake_device.link_allgather = fake_link_allgather;
     fake_device.link_close = fake_link_close;
     fake_device.link_hub_make = fake_hub_make;
 }

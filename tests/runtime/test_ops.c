@@ -271,6 +271,22 @@ static void test_elementwise(void)
     sq_cpu_force_scalar(false);
 }
 
+/* sum_parts adds the pieces in rank order, rounding after each add: with
+ * pieces 2^24, 1, -2^24 the first add loses the 1 (2^24 + 1 rounds to 2^24),
+ * so the sum is 0, where adding in another order gives 1. */
+static void test_sum_parts(void)
+{
+    const float big = 16777216.0f;
+    float parts[3][5], out[5];
+    for (int i = 0; i < 5; i++) parts[0][i] = big, parts[1][i] = 1.0f, parts[2][i] = -big;
+    parts[0][4] = 0.5f, parts[1][4] = 0.25f, parts[2][4] = 0.125f;
+    ex->be->sum_parts(ex, &parts[0][0], 3, 5, out);
+    for (int i = 0; i < 4; i++) CHECK_MSG(out[i] == 0.0f, "element %d: %g, not ((2^24 + 1) - 2^24) = 0", i, out[i]);
+    CHECK(out[4] == 0.875f);
+    ex->be->sum_parts(ex, &parts[1][0], 1, 5, out); /* one piece: itself */
+    CHECK(out[0] == 1.0f && out[4] == 0.25f);
+}
+
 /* Results must not depend on the thread count. */
 static void test_threads_deterministic(void)
 {
@@ -314,6 +330,7 @@ int main(void)
     RUN(test_attention);
     RUN(test_router);
     RUN(test_elementwise);
+    RUN(test_sum_parts);
     RUN(test_threads_deterministic);
     sq_exec_free(ex);
     return t_summary();

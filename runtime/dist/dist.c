@@ -84,7 +84,9 @@ struct sq_dist {
     uint32_t next_id;
     uint64_t steps;
     bool esplit;      /* the expert split (every rank every layer; the MoE combined by all-gather) */
-    float *gbuf;      /* the expert split: the all-gathered partial sums [size][max_rows * d] */
+    float *gbuf;      /* the expert split: the all-gathered partial sums [size][max_rows * d] (host) */
+    float *gdev;      /* ... the same in backend memory (GPU ranks: what sum_parts adds) */
+    float *hpart;     /* GPU ranks of the expert split: one step's rows [max_rows * d] on the host */
     uint64_t hidden_hash;
     sq_link *link;    /* GPU ranks: the device link the hidden states take, or NULL (host memory) */
     const char *link_kind;
@@ -211,9 +213,17 @@ static sparq_status attach_model(sq_dist *d)
     d->pos = sparq_malloc((size_t)d->max_rows * sizeof(int));
     d->seqs = sparq_malloc((size_t)d->max_rows * sizeof(int));
     if (d->esplit && d->size > 1) { /* one step message, the all-gather's pieces */
+        const size_t piece = (size_t)d->max_rows * (size_t)d->d * sizeof(float);
+        sq_exec *ex = sq_model_exec(d->m);
         d->buf[0] = sparq_aligned_alloc(64, d->buf_bytes);
-        d->gbuf = sparq_aligned_alloc(64, (size_t)d->size * (size_t)d->max_rows * (size_t)d->d * sizeof(float));
-        RETURN_IF(!d->pos || !d->seqs || !d->buf[0] || !d->gbuf, SPARQ_E_NOMEM,
+        d->gbuf = sparq_aligned_alloc(64, (size_t)d->size * piece);
+        bool dev_ok = true;
+        if (ex->be->device) { /* the pieces are added on the device; the host copies serve the staging path */
+            d->gdev = ex->be->alloc(ex, (size_t)d->size * piece);
+            d->hpart = sparq_aligned_alloc(64, piece);
+            dev_ok = d->gdev && d->hpart;
+        }
+        RETURN_IF(!d->pos || !d->seqs || !d->buf[0] || !d->gbuf || !dev_ok, SPARQ_E_NOMEM,
                   "rank %d: cannot allocate the expert split's buffers (%d x %d rows of %d floats)", d->rank, d->size,
                   d->max_rows, d->d);
         return SPARQ_OK;
@@ -230,31 +240,54 @@ static sparq_status attach_model(sq_dist *d)
 }
 
 /* The expert split's combine (sq_model_set_moe_combine): every rank's partial
- * MoE sum, gathered, then added in rank order 0..N-1 (never in arrival order,
- * never through MPI_Allreduce, whose order is the library's), so every rank
- * ends the layer with the same floats. */
+ * MoE sum (`part`, backend memory), gathered, then added in rank order
+ * 0..N-1 by the backend's sum_parts (never in arrival order, never through
+ * MPI_Allreduce or an NCCL reduction, whose order is the library's), so
+ * every rank ends the layer with the same floats. The pieces travel over the
+ * device link when GPU ranks have one (an NCCL all-gather, or the hub's
+ * mailboxes), else through host memory and the transport's all-gather (a
+ * GPU rank copying its piece out and the gathered ones back in). */
 static sparq_status combine_moe(void *user, float *part, int rows, int width)
 {
     sq_dist *d = user;
-    const size_t n = (size_t)rows * (size_t)width;
-    const sparq_status st = d->t->vt->allgather(d->t, part, n * sizeof(float), d->gbuf, d->o.timeout_s);
-    if (st != SPARQ_OK) return sparq_err_context(st, "the MoE combine of a %d-row step", rows);
-    memcpy(part, d->gbuf, n * sizeof(float));
-    for (int r = 1; r < d->size; r++) {
-        const float *p = d->gbuf + (size_t)r * n;
-        for (size_t i = 0; i < n; i++) part[i] += p[i];
+    sq_exec *ex = sq_model_exec(d->m);
+    const sq_backend *be = ex->be;
+    const size_t n = (size_t)rows * (size_t)width, bytes = n * sizeof(float);
+    float *all = be->device ? d->gdev : d->gbuf;
+    sparq_status st;
+    if (d->link) {
+        st = be->link_allgather(ex, d->link, part, all, bytes, d->o.timeout_s);
+        d->link_bytes += bytes * (size_t)(d->size - 1);
+    } else {
+        const float *mine = part;
+        st = be->device ? be->to_host(ex, d->hpart, part, bytes) : SPARQ_OK;
+        if (be->device) mine = d->hpart;
+        if (st == SPARQ_OK) st = d->t->vt->allgather(d->t, mine, bytes, d->gbuf, d->o.timeout_s);
+        if (st == SPARQ_OK && be->device) st = be->to_device(ex, d->gdev, d->gbuf, (size_t)d->size * bytes);
+        d->staged_bytes += bytes;
     }
+    if (st != SPARQ_OK) return sparq_err_context(st, "the MoE combine of a %d-row step", rows);
+    be->sum_parts(ex, all, d->size, n, part);
     return SPARQ_OK;
 }
 
-/* The expert split: fold a step's final hidden states into the rank's hash. */
-static void hash_hidden(sq_dist *d, const float *hidden, int rows)
+/* The expert split: fold a step's final hidden states into the rank's hash
+ * (GPU ranks: copied out first, which waits for the step). */
+static sparq_status hash_hidden(sq_dist *d, const float *hidden, int rows)
 {
+    sq_exec *ex = sq_model_exec(d->m);
+    const size_t bytes = (size_t)rows * (size_t)d->d * sizeof(float);
+    if (ex->be->device) {
+        if (!d->hpart) return SPARQ_OK; /* one GPU rank: no other rank to compare it with */
+        FORWARD_IF(ex->be->to_host(ex, d->hpart, hidden, bytes));
+        hidden = d->hpart;
+    }
     sq_digest g;
-    sq_digest_of(hidden, (size_t)rows * (size_t)d->d * sizeof(float), &g);
+    sq_digest_of(hidden, bytes, &g);
     uint64_t x;
     memcpy(&x, g.b, sizeof x);
     d->hidden_hash = (d->hidden_hash << 7 | d->hidden_hash >> 57) ^ x;
+    return SPARQ_OK;
 }
 
 /* Every rank's flag in, the smallest on every rank out (collective). */
@@ -284,7 +317,7 @@ static sparq_status agree_min(sq_dist *d, int32_t mine, int32_t *out)
  * failure of the transport itself is an error. */
 static sparq_status open_link(sq_dist *d)
 {
-    if (d->size == 1 || d->esplit) return SPARQ_OK; /* the expert split: CPU ranks only (docs/runtime.md) */
+    if (d->size == 1) return SPARQ_OK;
     sq_exec *ex = sq_model_exec(d->m);
     const sq_backend *be = ex->be;
     const char *env = getenv("SPARQ_DIST_DEVICE_LINK");
@@ -324,6 +357,15 @@ static sparq_status open_link(sq_dist *d)
     return SPARQ_OK;
 }
 
+/* The model, and the expert split's device buffers with it (its exec's memory). */
+static void free_model(sq_dist *d)
+{
+    if (d->gdev && d->m) sq_model_exec(d->m)->be->free(sq_model_exec(d->m), d->gdev);
+    d->gdev = NULL;
+    if (!d->borrowed_model) sq_model_free(d->m);
+    d->m = NULL;
+}
+
 sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *mo, const sq_dist_opts *o,
                           sq_transport *t, bool *reported)
 {
@@ -355,16 +397,14 @@ sparq_status sq_dist_open(sq_dist **out, const char *path, const sq_model_opts *
     if (st == SPARQ_OK && d->esplit && d->size > 1) sq_model_set_moe_combine(d->m, combine_moe, d);
     st = exchange_load_status(d, path, st, reported);
     if (st != SPARQ_OK) {
-        sq_model_free(d->m);
-        d->m = NULL;
+        free_model(d);
         sq_dist_close(d);
         return st;
     }
     if ((st = open_link(d)) != SPARQ_OK) { /* the transport failed: no shutdown to send */
         if (d->link) sq_model_exec(d->m)->be->link_close(sq_model_exec(d->m), d->link);
         d->link = NULL;
-        sq_model_free(d->m);
-        d->m = NULL;
+        free_model(d);
         sq_dist_close(d);
         return st;
     }
@@ -582,7 +622,7 @@ sparq_status sq_dist_submit(sq_dist *d, int rows, const int *seqs, const int32_t
         float *hidden = sq_model_hidden_buffer(d->m);
         FORWARD_IF(sq_model_embed(d->m, tokens, rows, hidden));
         FORWARD_IF(sq_model_forward_rows(d->m, hidden, rows, seqs, d->pos));
-        if (d->esplit) hash_hidden(d, hidden, rows);
+        if (d->esplit) FORWARD_IF(hash_hidden(d, hidden, rows));
         const int n_out = n_out_rows(mode, rows);
         const float *first = hidden + (size_t)(rows - n_out) * d->d;
         /* in LOGIT_CHUNK rows, exactly as the last rank of a pipeline does: the
@@ -880,7 +920,7 @@ static sparq_status serve_experts(sq_dist *d)
                 st = sparq_err_context(st, "rank %d: step %u", d->rank, (unsigned)msg.id);
                 break;
             }
-            hash_hidden(d, hidden, msg.rows);
+            if ((st = hash_hidden(d, hidden, msg.rows)) != SPARQ_OK) break;
             d->steps++;
             test_delay();
         } else if (msg.op == OP_STATS) {
@@ -971,12 +1011,13 @@ void sq_dist_close(sq_dist *d)
             for (int s = 0; s < SQ_TRANSPORT_SLOTS; s++) d->t->vt->wait_send(d->t, s, d->o.timeout_s);
     }
     if (d->link) sq_model_exec(d->m)->be->link_close(sq_model_exec(d->m), d->link);
-    if (!d->borrowed_model) sq_model_free(d->m);
+    free_model(d);
     sq_transport_close(d->own_transport);
     sparq_aligned_free(d->buf[0]);
     sparq_aligned_free(d->buf[1]);
     sparq_aligned_free(d->lbuf);
     sparq_aligned_free(d->gbuf);
+    sparq_aligned_free(d->hpart);
     sparq_free(d->pos);
     sparq_free(d->seqs);
     sparq_free(d->qrows);

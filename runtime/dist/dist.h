@@ -59,11 +59,12 @@
  * in every step anyway). With one rank nothing is combined, and the
  * arithmetic is sq_model_forward's to the bit; with N ranks the experts' sum
  * is grouped by rank, so logits differ from one rank's by float rounding
- * (tests/runtime/test_dist_experts.c derives the bound). It runs on CPU
- * ranks only (sq_model refuses --device cuda with the split): on GPUs it would
- * need the partial sums all-gathered device to device (an NCCL all-gather,
- * or the hub's mailboxes to every rank) and added in rank order by a kernel,
- * so that every rank keeps the same floats (docs/runtime.md).
+ * (tests/runtime/test_dist_experts.c derives the bound). On GPU ranks each
+ * rank's MoE skips the other ranks' pairs on the device, the partial sums
+ * are all-gathered over the device link (link_allgather: an NCCL all-gather
+ * between processes, the hub's mailboxes between thread ranks) or, without
+ * one, through host memory, and the backend's sum_parts adds them in rank
+ * order, so every rank keeps the same floats (docs/runtime.md).
  *
  * Failures: every wait has a deadline (opts.timeout_s). When the leader's
  * deadline passes it pings the other ranks and names the first that does not

@@ -68,18 +68,18 @@ void sq_block_moe(sq_exec *ex, const sq_moe_layer *ml, int L, const sq_block_moe
                   const float *xn, int rows, const sq_block_moe_bufs *m, const sq_observer *obs, float *residual)
 {
     const sq_backend *be = ex->be;
+    const bool split = ml->combine && ml->combine->fn;
     if (be->moe) { /* device backend: router, grouping and experts on the device (no observers there) */
-        if (ml->own_n > 1) { /* its kernels read every expert id on the device: no skip there yet */
-            sq_exec_set_error(ex, sparq_err(SPARQ_E_UNSUPPORTED, "%s: the expert split runs on the CPU backend only "
-                                            "(the device MoE computes every routed expert)", be->name));
+        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
+        if (!split) {
+            be->moe(ex, ml, xn, rows, residual ? residual : m->mo, &ws, residual != NULL);
             return;
         }
-        const sq_moe_ws ws = {m->rl, m->rw, m->lw, m->xg, m->g, m->u, m->dn, m->ridx, m->rows_of};
-        be->moe(ex, ml, xn, rows, residual ? residual : m->mo, &ws, residual != NULL);
-        return;
+        be->moe(ex, ml, xn, rows, m->mo, &ws, false); /* this rank's experts; the others' come from the combine */
+    } else {
+        moe_host(ex, ml, L, sl, d, xn, rows, m, obs);
     }
-    moe_host(ex, ml, L, sl, d, xn, rows, m, obs);
-    if (ml->combine && ml->combine->fn) { /* the expert split: every rank's experts, summed in rank order */
+    if (split) { /* the expert split: every rank's experts, summed in rank order */
         const sparq_status st = ml->combine->fn(ml->combine->user, m->mo, rows, d);
         if (st != SPARQ_OK) {
             sq_exec_set_error(ex, st);

@@ -399,10 +399,6 @@ sparq_status sq_model_load(sq_model **out, const char *dir, const sq_model_opts 
                  "over %d boxes give it %lld (expert e on node e mod %d); `sparq verify %s`", dir, SQ_MANIFEST_NAME,
                  m->own_k, (long long)m->own_listed, (long long)m->own_listed_max, (long long)c->num_experts,
                  m->own_n, (long long)want, m->own_n, dir);
-        if (m->own_n > 1 && m->opts.device != SQ_DEVICE_CPU)
-            FAIL(SPARQ_E_UNSUPPORTED, "%s: the expert split runs on the CPU backend only for now (the CUDA "
-                 "backend's fused MoE computes every routed expert it is given); run it with --device cpu, or pack "
-                 "with --split pipeline", dir);
     }
     if (m->first < 0 || m->end > m->n_layers || m->first > m->end)
         FAIL(SPARQ_E_FORMAT, "%s: node %d holds layers [%d, %d), but the model has %d", dir, m->opts.node, m->first,

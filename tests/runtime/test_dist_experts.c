@@ -11,6 +11,20 @@
  *  - a rank that stops taking part (it never serves) ends rank 0's and the
  *    other worker's step within the timeout, both naming it.
  *
+ *   test_runtime_dist_experts [cpu|cuda]     (default cpu)
+ *   test_runtime_dist_experts_link fakedev   (built with -DSQ_TEST_FAKE_DEVICE)
+ *
+ * With `cuda` (the gpu suite; skipped without a GPU) every rank runs on GPU
+ * 0: the MoE of each rank computes only its experts on the device, and the
+ * partial sums are all-gathered over the device link (the CUDA backend's
+ * same-process mailboxes) and added in rank order by its sum_parts kernel.
+ * The checks above hold against one GPU rank, every rank sent link bytes
+ * and staged none; then with SPARQ_DIST_DEVICE_LINK=0 the pieces go through
+ * host memory instead, with the same logits to the bit. `fakedev` runs those
+ * checks on the CPU with tests/runtime/fake_link.h's stand-in device and
+ * link, and one more: its logits are the CPU ranks' to the bit (dist.c's
+ * device path adds the same floats in the same order as its host path).
+ *
  * The bound. One box adds a row's K = top_k expert outputs w_k·d_k into the
  * sum in expert order; N boxes add them per rank, then the N partial sums in
  * rank order: the same K terms in another association. Each order's fp32
@@ -31,19 +45,25 @@
 #include "common/alloc.h"
 #include "common/progress.h"
 #include "dist_rank.h"
+#include "gpu/gpu_probe.h"
 #include "pack/pack.h"
 #include "runtime/dist/dist.h"
 #include "runtime/dist/transport.h"
 #include "t.h"
+#ifdef SQ_TEST_FAKE_DEVICE
+#include "fake_link.h" /* `fakedev`: the device path on the CPU */
+#endif
 
 enum { CTX = 256, USERS = 2, CHUNK = 16, N_PROMPT = 40, N_GEN = 64, N_BATCH = 4 };
 /* logit rows rank 0 records: the prompt's last, each greedy step's, then two per batched step */
 enum { N_ROWS = 1 + N_GEN + 2 * N_BATCH };
 
 static int vocab;
+static sq_device device = SQ_DEVICE_CPU;
 
 typedef struct rank_arg {
     const char *bundle;
+    sq_device dev;
     sq_transport *t;
     double timeout_s;
     bool idle;       /* open, then never serve (a rank that stopped) */
@@ -97,7 +117,7 @@ static void *rank_main(void *v)
 {
     rank_arg *a = v;
     sq_dist *d = NULL;
-    a->st = dist_rank_open(&d, a->bundle, a->t, SQ_DEVICE_CPU, CTX, USERS, CHUNK, a->timeout_s);
+    a->st = dist_rank_open(&d, a->bundle, a->t, a->dev, CTX, USERS, CHUNK, a->timeout_s);
     const double t0 = sparq_now();
     if (a->st == SPARQ_OK) {
         if (a->t->rank == 0) {
@@ -118,21 +138,52 @@ static void *rank_main(void *v)
     return NULL;
 }
 
-/* The bundle on `ranks` threads (rank `idle` never serves; -1: none). */
-static void run(const char *bundle, int ranks, int idle, double timeout_s, rank_arg *a)
+/* The bundle on `ranks` threads of `dev` (rank `idle` never serves; -1: none). */
+static void run_on(sq_device dev, const char *bundle, int ranks, int idle, double timeout_s, rank_arg *a)
 {
     sq_transport *t[4];
     CHECK(sq_transport_threads(ranks, t) == SPARQ_OK);
     pthread_t th[4];
     for (int r = 0; r < ranks; r++) {
-        a[r] = (rank_arg){.bundle = bundle, .t = t[r], .timeout_s = timeout_s, .idle = r == idle};
+        a[r] = (rank_arg){.bundle = bundle, .dev = dev, .t = t[r], .timeout_s = timeout_s, .idle = r == idle};
         pthread_create(&th[r], NULL, rank_main, &a[r]);
     }
     for (int r = 0; r < ranks; r++) pthread_join(th[r], NULL);
 }
 
-int main(void)
+static void run(const char *bundle, int ranks, int idle, double timeout_s, rank_arg *a)
 {
+    run_on(device, bundle, ranks, idle, timeout_s, a);
+}
+
+/* GPU ranks (or the stand-in): the pieces went over the link, or (staged) through host memory, on every rank. */
+static void check_path(const rank_arg *a, int b, bool staged)
+{
+    for (int r = 0; r < b; r++) {
+        const sq_dist_stats *s = &a[r].stats;
+        CHECK_MSG(staged ? s->staged_bytes > 0 && s->link_bytes == 0 : s->link_bytes > 0 && s->staged_bytes == 0,
+                  "%d boxes, rank %d, %s: %llu bytes over the link, %llu staged", b, r,
+                  staged ? "SPARQ_DIST_DEVICE_LINK=0" : "the device link", (unsigned long long)s->link_bytes,
+                  (unsigned long long)s->staged_bytes);
+    }
+}
+
+static bool same_logits(const rank_arg *x, const rank_arg *y)
+{
+    return x->logits && y->logits && !memcmp(x->logits, y->logits, (size_t)vocab * N_ROWS * sizeof(float));
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+#ifdef SQ_TEST_FAKE_DEVICE
+    if (!strcmp(mode, "fakedev")) device = SQ_DEVICE_CUDA; /* fake_link.h's exec: no GPU */
+#endif
+    if (!strcmp(mode, "cuda")) {
+        device = SQ_DEVICE_CUDA;
+        const char *why;
+        if (gpu_probe_count(&why) == 0) T_SKIP("gpu suite skipped: %s", why);
+    }
     const char *fixture = t_data_path("tiny-qwen3moe");
     char dir[] = "/tmp/sparq-dist-experts-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -173,6 +224,24 @@ int main(void)
         printf("%d boxes: max |logit - one box's| = %.3g (max |logit| %.3g, bound %.3g; seen gain %.3g)\n", b,
                worst, zmax, bound, worst / (L * 2 * (K - 1) * u * zmax));
         CHECK_MSG(worst <= bound, "%d boxes: a logit %.3g from one box's, over the bound %.3g", b, worst, bound);
+        if (device != SQ_DEVICE_CPU) {
+            check_path(a, b, false);
+            rank_arg h[3];
+            setenv("SPARQ_DIST_DEVICE_LINK", "0", 1);
+            run(bundle[b], b, -1, 60, h);
+            unsetenv("SPARQ_DIST_DEVICE_LINK");
+            for (int r = 0; r < b; r++) CHECK_MSG(h[r].st == SPARQ_OK, "%d boxes staged, rank %d: %s", b, r, h[r].err);
+            check_path(h, b, true);
+            CHECK_MSG(same_logits(&h[0], &a[0]), "%d boxes: the logits staged through host memory differ from "
+                      "those over the device link", b);
+            for (int r = 0; r < b; r++) sparq_free(h[r].logits);
+        }
+        if (!strcmp(mode, "fakedev")) { /* the device path of dist.c adds what its host path adds */
+            rank_arg c[3];
+            run_on(SQ_DEVICE_CPU, bundle[b], b, -1, 60, c);
+            CHECK_MSG(same_logits(&c[0], &a[0]), "%d boxes: the stand-in device's logits differ from the CPU's", b);
+            for (int r = 0; r < b; r++) sparq_free(c[r].logits);
+        }
         for (int r = 1; r < b; r++)
             CHECK_MSG(a[r].stats.hidden_hash == a[0].stats.hidden_hash && a[0].stats.hidden_hash != 0 &&
                           a[r].stats.steps == a[0].stats.steps,
@@ -187,9 +256,10 @@ int main(void)
         const double timeout = 1.0;
         rank_arg a[3];
         run(bundle[3], 3, 2, timeout, a);
-        for (int r = 0; r < 2; r++) {
-            CHECK_MSG(a[r].st == SPARQ_E_TIMEOUT && strstr(a[r].err, "nothing from rank 2") &&
-                          strstr(a[r].err, "rank 2 is stopped, hung or dead"),
+        for (int r = 0; r < 2; r++) { /* the transport's all-gather, or the link's send or receive, names it */
+            const bool named = device == SQ_DEVICE_CPU ? strstr(a[r].err, "nothing from rank 2") != NULL
+                                                       : strstr(a[r].err, "over the device link") != NULL;
+            CHECK_MSG(a[r].st == SPARQ_E_TIMEOUT && named && strstr(a[r].err, "rank 2 is stopped, hung or dead"),
                       "rank %d with rank 2 stopped: %s (%s)", r, sparq_status_str(a[r].st), a[r].err);
             CHECK_MSG(a[r].secs < timeout + 5, "rank %d ended %.1f s after the step began (timeout %.1f s)", r,
                       a[r].secs, timeout);

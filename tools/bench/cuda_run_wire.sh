@@ -27,6 +27,7 @@ pack)
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
              tests/gpu/test_trellis_cuda tests/gpu/test_trellis_encode_cuda tests/gpu/test_dist_threads_cuda \
+             tests/gpu/test_dist_experts_cuda \
              tests/gpu/test_ldlq_cuda tests/gpu/test_sample_cuda tests/gpu/test_hessian_cuda tests/gpu/test_calib_cuda tools/bench/cuda_bench tools/bench/trellis_encode_bench \
              tools/bench/quantize_layer_bench \
              tools/bench/runtime_bench tools/bench/dist_bench tools/bench/make_exl3_model tests/datapack; do
@@ -77,6 +78,9 @@ run)
         done
         echo "== test_dist_threads_cuda (GPU ranks as threads: hidden states over the device link, then staged with SPARQ_DIST_DEVICE_LINK=0)"
         $bin/test_dist_threads_cuda cuda
+        echo "rc=$?"
+        echo "== test_dist_experts_cuda (the expert split on GPU ranks as threads: the combine over the link, then staged)"
+        $bin/test_dist_experts_cuda cuda
         echo "rc=$?"
         echo "== sparq serve --device cuda: greedy completion = sparq run --device cuda"
         p="The file system"

@@ -27,7 +27,7 @@ pack)
     rm -rf .cwcarry && mkdir -p .cwcarry/bin .cwcarry/lib || exit 1
     for f in cli/sparq tests/gpu/test_backend_cuda tests/gpu/test_cuda_model tests/gpu/test_gpu_present \
              tests/gpu/test_trellis_cuda tests/gpu/test_trellis_encode_cuda tests/gpu/test_dist_threads_cuda \
-             tests/gpu/test_dist_experts_cuda \
+             tests/gpu/test_dist_experts_cuda tests/gpu/test_link_nccl \
              tests/gpu/test_ldlq_cuda tests/gpu/test_sample_cuda tests/gpu/test_hessian_cuda tests/gpu/test_calib_cuda tools/bench/cuda_bench tools/bench/trellis_encode_bench \
              tools/bench/quantize_layer_bench \
              tools/bench/runtime_bench tools/bench/dist_bench tools/bench/make_exl3_model tests/datapack; do
@@ -70,7 +70,7 @@ run)
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
         ldd $bin/sparq | grep -i "not found"
         ldd $bin/sparq | grep -ci "cublas" | sed 's/^/sparq links cuBLAS directly: /'
-        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda test_trellis_encode_cuda \
+        for t in test_gpu_present test_backend_cuda test_cuda_model test_trellis_cuda test_trellis_encode_cuda test_link_nccl \
                  test_ldlq_cuda test_sample_cuda test_hessian_cuda test_calib_cuda; do
             echo "== $t"
             $bin/$t

@@ -124,6 +124,13 @@ static inline bool sq_moe_holds(const sq_moe_layer *ml, int e)
     return ml->own_n <= 1 || e % ml->own_n == ml->own_k;
 }
 
+/* An expert this process holds, for the layer's shapes (expert 0 may be
+ * another rank's: its linears are empty). */
+static inline int sq_moe_held(const sq_moe_layer *ml)
+{
+    return ml->own_n > 1 ? ml->own_k : 0;
+}
+
 /* Workspace of the `moe` op, backend memory sized for max_rows rows:
  * rl [R, E]; rw, lw [R, k]; ridx, rows_of [R, k] ints; xg, dn [R, d];
  * g, u [R, I]. */

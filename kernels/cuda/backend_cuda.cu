@@ -199,7 +199,12 @@ static void launch(cudaStream_t s, cuda_state *st, void (*k)(P...), dim3 grid, d
     cfg.attrs = attr;
     cfg.numAttrs = pdl;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, k, (P)a...);
-    if (st) check(st, e, "kernel launch");
+    if (st && e != cudaSuccess) { /* the launch's shape, to tell which kernel it was */
+        char what[96];
+        snprintf(what, sizeof what, "kernel launch (grid %ux%u, block %u, %zu bytes of shared memory)", grid.x, grid.y,
+                 block.x, smem);
+        check(st, e, what);
+    }
 }
 
 /* --- decode steps as graphs ------------------------------------------------------- */
@@ -1661,7 +1666,8 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
 {
     cuda_state *st = state_of(ex);
     if (rows <= 0) return;
-    const int d = ml->gate[0].in, I = ml->gate[0].out;
+    const sq_linear *g0 = &ml->gate[ml->router ? sq_moe_held(ml) : 0]; /* a held expert's shapes */
+    const int d = g0->in, I = g0->out;
     if (!ml->router) { /* dense MLP */
         cuda_linear(ex, &ml->gate[0], xn, rows, ws->g);
         cuda_linear(ex, &ml->up[0], xn, rows, ws->u);
@@ -1691,6 +1697,7 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
         if (dm->kind == SQ_LINEAR_F32) dense_moe_run<float>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
         else if (dm->kind == SQ_LINEAR_BF16) dense_moe_run<uint16_t>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
         else dense_moe_run<f16_t>(dm, ml, xn, rows, d, I, ws, out, add, st->s);
+        check(st, cudaGetLastError(), "dense moe launches");
         return;
     }
     if (st->graph.mode == G_CAPTURE || st->graph.mode == G_REPLAY) { /* prepare_moe keeps such steps out of graphs */
@@ -1741,7 +1748,7 @@ static void cuda_moe(sq_exec *ex, const sq_moe_layer *ml, const float *xn, int r
 static sparq_status dense_moe_make(cuda_state *st, const sq_moe_layer *ml, int max_rows)
 {
     const int E = ml->n_exp;
-    const sq_linear_kind kind = ml->gate[ml->own_n > 1 ? ml->own_k : 0].kind;
+    const sq_linear_kind kind = ml->gate[sq_moe_held(ml)].kind;
     for (int e = 0; e < E; e++) {
         if (!sq_moe_holds(ml, e)) continue;
         const sq_linear *l[3] = {&ml->gate[e], &ml->up[e], &ml->down[e]};

@@ -603,7 +603,7 @@ static void test_router_embed(void)
  * a time; the expert split (own_n > 1): only the experts ml holds. */
 static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out)
 {
-    const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k;
+    const int d = ml->gate[sq_moe_held(ml)].in, I = ml->gate[sq_moe_held(ml)].out, E = ml->n_exp, K = ml->top_k;
     float *rl = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * K * 4), *g = malloc(I * 4),
           *u = malloc(I * 4), *dn = malloc(d * 4);
     int *idx = malloc((size_t)rows * K * 4);
@@ -625,7 +625,8 @@ static void moe_ref(const sq_moe_layer *ml, const float *x, int rows, float *out
 
 static void run_moe1(const sq_moe_layer *ml, const int *row_counts, int n_counts, double bound, const char *what)
 {
-    const int d = ml->gate[0].in, I = ml->gate[0].out, E = ml->n_exp, K = ml->top_k, R = 64;
+    const int d = ml->gate[sq_moe_held(ml)].in, I = ml->gate[sq_moe_held(ml)].out, E = ml->n_exp, K = ml->top_k,
+              R = 64;
     CHECK(gpu->be->prepare_moe(gpu, ml, R) == SPARQ_OK);
     sq_moe_ws ws = {up(NULL, (size_t)R * E * 4), up(NULL, (size_t)R * K * 4), up(NULL, (size_t)R * K * 4),
                     up(NULL, (size_t)R * d * 4), up(NULL, (size_t)R * I * 4), up(NULL, (size_t)R * I * 4),

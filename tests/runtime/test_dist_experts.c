@@ -55,6 +55,9 @@
 #endif
 
 enum { CTX = 256, USERS = 2, CHUNK = 16, N_PROMPT = 40, N_GEN = 64, N_BATCH = 4 };
+/* every wait's deadline in the runs that must succeed: far above a step of the fixture (≤ 0.1 s on
+ * this machine's CPUs), short enough that a broken run fails in seconds, not minutes */
+#define T_STEP 20.0
 /* logit rows rank 0 records: the prompt's last, each greedy step's, then two per batched step */
 enum { N_ROWS = 1 + N_GEN + 2 * N_BATCH };
 
@@ -194,9 +197,9 @@ int main(int argc, char **argv)
         CHECK_MSG(st == SPARQ_OK, "pack %d boxes --split experts: %s", b, sparq_errmsg());
     }
     rank_arg one[1], folder[1];
-    run(bundle[1], 1, -1, 60, one);
+    run(bundle[1], 1, -1, T_STEP, one);
     CHECK_MSG(one[0].st == SPARQ_OK, "1 box: %s", one[0].err);
-    run(fixture, 1, -1, 60, folder);
+    run(fixture, 1, -1, T_STEP, folder);
     CHECK_MSG(folder[0].st == SPARQ_OK, "the model folder: %s", folder[0].err);
     const size_t n = (size_t)vocab * N_ROWS;
     CHECK_MSG(one[0].logits && folder[0].logits && !memcmp(one[0].logits, folder[0].logits, n * sizeof(float)),
@@ -210,7 +213,7 @@ int main(int argc, char **argv)
     const double bound = L * gain * 2 * (K - 1) * u * zmax;
     for (int b = 2; b <= 3 && one[0].logits; b++) {
         rank_arg a[3];
-        run(bundle[b], b, -1, 60, a);
+        run(bundle[b], b, -1, T_STEP, a);
         for (int r = 0; r < b; r++) CHECK_MSG(a[r].st == SPARQ_OK, "%d boxes, rank %d: %s", b, r, a[r].err);
         if (!a[0].logits) continue;
         CHECK_MSG(!memcmp(a[0].gen, one[0].gen, sizeof a[0].gen), "%d boxes: the greedy continuation differs from "
@@ -228,7 +231,7 @@ int main(int argc, char **argv)
             check_path(a, b, false);
             rank_arg h[3];
             setenv("SPARQ_DIST_DEVICE_LINK", "0", 1);
-            run(bundle[b], b, -1, 60, h);
+            run(bundle[b], b, -1, T_STEP, h);
             unsetenv("SPARQ_DIST_DEVICE_LINK");
             for (int r = 0; r < b; r++) CHECK_MSG(h[r].st == SPARQ_OK, "%d boxes staged, rank %d: %s", b, r, h[r].err);
             check_path(h, b, true);
@@ -238,7 +241,7 @@ int main(int argc, char **argv)
         }
         if (!strcmp(mode, "fakedev")) { /* the device path of dist.c adds what its host path adds */
             rank_arg c[3];
-            run_on(SQ_DEVICE_CPU, bundle[b], b, -1, 60, c);
+            run_on(SQ_DEVICE_CPU, bundle[b], b, -1, T_STEP, c);
             CHECK_MSG(same_logits(&c[0], &a[0]), "%d boxes: the stand-in device's logits differ from the CPU's", b);
             for (int r = 0; r < b; r++) sparq_free(c[r].logits);
         }

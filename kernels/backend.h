@@ -106,9 +106,9 @@ typedef struct sq_moe_combine {
  * The expert split: own_n > 1 means this process holds only the experts e
  * with e % own_n == own_k (the others' linears are empty): every row is
  * routed as always, the pairs of other experts are skipped, and `combine`
- * (when its fn is set) completes the sum. The host path does this, and the
- * CUDA backend's `moe` (its kernels skip the pairs of experts it does not
- * hold; prepare_moe uploads only the experts it holds). */
+ * (when its fn is set) completes the sum. The host path does this, and so
+ * does the CUDA backend's `moe`: its kernels skip the pairs of experts it
+ * does not hold, and its prepare_moe uploads only the experts it holds. */
 typedef struct sq_moe_layer {
     int n_exp, top_k;
     bool norm_topk;           /* renormalise the top-k weights to sum 1 */

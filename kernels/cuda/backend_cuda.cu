@@ -1548,13 +1548,13 @@ __global__ void k_scatter(const float *dn, int d, const int *rows_of, const floa
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = fmaf(a, s[i], o[i]);
 }
 
-/* Small-batch MoE on dense experts, routing read on the device (no host
- * round trip). Slot s = (row s / K, its j-th expert ids[s]).
- * h[s, o] = silu(x·gate_e[o]) · (x·up_e[o]): one warp per (slot, o). */
 /* own_n > 1 (the expert split): only the slots of experts e % own_n ==
  * own_k; the others' tables may be NULL and their dn is not written. */
 __device__ __forceinline__ bool moe_owns(int e, int own_n, int own_k) { return own_n <= 1 || e % own_n == own_k; }
 
+/* Small-batch MoE on dense experts, routing read on the device (no host
+ * round trip). Slot s = (row s / K, its j-th expert ids[s]).
+ * h[s, o] = silu(x·gate_e[o]) · (x·up_e[o]): one warp per (slot, o). */
 template <typename T>
 __global__ void __launch_bounds__(256) k_moe_gateup(const void *const *tab, int E, const float *__restrict__ x,
                                                     const int *ids, int K, int d, int I, float *h, bool vec,

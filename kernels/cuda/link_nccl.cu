@@ -171,33 +171,41 @@ bool nccl_link_send_ready(nccl_end *e, int peer)
     return e->aborted || !p->buf || cudaEventQuery(p->out[p->sent % 2]) != cudaErrorNotReady;
 }
 
-sparq_status nccl_link_recv(nccl_end *e, cudaStream_t s, int peer, void *mem, size_t bytes, double timeout_s)
+/* A call that fills the caller's buffer (a receive, an all-gather) runs on
+ * the side stream behind the exec's stream's work (the buffer's last user):
+ * side_join before it; side_done after it queues the exec's stream behind
+ * it and polls it on the host against the deadline (peer < 0: a collective). */
+static sparq_status side_join(nccl_end *e, cudaStream_t s)
 {
     RETURN_IF(e->aborted, SPARQ_E_COMM, "rank %d: device link (NCCL): aborted after an earlier failure", e->rank);
     FORWARD_IF(link_cuda_status(cudaEventRecord(e->joined, s), "event record"));
-    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(e->side, e->joined, 0), "side stream wait"));
-    ncclResult_t r = ncclRecv(mem, bytes, ncclUint8, peer, e->comm, e->side);
-    if (r == ncclInProgress) FORWARD_IF(end_wait(e, NULL, timeout_s, peer, "queueing a receive from"));
-    else FORWARD_IF(nccl_status(r, "ncclRecv"));
-    FORWARD_IF(link_cuda_status(cudaEventRecord(e->in, e->side), "event record"));
-    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, e->in, 0), "stream wait"));
-    return end_wait(e, e->in, timeout_s, peer, "the receive of hidden states from");
+    return link_cuda_status(cudaStreamWaitEvent(e->side, e->joined, 0), "side stream wait");
 }
 
-/* One ncclAllGather on the side stream, joined to the exec's stream both
- * ways like a receive, and polled on the host against the deadline. */
+static sparq_status side_done(nccl_end *e, cudaStream_t s, ncclResult_t r, const char *call, double timeout_s,
+                              int peer, const char *queueing, const char *what)
+{
+    if (r == ncclInProgress) FORWARD_IF(end_wait(e, NULL, timeout_s, peer, queueing));
+    else FORWARD_IF(nccl_status(r, call));
+    FORWARD_IF(link_cuda_status(cudaEventRecord(e->in, e->side), "event record"));
+    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, e->in, 0), "stream wait"));
+    return end_wait(e, e->in, timeout_s, peer, what);
+}
+
+sparq_status nccl_link_recv(nccl_end *e, cudaStream_t s, int peer, void *mem, size_t bytes, double timeout_s)
+{
+    FORWARD_IF(side_join(e, s));
+    return side_done(e, s, ncclRecv(mem, bytes, ncclUint8, peer, e->comm, e->side), "ncclRecv", timeout_s, peer,
+                     "queueing a receive from", "the receive of hidden states from");
+}
+
+/* One ncclAllGather, joined to the exec's stream like a receive. */
 sparq_status nccl_link_allgather(nccl_end *e, cudaStream_t s, const void *mine, void *all, size_t bytes,
                                  double timeout_s)
 {
-    RETURN_IF(e->aborted, SPARQ_E_COMM, "rank %d: device link (NCCL): aborted after an earlier failure", e->rank);
-    FORWARD_IF(link_cuda_status(cudaEventRecord(e->joined, s), "event record"));
-    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(e->side, e->joined, 0), "side stream wait"));
-    ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, e->comm, e->side);
-    if (r == ncclInProgress) FORWARD_IF(end_wait(e, NULL, timeout_s, -1, "queueing the all-gather with"));
-    else FORWARD_IF(nccl_status(r, "ncclAllGather"));
-    FORWARD_IF(link_cuda_status(cudaEventRecord(e->in, e->side), "event record"));
-    FORWARD_IF(link_cuda_status(cudaStreamWaitEvent(s, e->in, 0), "stream wait"));
-    return end_wait(e, e->in, timeout_s, -1, "the all-gather of the MoE partial sums with");
+    FORWARD_IF(side_join(e, s));
+    return side_done(e, s, ncclAllGather(mine, all, bytes, ncclUint8, e->comm, e->side), "ncclAllGather", timeout_s,
+                     -1, "queueing the all-gather with", "the all-gather of the MoE partial sums with");
 }
 
 void nccl_link_close(nccl_end *e)
